@@ -1,0 +1,34 @@
+# Every dependency comes from Debian's packages (scripts/install-deps.sh).
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+
+# Boost is linked statically so binaries built here run on hosts without Boost.Fiber.
+set(Boost_USE_STATIC_LIBS ON)
+find_package(Boost 1.74 REQUIRED COMPONENTS fiber context)
+find_package(msgpack CONFIG REQUIRED)          # target msgpackc-cxx
+find_package(fmt CONFIG REQUIRED)              # used header-only: no libfmt soname to ship
+find_package(CLI11 CONFIG REQUIRED)
+pkg_check_modules(libfabric REQUIRED IMPORTED_TARGET libfabric)
+# libsodium (HMAC for the peer handshake), linked statically for the same reason as Boost.
+pkg_check_modules(libsodium REQUIRED IMPORTED_TARGET libsodium)
+find_library(FERRY_SODIUM_STATIC NAMES libsodium.a)
+if(FERRY_SODIUM_STATIC)
+  set_target_properties(PkgConfig::libsodium PROPERTIES INTERFACE_LINK_LIBRARIES "${FERRY_SODIUM_STATIC}")
+endif()
+
+# CUDA and NCCL live in /usr/local/cuda when present; without them the build is CPU-only.
+set(FERRY_WITH_CUDA OFF)
+if(NOT FERRY_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET HINTS /usr/local/cuda)
+  find_library(FERRY_NCCL_LIBRARY nccl HINTS /usr/local/cuda/lib64 ${CUDAToolkit_LIBRARY_DIR})
+  find_path(FERRY_NCCL_INCLUDE nccl.h HINTS /usr/local/cuda/include ${CUDAToolkit_INCLUDE_DIRS})
+  if(CUDAToolkit_FOUND AND FERRY_NCCL_LIBRARY AND FERRY_NCCL_INCLUDE)
+    set(FERRY_WITH_CUDA ON)
+    add_library(ferry_nccl INTERFACE)
+    target_include_directories(ferry_nccl INTERFACE ${FERRY_NCCL_INCLUDE})
+    target_link_libraries(ferry_nccl INTERFACE ${FERRY_NCCL_LIBRARY} CUDA::cudart_static)
+  elseif(FERRY_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "FERRY_CUDA=ON but CUDA or NCCL was not found in /usr/local/cuda")
+  endif()
+endif()
+message(STATUS "ferry: CUDA/NCCL path ${FERRY_WITH_CUDA}")

@@ -1,0 +1,65 @@
+#include "runtime/actor.hpp"
+
+#include <boost/fiber/operations.hpp>
+
+#include "runtime/node.hpp"
+
+namespace ferry {
+
+actor::actor(node& host, actor_id id) : host_(host), self_{host.id(), id} { host_.attach(*this); }
+
+actor::~actor() {
+  stop();
+  // The mailbox fiber refers to this actor: let it see the closed mailbox and end.
+  if (!finished_) host_.loop().run_until([this] { return finished_; });
+  host_.detach(*this);
+}
+
+void actor::start() {
+  if (open_) return;
+  open_ = true;
+  finished_ = false;
+  host_.loop().spawn([this] { serve(); });
+}
+
+void actor::stop() {
+  {
+    std::unique_lock lock(mutex_);
+    open_ = false;
+    mailbox_.clear();
+  }
+  cv_.notify_all();
+}
+
+void actor::enqueue(decoded_message m) {
+  {
+    std::unique_lock lock(mutex_);
+    if (!open_) return;
+    mailbox_.push_back(std::move(m));
+  }
+  cv_.notify_one();
+}
+
+void actor::serve() {
+  for (;;) {
+    decoded_message m;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return !open_ || !mailbox_.empty(); });
+      if (!open_) break;
+      m = std::move(mailbox_.front());
+      mailbox_.pop_front();
+    }
+    auto it = handlers_.find(m.head.kind);
+    if (it == handlers_.end()) {
+      log::debug("actor {}.{}: no handler for kind {}", self_.node, self_.actor, m.head.kind);
+      continue;
+    }
+    it->second(m);
+  }
+  finished_ = true;
+}
+
+void actor::send_frame(address to, frame f) { host_.route(to, std::move(f)); }
+
+}  // namespace ferry

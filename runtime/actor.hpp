@@ -1,0 +1,73 @@
+#pragma once
+/// An actor: an address, a mailbox, and typed handlers that run one at a time on its own fiber.
+#include <boost/fiber/condition_variable.hpp>
+#include <boost/fiber/mutex.hpp>
+#include <deque>
+#include <functional>
+#include <map>
+
+#include "runtime/codec.hpp"
+#include "runtime/log.hpp"
+#include "runtime/message.hpp"
+
+namespace ferry {
+
+class node;
+
+/// Owning loop only. Handlers may suspend (await I/O, wait for slots); the mailbox waits
+/// meanwhile. Stop, then let the loop run until `finished()`, before destroying an actor.
+class actor {
+ public:
+  actor(node& host, actor_id id);
+  virtual ~actor();
+  actor(const actor&) = delete;
+  actor& operator=(const actor&) = delete;
+
+  address self() const { return self_; }
+  node& host() const { return host_; }
+
+  /// Registers the handler for messages of kind `M`; one handler per kind.
+  template <message M>
+  void on(std::function<void(const envelope_header&, const M&)> handler) {
+    handlers_[M::kind] = [handler = std::move(handler)](const decoded_message& m) { handler(m.head, m.as<M>()); };
+  }
+
+  /// Sends `body` to `to`, stamped with this actor's address, epoch and next sequence number.
+  template <message M>
+  void send(address to, const M& body);
+
+  /// Starts the mailbox fiber.
+  void start();
+  /// Closes the mailbox; queued messages are dropped and the fiber ends.
+  void stop();
+  bool finished() const { return finished_; }
+
+  std::uint32_t epoch() const { return epoch_; }
+  void set_epoch(std::uint32_t e) { epoch_ = e; }
+
+  /// Called by the node on the loop's main fiber; never blocks.
+  void enqueue(decoded_message m);
+
+ private:
+  void serve();
+  void send_frame(address to, frame f);
+
+  node& host_;
+  address self_;
+  std::uint32_t epoch_ = 0;
+  std::uint64_t seq_ = 0;
+  std::map<msg_kind, std::function<void(const decoded_message&)>> handlers_;
+  std::deque<decoded_message> mailbox_;
+  boost::fibers::mutex mutex_;
+  boost::fibers::condition_variable cv_;
+  bool open_ = false;
+  bool finished_ = true;
+};
+
+template <message M>
+void actor::send(address to, const M& body) {
+  envelope_header head{.from = self_, .to = to, .epoch = epoch_, .seq = ++seq_};
+  send_frame(to, encode(head, body));
+}
+
+}  // namespace ferry

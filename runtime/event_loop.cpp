@@ -1,0 +1,125 @@
+#include "runtime/event_loop.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/fiber/algo/algorithm.hpp>
+#include <boost/fiber/all.hpp>
+#include <boost/fiber/scheduler.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "runtime/errc.hpp"
+#include "runtime/log.hpp"
+
+namespace ferry {
+
+/// Round-robin fiber algorithm that tells the loop whether fibers are ready. The loop's main
+/// fiber drives Asio; it blocks the thread in `run_one` only when no other fiber is ready, so
+/// the thread idles in epoll instead of spinning.
+class fiber_scheduler final : public boost::fibers::algo::algorithm {
+ public:
+  explicit fiber_scheduler(event_loop* loop) { loop->scheduler_ = this; }
+
+  void awakened(boost::fibers::context* ctx) noexcept override {
+    ready_.push_back(*ctx);
+    if (!is_dispatcher(ctx)) ++ready_workers_;
+  }
+  boost::fibers::context* pick_next() noexcept override {
+    if (ready_.empty()) return nullptr;
+    auto* ctx = &ready_.front();
+    ready_.pop_front();
+    if (!is_dispatcher(ctx)) --ready_workers_;
+    return ctx;
+  }
+  bool has_ready_fibers() const noexcept override { return !ready_.empty(); }
+  /// Fibers other than Boost's dispatcher, which sits in the ready queue whenever it is idle.
+  bool has_ready_workers() const noexcept { return ready_workers_ > 0; }
+
+  // Reached only if every fiber, the loop's main fiber included, waits on a fiber primitive:
+  // a handler broke the "never block" rule, or a fiber is woken from another thread.
+  void suspend_until(const std::chrono::steady_clock::time_point& until) noexcept override {
+    std::unique_lock lock(mutex_);
+    if (until == std::chrono::steady_clock::time_point::max()) {
+      cv_.wait(lock, [this] { return notified_; });
+    } else {
+      cv_.wait_until(lock, until, [this] { return notified_; });
+    }
+    notified_ = false;
+  }
+  void notify() noexcept override {
+    {
+      std::lock_guard lock(mutex_);
+      notified_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  static bool is_dispatcher(boost::fibers::context* ctx) noexcept {
+    return ctx->is_context(boost::fibers::type::dispatcher_context);
+  }
+
+  boost::fibers::scheduler::ready_queue_type ready_;
+  std::size_t ready_workers_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool notified_ = false;
+};
+
+event_loop::event_loop() {
+  work_.emplace(io_.get_executor());
+  boost::fibers::use_scheduling_algorithm<fiber_scheduler>(this);
+}
+
+event_loop::~event_loop() {
+  work_.reset();
+  // Let fibers that wait on completions see them fail rather than outlive their state.
+  io_.stop();
+}
+
+void event_loop::spawn(std::function<void()> fn) {
+  boost::fibers::fiber(std::allocator_arg, boost::fibers::fixedsize_stack(256 * 1024),
+                       [this, fn = std::move(fn)] {
+                         try {
+                           fn();
+                         } catch (...) {
+                           if (!failure_) failure_ = std::current_exception();
+                           stop();
+                         }
+                       })
+      .detach();
+}
+
+void event_loop::turn(bool may_block) {
+  // Every branch returns to the caller, which re-checks its condition before blocking again.
+  if (io_.poll() > 0) return;
+  if (scheduler_->has_ready_workers()) {
+    boost::this_fiber::yield();
+  } else if (may_block && !stopping_) {
+    io_.run_one();
+  }
+}
+
+void event_loop::run_until(const std::function<bool()>& done) {
+  if (io_.stopped()) io_.restart();
+  stopping_ = false;
+  while (!stopping_ && !done()) turn(true);
+}
+
+std::error_code event_loop::run(std::exception_ptr& failure) {
+  run_until([] { return false; });
+  failure = failure_;
+  return failure_ ? make_error_code(errc::stopped) : std::error_code{};
+}
+
+void event_loop::run() {
+  std::exception_ptr failure;
+  run(failure);
+  if (failure) std::rethrow_exception(failure);
+}
+
+void event_loop::stop() {
+  asio::post(io_, [this] { stopping_ = true; });
+}
+
+}  // namespace ferry

@@ -1,0 +1,63 @@
+#pragma once
+/// One event loop per thread: an `asio::io_context` with Boost.Fiber scheduled on the same thread,
+/// so actor code runs as straight-line fibers that wait on I/O without blocking the thread.
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <system_error>
+
+namespace ferry {
+
+namespace asio = boost::asio;
+class fiber_scheduler;
+
+/// Thread rules: construct, run and spawn on one thread; `post` and `stop` are thread-safe.
+/// Asio handlers run on the loop's main fiber and must never block on fiber primitives: they
+/// complete promises, push to mailboxes, or spawn fibers.
+class event_loop {
+ public:
+  /// Installs the fiber scheduler on the calling thread; no fiber may exist on it yet.
+  event_loop();
+  ~event_loop();
+  event_loop(const event_loop&) = delete;
+  event_loop& operator=(const event_loop&) = delete;
+
+  asio::io_context& io() { return io_; }
+  asio::io_context::executor_type executor() { return io_.get_executor(); }
+
+  /// Starts `fn` as a detached fiber. An exception escaping it stops the loop and is returned
+  /// (or rethrown) by `run`.
+  void spawn(std::function<void()> fn);
+
+  /// Runs handlers and fibers until `stop()`; idles in epoll, never spins. Throws what a fiber threw.
+  void run();
+  /// Same, returning instead of throwing: the error of the first failed fiber, if any.
+  std::error_code run(std::exception_ptr& failure);
+
+  /// Runs until `done()` holds (checked after every handler batch and fiber turn) or stop().
+  void run_until(const std::function<bool()>& done);
+
+  /// Ends `run` after the current handler; thread-safe.
+  void stop();
+
+  /// Queues `fn` to run on the loop; thread-safe. The way other threads hand results back.
+  template <class F>
+  void post(F&& fn) {
+    asio::post(io_, std::forward<F>(fn));
+  }
+
+ private:
+  void turn(bool may_block);
+
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  fiber_scheduler* scheduler_ = nullptr;
+  bool stopping_ = false;
+  std::exception_ptr failure_;
+  friend class fiber_scheduler;
+};
+
+}  // namespace ferry

@@ -1,0 +1,82 @@
+#include "runtime/node.hpp"
+
+#include <numeric>
+
+#include "runtime/actor.hpp"
+#include "runtime/log.hpp"
+
+namespace ferry {
+
+std::uint64_t node_stats::rejected_total() const { return std::accumulate(rejected.begin(), rejected.end(), 0ull); }
+
+node::node(event_loop& loop, node_id id, std::shared_ptr<ferry::transport> transport,
+           const message_registry& registry, codec_limits limits)
+    : loop_(loop),
+      id_(id),
+      transport_(std::move(transport)),
+      registry_(registry),
+      limits_(limits),
+      clock_(std::make_unique<real_clock>(loop.io())) {}
+
+node::~node() { close(); }
+
+std::error_code node::start() {
+  return transport_->start(transport_events{
+      .on_frame = [this](node_id from, std::span<const std::byte> payload) { receive(from, payload); },
+      .on_write =
+          [this](const write_notice& n) {
+            ++stats_.writes_in;
+            if (auto it = write_handlers_.find(n.region); it != write_handlers_.end()) it->second(n);
+          },
+      .on_peer_lost =
+          [this](node_id peer, std::error_code why) {
+            log::warn("node {}: lost peer {}: {}", id_, peer, why.message());
+            if (peer_lost_) peer_lost_(peer, why);
+          },
+  });
+}
+
+void node::close() {
+  for (auto& [id, a] : actors_) a->stop();
+  transport_->close();
+}
+
+void node::attach(actor& a) { actors_[a.self().actor] = &a; }
+void node::detach(actor& a) { actors_.erase(a.self().actor); }
+
+void node::route(address to, frame f) {
+  if (to.node != id_) {
+    transport_->async_send(to.node, std::move(f), [this, to](std::error_code ec) {
+      if (ec) log::debug("node {}: send to {}.{} failed: {}", id_, to.node, to.actor, ec.message());
+    });
+    return;
+  }
+  // Local delivery goes through the same strict decoder, on a later turn of the loop.
+  loop_.post([this, f = std::move(f)] { receive(id_, std::span(f).subspan(frame_prefix_bytes)); });
+}
+
+void node::on_write(std::uint64_t region, std::function<void(const write_notice&)> handler) {
+  write_handlers_[region] = std::move(handler);
+}
+
+void node::forget_writes(std::uint64_t region) { write_handlers_.erase(region); }
+
+void node::receive(node_id from, std::span<const std::byte> payload) {
+  ++stats_.frames_in;
+  auto m = decode_payload(payload, registry_, limits_);
+  if (!m) return reject(from, m.error());
+  if (m->head.from.node != from) return reject(from, errc::forged_sender);
+  if (m->head.to.node != id_) return reject(from, errc::unknown_peer);
+  auto it = actors_.find(m->head.to.actor);
+  if (it == actors_.end()) return reject(from, errc::unknown_actor);
+  ++stats_.delivered;
+  it->second->enqueue(std::move(*m));
+}
+
+void node::reject(node_id from, std::error_code why) {
+  const auto index = why.category() == runtime_category() ? why.value() : 0;
+  ++stats_.rejected[static_cast<std::size_t>(index) < stats_.rejected.size() ? index : 0];
+  log::warn("node {}: rejected a frame from node {}: {}", id_, from, why.message());
+}
+
+}  // namespace ferry

@@ -1,0 +1,76 @@
+#pragma once
+/// A node hosts actors and routes envelopes: to local actors directly, to other nodes through
+/// its transport. It rejects and counts bad frames and keeps serving.
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "runtime/clock.hpp"
+#include "runtime/codec.hpp"
+#include "runtime/event_loop.hpp"
+#include "runtime/message_registry.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry {
+
+class actor;
+
+/// Counters of what a node received; `rejected` is indexed by `errc`.
+struct node_stats {
+  std::uint64_t frames_in = 0;
+  std::uint64_t delivered = 0;
+  std::uint64_t writes_in = 0;
+  std::array<std::uint64_t, 16> rejected{};
+  std::uint64_t rejected_total() const;
+  std::uint64_t rejected_for(errc e) const { return rejected[static_cast<int>(e)]; }
+};
+
+/// Owning loop only.
+class node {
+ public:
+  node(event_loop& loop, node_id id, std::shared_ptr<transport> transport, const message_registry& registry,
+       codec_limits limits = {});
+  ~node();
+
+  node_id id() const { return id_; }
+  event_loop& loop() { return loop_; }
+  class clock& clock() { return *clock_; }
+  ferry::transport& transport() { return *transport_; }
+  const message_registry& registry() const { return registry_; }
+  const node_stats& stats() const { return stats_; }
+
+  /// Starts the transport; frames and writes flow from then on.
+  std::error_code start();
+  /// Stops every actor and the transport.
+  void close();
+
+  void attach(actor& a);
+  void detach(actor& a);
+
+  /// Routes one encoded frame to `to`: a local actor, or the transport.
+  void route(address to, frame f);
+
+  /// Observers of bulk writes that landed here, keyed by region id. Owning loop only.
+  void on_write(std::uint64_t region, std::function<void(const write_notice&)> handler);
+  void forget_writes(std::uint64_t region);
+  /// Observer of peers the transport dropped.
+  void on_peer_lost(std::function<void(node_id, std::error_code)> handler) { peer_lost_ = std::move(handler); }
+
+ private:
+  void receive(node_id from, std::span<const std::byte> payload);
+  void reject(node_id from, std::error_code why);
+
+  event_loop& loop_;
+  node_id id_;
+  std::shared_ptr<ferry::transport> transport_;
+  const message_registry& registry_;
+  codec_limits limits_;
+  std::unique_ptr<class clock> clock_;
+  std::map<actor_id, actor*> actors_;
+  std::map<std::uint64_t, std::function<void(const write_notice&)>> write_handlers_;
+  std::function<void(node_id, std::error_code)> peer_lost_;
+  node_stats stats_;
+};
+
+}  // namespace ferry

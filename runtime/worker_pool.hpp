@@ -1,0 +1,33 @@
+#pragma once
+/// Threads for blocking work (host memcpy, checksums) whose completions return to the loop:
+/// the host's stand-in for a DMA copy engine.
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <functional>
+
+#include "runtime/event_loop.hpp"
+
+namespace ferry {
+
+/// Thread-safe.
+class worker_pool {
+ public:
+  /// `threads` = 0 picks the hardware concurrency (at least 2).
+  explicit worker_pool(unsigned threads = 0);
+  ~worker_pool();
+
+  /// Runs `work()` on a pool thread, then `done()` on `loop`.
+  void async_run(event_loop& loop, std::function<void()> work, std::function<void()> done);
+  /// Runs `work()` on a pool thread and suspends the calling fiber until it finished.
+  void run(event_loop& loop, std::function<void()> work);
+
+  unsigned threads() const { return threads_; }
+  /// A process-wide pool for host copies.
+  static worker_pool& shared();
+
+ private:
+  unsigned threads_;
+  boost::asio::thread_pool pool_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs ferry's build and test dependencies from Debian's packages. Idempotent: packages
+# already present are left alone, and apt is not touched when nothing is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libboost-dev libboost-fiber-dev libboost-context-dev
+  libmsgpack-cxx-dev libfabric-dev libfabric-bin
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libsodium-dev
+  clang libclang-rt-14-dev clang-format
+  python3 python3-msgpack
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: all ${#packages[@]} packages present"

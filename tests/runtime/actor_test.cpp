@@ -1,0 +1,150 @@
+#include "runtime/actor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "runtime/messages.hpp"
+#include "runtime/node.hpp"
+#include "transport/errc.hpp"
+#include "transport/inproc/inproc_transport.hpp"
+
+namespace ferry {
+namespace {
+
+message_registry runtime_registry() {
+  message_registry r;
+  register_runtime_messages(r);
+  return r;
+}
+
+/// Answers every ping with a pong carrying the same nonce and payload.
+class echo : public actor {
+ public:
+  echo(node& n, actor_id id) : actor(n, id) {
+    on<ping>([this](const envelope_header& h, const ping& p) {
+      send(h.from, pong{.nonce = p.nonce, .payload = p.payload});
+    });
+  }
+};
+
+struct two_nodes : ::testing::Test {
+  message_registry registry = runtime_registry();
+  event_loop loop;
+  inproc_network network;
+  node a{loop, 1, inproc_transport::make(loop, network, 1), registry};
+  node b{loop, 2, inproc_transport::make(loop, network, 2), registry};
+  void SetUp() override {
+    ASSERT_FALSE(a.start());
+    ASSERT_FALSE(b.start());
+  }
+};
+
+TEST_F(two_nodes, actors_ping_pong_across_nodes) {
+  echo server(b, 1);
+  actor client(a, 1);
+  std::vector<std::uint64_t> nonces;
+  client.on<pong>([&](const envelope_header& h, const pong& p) {
+    EXPECT_EQ(h.from, (address{2, 1}));
+    EXPECT_EQ(p.payload, "round " + std::to_string(p.nonce));
+    nonces.push_back(p.nonce);
+    if (p.nonce < 100) client.send(server.self(), ping{.nonce = p.nonce + 1, .payload = "round " + std::to_string(p.nonce + 1)});
+  });
+  server.start();
+  client.start();
+  client.send(server.self(), ping{.nonce = 1, .payload = "round 1"});
+  loop.run_until([&] { return nonces.size() == 100; });
+  std::vector<std::uint64_t> expected(100);
+  std::iota(expected.begin(), expected.end(), 1);
+  EXPECT_EQ(nonces, expected);
+  EXPECT_EQ(b.stats().delivered, 100u);
+}
+
+TEST_F(two_nodes, message_to_a_missing_actor_is_counted_not_fatal) {
+  actor client(a, 1);
+  echo server(b, 1);
+  bool answered = false;
+  client.on<pong>([&](const envelope_header&, const pong&) { answered = true; });
+  client.start();
+  server.start();
+  client.send(address{2, 99}, ping{.nonce = 1});
+  client.send(server.self(), ping{.nonce = 2});
+  loop.run_until([&] { return answered; });
+  EXPECT_EQ(b.stats().rejected_for(errc::unknown_actor), 1u);
+}
+
+TEST_F(two_nodes, garbage_frame_is_rejected_and_node_keeps_serving) {
+  echo server(b, 1);
+  actor client(a, 1);
+  bool answered = false;
+  client.on<pong>([&](const envelope_header&, const pong&) { answered = true; });
+  server.start();
+  client.start();
+  frame garbage{std::byte{0}, std::byte{0}, std::byte{0}, std::byte{3}, std::byte{0xc1}, std::byte{0xc1},
+                std::byte{0xc1}};
+  a.transport().async_send(2, garbage, [](std::error_code) {});
+  client.send(server.self(), ping{.nonce = 7});
+  loop.run_until([&] { return answered; });
+  EXPECT_EQ(b.stats().rejected_for(errc::malformed_frame), 1u);
+}
+
+TEST_F(two_nodes, forged_sender_is_rejected) {
+  echo server(b, 1);
+  server.start();
+  // Node 1 claims to be node 3.
+  a.transport().async_send(2, encode(envelope_header{.from = {3, 1}, .to = {2, 1}}, ping{}), [](std::error_code) {});
+  loop.run_until([&] { return b.stats().frames_in == 1; });
+  EXPECT_EQ(b.stats().rejected_for(errc::forged_sender), 1u);
+}
+
+TEST_F(two_nodes, bulk_write_lands_bytes_and_notifies_both_sides) {
+  std::vector<std::byte> source(1 << 20), target(2 << 20);
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::byte>(i * 7 + 3);
+  auto local = a.transport().register_region(source);
+  auto remote = b.transport().register_region(target);
+  ASSERT_TRUE(local && remote);
+
+  std::optional<write_notice> seen;
+  b.on_write(remote->id, [&](const write_notice& n) { seen = n; });
+  std::optional<std::error_code> sender_done;
+  a.transport().async_write(source, *remote, 4096, 0xabcdef, [&](std::error_code ec) { sender_done = ec; });
+  loop.run_until([&] { return sender_done && seen; });
+
+  EXPECT_FALSE(*sender_done);
+  EXPECT_EQ(seen->from, 1u);
+  EXPECT_EQ(seen->offset, 4096u);
+  EXPECT_EQ(seen->length, source.size());
+  EXPECT_EQ(seen->imm, 0xabcdefu);
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), target.begin() + 4096));
+  EXPECT_EQ(target[0], std::byte{0});
+}
+
+TEST_F(two_nodes, bad_writes_are_refused_before_any_byte_lands) {
+  std::vector<std::byte> source(4096, std::byte{0x5a}), target(8192);
+  auto local = a.transport().register_region(source);
+  auto remote = b.transport().register_region(target);
+  ASSERT_TRUE(local && remote);
+
+  auto write = [&](std::span<const std::byte> from, region_desc to, std::uint64_t offset) {
+    std::optional<std::error_code> result;
+    a.transport().async_write(from, to, offset, 0, [&](std::error_code ec) { result = ec; });
+    loop.run_until([&] { return result.has_value(); });
+    return *result;
+  };
+  auto wrong_key = *remote;
+  wrong_key.key ^= 1;
+  auto unknown = *remote;
+  unknown.id += 100;
+  std::vector<std::byte> unregistered(16);
+
+  EXPECT_EQ(write(source, wrong_key, 0), transport_errc::key_mismatch);
+  EXPECT_EQ(write(source, unknown, 0), transport_errc::unknown_region);
+  EXPECT_EQ(write(source, *remote, 8192 - 100), transport_errc::out_of_bounds);
+  EXPECT_EQ(write(unregistered, *remote, 0), transport_errc::not_registered);
+  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_FALSE(write(source, *remote, 4096));
+  EXPECT_EQ(target[4096], std::byte{0x5a});
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,114 @@
+#include "runtime/event_loop.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <boost/asio/steady_timer.hpp>
+#include <thread>
+
+#include "runtime/await.hpp"
+#include "runtime/clock.hpp"
+#include "runtime/worker_pool.hpp"
+
+namespace ferry {
+namespace {
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+TEST(event_loop, fibers_wait_on_timers_in_order) {
+  event_loop loop;
+  real_clock clock(loop.io());
+  std::vector<int> order;
+  loop.spawn([&] {
+    clock.sleep_for(std::chrono::milliseconds(30));
+    order.push_back(2);
+  });
+  loop.spawn([&] {
+    clock.sleep_for(std::chrono::milliseconds(10));
+    order.push_back(1);
+  });
+  loop.run_until([&] { return order.size() == 2; });
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(event_loop, idle_loop_does_not_spin) {
+  event_loop loop;
+  real_clock clock(loop.io());
+  bool woke = false;
+  loop.spawn([&] {
+    clock.sleep_for(std::chrono::milliseconds(300));
+    woke = true;
+  });
+  const double before = cpu_seconds();
+  loop.run_until([&] { return woke; });
+  // A spinning loop would burn ~0.3 s of CPU here; an idle one sleeps in epoll.
+  EXPECT_LT(cpu_seconds() - before, 0.05) << "loop used " << cpu_seconds() - before << " s of CPU";
+}
+
+TEST(event_loop, work_from_another_thread_completes_on_the_loop) {
+  event_loop loop;
+  worker_pool pool(2);
+  const auto loop_thread = std::this_thread::get_id();
+  std::thread::id worker_thread, completion_thread;
+  bool done = false;
+  loop.spawn([&] {
+    pool.run(loop, [&] { worker_thread = std::this_thread::get_id(); });
+    completion_thread = std::this_thread::get_id();
+    done = true;
+  });
+  loop.run_until([&] { return done; });
+  EXPECT_NE(worker_thread, loop_thread);
+  EXPECT_EQ(completion_thread, loop_thread);
+}
+
+TEST(event_loop, slot_counter_bounds_concurrency) {
+  event_loop loop;
+  real_clock clock(loop.io());
+  slot_counter slots(2);
+  int inside = 0, most = 0, finished = 0;
+  for (int i = 0; i < 6; ++i) {
+    loop.spawn([&] {
+      slots.acquire();
+      most = std::max(most, ++inside);
+      clock.sleep_for(std::chrono::milliseconds(5));
+      --inside;
+      slots.release();
+      ++finished;
+    });
+  }
+  loop.run_until([&] { return finished == 6; });
+  EXPECT_EQ(most, 2);
+}
+
+TEST(event_loop, fiber_exception_stops_run_and_is_reported) {
+  event_loop loop;
+  loop.spawn([] { throw std::runtime_error("boom"); });
+  std::exception_ptr failure;
+  EXPECT_TRUE(loop.run(failure));
+  ASSERT_TRUE(failure);
+  EXPECT_THROW(std::rethrow_exception(failure), std::runtime_error);
+}
+
+TEST(virtual_clock, fires_timers_only_as_time_advances) {
+  event_loop loop;
+  virtual_clock clock(loop.io());
+  std::vector<int> fired;
+  clock.async_wait(std::chrono::seconds(5), [&](std::error_code) { fired.push_back(5); });
+  clock.async_wait(std::chrono::seconds(1), [&](std::error_code) { fired.push_back(1); });
+  loop.io().poll();
+  EXPECT_TRUE(fired.empty());
+  clock.advance_to(clock.now() + std::chrono::seconds(2));
+  loop.io().poll();
+  EXPECT_EQ(fired, (std::vector<int>{1}));
+  EXPECT_TRUE(clock.advance_to_next());
+  loop.io().poll();
+  EXPECT_EQ(fired, (std::vector<int>{1, 5}));
+  EXPECT_EQ(clock.now().time_since_epoch(), std::chrono::seconds(5));
+}
+
+}  // namespace
+}  // namespace ferry

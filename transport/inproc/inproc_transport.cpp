@@ -1,0 +1,92 @@
+#include "transport/inproc/inproc_transport.hpp"
+
+#include <cstring>
+#include <string>
+
+namespace ferry {
+
+std::shared_ptr<inproc_transport> inproc_network::find(node_id id) const {
+  std::lock_guard lock(mutex_);
+  auto it = nodes_.find(id);
+  return it == nodes_.end() ? nullptr : it->second.lock();
+}
+
+void inproc_network::attach(node_id id, std::weak_ptr<inproc_transport> t) {
+  std::lock_guard lock(mutex_);
+  nodes_[id] = std::move(t);
+}
+
+void inproc_network::detach(node_id id) {
+  std::lock_guard lock(mutex_);
+  nodes_.erase(id);
+}
+
+std::shared_ptr<inproc_transport> inproc_transport::make(event_loop& loop, inproc_network& network, node_id self,
+                                                         worker_pool& copies) {
+  return std::shared_ptr<inproc_transport>(new inproc_transport(loop, network, self, copies));
+}
+
+inproc_transport::inproc_transport(event_loop& loop, inproc_network& network, node_id self, worker_pool& copies)
+    : loop_(loop), network_(network), self_(self), copies_(copies), regions_(self) {}
+
+inproc_transport::~inproc_transport() { close(); }
+
+std::string inproc_transport::local_address() const { return std::to_string(self_); }
+
+std::error_code inproc_transport::start(transport_events events) {
+  events_ = std::move(events);
+  open_ = true;
+  network_.attach(self_, weak_from_this());
+  return {};
+}
+
+void inproc_transport::close() {
+  if (!open_) return;
+  open_ = false;
+  network_.detach(self_);
+}
+
+std::error_code inproc_transport::add_peer(node_id, std::string_view) { return {}; }
+void inproc_transport::remove_peer(node_id) {}
+
+void inproc_transport::async_send(node_id to, frame f, completion done) {
+  auto peer = network_.find(to);
+  if (!open_ || !peer) {
+    loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
+    return;
+  }
+  peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
+  loop_.post([done = std::move(done)] { done({}); });
+}
+
+void inproc_transport::deliver_frame(node_id from, const frame& f) {
+  if (!open_ || !events_.on_frame || f.size() < frame_prefix_bytes) return;
+  events_.on_frame(from, std::span(f).subspan(frame_prefix_bytes));
+}
+
+result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) { return regions_.add(memory); }
+void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.remove(region_id); }
+
+void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
+                                   std::uint64_t imm, completion done) {
+  auto fail_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
+  if (!regions_.contains(local)) return fail_with(transport_errc::not_registered);
+  auto peer = network_.find(remote.owner);
+  if (!open_ || !peer) return fail_with(transport_errc::peer_unreachable);
+  auto target = peer->regions_.resolve(remote.id, remote.key, offset, local.size());
+  if (!target) return fail_with(target.error());
+
+  const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
+  copies_.async_run(
+      loop_, [dst = *target, local] { std::memcpy(dst.data(), local.data(), local.size()); },
+      [peer, notice, done = std::move(done)] {
+        peer->loop_.post([peer, notice] { peer->deliver_write(notice); });
+        done({});
+      });
+}
+
+void inproc_transport::deliver_write(const write_notice& notice) {
+  if (open_ && events_.on_write) events_.on_write(notice);
+}
+
+}  // namespace ferry

@@ -1,0 +1,64 @@
+#pragma once
+/// Transport between nodes of one process (embedding, tests, the demo): frames are posted to
+/// the peer's loop and bulk writes are memcpy on the worker pool, checked like remote ones.
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "runtime/event_loop.hpp"
+#include "runtime/worker_pool.hpp"
+#include "transport/region_table.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry {
+
+class inproc_transport;
+
+/// The process-wide directory of inproc nodes. Thread-safe.
+class inproc_network {
+ public:
+  std::shared_ptr<inproc_transport> find(node_id id) const;
+
+ private:
+  friend class inproc_transport;
+  void attach(node_id id, std::weak_ptr<inproc_transport> t);
+  void detach(node_id id);
+  mutable std::mutex mutex_;
+  std::map<node_id, std::weak_ptr<inproc_transport>> nodes_;
+};
+
+/// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
+class inproc_transport final : public transport, public std::enable_shared_from_this<inproc_transport> {
+ public:
+  static std::shared_ptr<inproc_transport> make(event_loop& loop, inproc_network& network, node_id self,
+                                                worker_pool& copies = worker_pool::shared());
+  ~inproc_transport() override;
+
+  std::string_view scheme() const override { return "inproc"; }
+  std::string local_address() const override;
+  std::error_code start(transport_events events) override;
+  void close() override;
+  std::error_code add_peer(node_id peer, std::string_view address) override;
+  void remove_peer(node_id peer) override;
+  void async_send(node_id to, frame f, completion done) override;
+  result<region_desc> register_region(std::span<std::byte> memory) override;
+  void deregister_region(std::uint64_t region_id) override;
+  void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
+                   std::uint64_t imm, completion done) override;
+
+ private:
+  inproc_transport(event_loop& loop, inproc_network& network, node_id self, worker_pool& copies);
+  /// Runs on this transport's loop.
+  void deliver_frame(node_id from, const frame& f);
+  void deliver_write(const write_notice& notice);
+
+  event_loop& loop_;
+  inproc_network& network_;
+  node_id self_;
+  worker_pool& copies_;
+  region_table regions_;
+  transport_events events_;
+  bool open_ = false;
+};
+
+}  // namespace ferry

@@ -1,0 +1,42 @@
+#pragma once
+/// The regions a node registered, and the receiver-side check of every incoming write:
+/// known region, matching key, in bounds. Shared by the transports that land bytes themselves.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <span>
+
+#include "runtime/errc.hpp"
+#include "transport/errc.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry {
+
+/// Thread-safe: the inproc transport resolves writes from other threads.
+class region_table {
+ public:
+  explicit region_table(node_id owner) : owner_(owner) {}
+
+  /// Registers `memory` with a fresh id and a random key; `addr` is 0 (writes use offsets).
+  region_desc add(std::span<std::byte> memory);
+  void remove(std::uint64_t id);
+
+  /// The destination bytes of a write, or why it must be refused.
+  result<std::span<std::byte>> resolve(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
+                                       std::uint64_t length) const;
+  /// True when `local` lies inside one registered region.
+  bool contains(std::span<const std::byte> local) const;
+  std::size_t size() const;
+
+ private:
+  struct entry {
+    std::span<std::byte> memory;
+    std::uint64_t key;
+  };
+  node_id owner_;
+  mutable std::mutex mutex_;
+  std::uint64_t next_id_ = 1;
+  std::map<std::uint64_t, entry> regions_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,89 @@
+#pragma once
+/// The transport interface, shaped like RDMA: control frames between nodes, and one-sided bulk
+/// writes into memory regions the receiver registered and described in a message, with a
+/// completion on both sides (write-with-immediate semantics).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "runtime/codec.hpp"
+#include "runtime/errc.hpp"
+#include "runtime/message.hpp"
+
+namespace ferry {
+
+/// A registered region as a peer sees it: serializable, it travels inside messages.
+/// `addr` is what the owner's transport needs to locate the bytes (an offset or a virtual
+/// address, per provider); `key` is the protection key a writer must present.
+struct region_desc {
+  node_id owner = 0;
+  std::uint64_t id = 0;
+  std::uint64_t addr = 0;
+  std::uint64_t key = 0;
+  std::uint64_t length = 0;
+  friend bool operator==(const region_desc&, const region_desc&) = default;
+  MSGPACK_DEFINE_MAP(owner, id, addr, key, length);
+};
+
+/// What the receiver of a bulk write learns when the bytes have landed.
+struct write_notice {
+  node_id from = 0;
+  std::uint64_t region = 0;  ///< region_desc::id on this node
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::uint64_t imm = 0;  ///< the writer's immediate data (chunk identity)
+};
+
+/// Callbacks a transport makes, always on its event loop's thread.
+struct transport_events {
+  /// One control frame (without its length prefix) from a peer. The span lives for the call.
+  std::function<void(node_id from, std::span<const std::byte> payload)> on_frame;
+  /// A peer's bulk write landed in one of our regions.
+  std::function<void(const write_notice&)> on_write;
+  /// A peer was dropped: connection lost, protocol violation, or failed write.
+  std::function<void(node_id peer, std::error_code why)> on_peer_lost;
+};
+
+/// Thread rules: every member is called on the owning event loop's thread; completions run there.
+class transport {
+ public:
+  using completion = std::function<void(std::error_code)>;
+  virtual ~transport() = default;
+
+  /// The scheme ("inproc", "tcp", "fabric") and this node's reachable address in that scheme.
+  virtual std::string_view scheme() const = 0;
+  virtual std::string local_address() const = 0;
+
+  /// Begins serving: incoming frames and writes are reported through `events`.
+  virtual std::error_code start(transport_events events) = 0;
+  /// Closes every link; pending operations complete with `errc::stopped`.
+  virtual void close() = 0;
+
+  /// Tells the transport how to reach `peer` (an address from its `local_address`).
+  virtual std::error_code add_peer(node_id peer, std::string_view address) = 0;
+  /// Forgets `peer`: closes its link; pending operations to it fail.
+  virtual void remove_peer(node_id peer) = 0;
+
+  /// Sends one control frame (with its length prefix, as `encode` makes it).
+  /// Completion: `void(std::error_code)`, once, after the frame left or failed.
+  virtual void async_send(node_id to, frame f, completion done) = 0;
+
+  /// Registers `memory` for remote writes by peers (and as a local source of writes).
+  /// The memory must outlive its registration.
+  virtual result<region_desc> register_region(std::span<std::byte> memory) = 0;
+  virtual void deregister_region(std::uint64_t region_id) = 0;
+
+  /// Writes `local` into `remote` at `offset` on node `remote.owner`, with immediate `imm`.
+  /// `local` must lie inside a region registered here and stay untouched until completion.
+  /// Completion: `void(std::error_code)`, once, after the bytes landed remotely (or failed);
+  /// bounds and key are checked by the receiver before any byte lands.
+  virtual void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
+                           std::uint64_t imm, completion done) = 0;
+};
+
+}  // namespace ferry
