@@ -26,7 +26,7 @@ std::error_code node::start() {
       .on_write =
           [this](const write_notice& n) {
             ++stats_.writes_in;
-            if (auto it = write_handlers_.find(n.region); it != write_handlers_.end()) it->second(n);
+            if (auto it = write_handlers_.find(imm_tag(n.imm)); it != write_handlers_.end()) it->second(n);
           },
       .on_peer_lost =
           [this](node_id peer, std::error_code why) {
@@ -55,11 +55,11 @@ void node::route(address to, frame f) {
   loop_.post([this, f = std::move(f)] { receive(id_, std::span(f).subspan(frame_prefix_bytes)); });
 }
 
-void node::on_write(std::uint64_t region, std::function<void(const write_notice&)> handler) {
-  write_handlers_[region] = std::move(handler);
+void node::on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler) {
+  write_handlers_[tag] = std::move(handler);
 }
 
-void node::forget_writes(std::uint64_t region) { write_handlers_.erase(region); }
+void node::forget_writes(std::uint8_t tag) { write_handlers_.erase(tag); }
 
 void node::receive(node_id from, std::span<const std::byte> payload) {
   ++stats_.frames_in;

@@ -51,9 +51,9 @@ class node {
   /// Routes one encoded frame to `to`: a local actor, or the transport.
   void route(address to, frame f);
 
-  /// Observers of bulk writes that landed here, keyed by region id. Owning loop only.
-  void on_write(std::uint64_t region, std::function<void(const write_notice&)> handler);
-  void forget_writes(std::uint64_t region);
+  /// Observers of bulk writes that landed here, keyed by the tag in their imm. Owning loop only.
+  void on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler);
+  void forget_writes(std::uint8_t tag);
   /// Observer of peers the transport dropped.
   void on_peer_lost(std::function<void(node_id, std::error_code)> handler) { peer_lost_ = std::move(handler); }
 
@@ -68,7 +68,7 @@ class node {
   codec_limits limits_;
   std::unique_ptr<class clock> clock_;
   std::map<actor_id, actor*> actors_;
-  std::map<std::uint64_t, std::function<void(const write_notice&)>> write_handlers_;
+  std::map<std::uint8_t, std::function<void(const write_notice&)>> write_handlers_;
   std::function<void(node_id, std::error_code)> peer_lost_;
   node_stats stats_;
 };

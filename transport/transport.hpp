@@ -30,13 +30,24 @@ struct region_desc {
   MSGPACK_DEFINE_MAP(owner, id, addr, key, length);
 };
 
-/// What the receiver of a bulk write learns when the bytes have landed.
+/// Immediate data of a bulk write: 32 bits, the least RDMA NICs carry (verbs, EFA). The top
+/// byte is a tag that says which consumer on the receiving node the write is for.
+using write_imm = std::uint32_t;
+inline constexpr write_imm make_imm(std::uint8_t tag, std::uint32_t value) {
+  return (write_imm{tag} << 24) | (value & 0xffffffu);
+}
+inline constexpr std::uint8_t imm_tag(write_imm imm) { return static_cast<std::uint8_t>(imm >> 24); }
+inline constexpr std::uint32_t imm_value(write_imm imm) { return imm & 0xffffffu; }
+
+/// What the receiver of a bulk write learns when the bytes have landed. Only `imm` is
+/// guaranteed by every transport; the others are filled where the provider reports them
+/// (0 otherwise), so consumers must identify a write by its imm alone.
 struct write_notice {
   node_id from = 0;
   std::uint64_t region = 0;  ///< region_desc::id on this node
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
-  std::uint64_t imm = 0;  ///< the writer's immediate data (chunk identity)
+  write_imm imm = 0;
 };
 
 /// Callbacks a transport makes, always on its event loop's thread.
@@ -83,7 +94,7 @@ class transport {
   /// Completion: `void(std::error_code)`, once, after the bytes landed remotely (or failed);
   /// bounds and key are checked by the receiver before any byte lands.
   virtual void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
-                           std::uint64_t imm, completion done) = 0;
+                           write_imm imm, completion done) = 0;
 };
 
 }  // namespace ferry

@@ -105,16 +105,16 @@ TEST_F(two_nodes, bulk_write_lands_bytes_and_notifies_both_sides) {
   ASSERT_TRUE(local && remote);
 
   std::optional<write_notice> seen;
-  b.on_write(remote->id, [&](const write_notice& n) { seen = n; });
+  b.on_write(7, [&](const write_notice& n) { seen = n; });
   std::optional<std::error_code> sender_done;
-  a.transport().async_write(source, *remote, 4096, 0xabcdef, [&](std::error_code ec) { sender_done = ec; });
+  a.transport().async_write(source, *remote, 4096, make_imm(7, 0xabcdef), [&](std::error_code ec) { sender_done = ec; });
   loop.run_until([&] { return sender_done && seen; });
 
   EXPECT_FALSE(*sender_done);
   EXPECT_EQ(seen->from, 1u);
   EXPECT_EQ(seen->offset, 4096u);
   EXPECT_EQ(seen->length, source.size());
-  EXPECT_EQ(seen->imm, 0xabcdefu);
+  EXPECT_EQ(seen->imm, make_imm(7, 0xabcdef));
   EXPECT_TRUE(std::equal(source.begin(), source.end(), target.begin() + 4096));
   EXPECT_EQ(target[0], std::byte{0});
 }

@@ -68,7 +68,7 @@ result<region_desc> inproc_transport::register_region(std::span<std::byte> memor
 void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.remove(region_id); }
 
 void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
-                                   std::uint64_t imm, completion done) {
+                                   write_imm imm, completion done) {
   auto fail_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
   if (!regions_.contains(local)) return fail_with(transport_errc::not_registered);
   auto peer = network_.find(remote.owner);

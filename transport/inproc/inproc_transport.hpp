@@ -44,7 +44,7 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   result<region_desc> register_region(std::span<std::byte> memory) override;
   void deregister_region(std::uint64_t region_id) override;
   void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
-                   std::uint64_t imm, completion done) override;
+                   write_imm imm, completion done) override;
 
  private:
   inproc_transport(event_loop& loop, inproc_network& network, node_id self, worker_pool& copies);
