@@ -1,0 +1,169 @@
+#include "actors/local_job.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "actors/rollout_worker.hpp"
+#include "actors/synthetic_model.hpp"
+#include "actors/trainer_shard.hpp"
+#include "runtime/node.hpp"
+#include "transport/factory.hpp"
+
+namespace ferry {
+
+double job_result::seconds() const {
+  double s = 0;
+  for (const auto& v : versions) s += v.seconds;
+  return s;
+}
+
+double job_result::gbps() const {
+  const double s = seconds();
+  return s > 0 ? static_cast<double>(model_bytes) * versions.size() / s / 1e9 : 0;
+}
+
+namespace {
+
+/// A trainer's tensors, with storage.
+struct trainer_memory {
+  std::vector<std::unique_ptr<std::byte[]>> storage;
+  std::vector<tensor_ref> refs;
+};
+
+trainer_memory allocate(const std::vector<tensor_spec>& specs) {
+  trainer_memory m;
+  for (const auto& s : specs) {
+    m.storage.push_back(std::make_unique_for_overwrite<std::byte[]>(s.nbytes));
+    m.refs.push_back({.spec = s, .data = m.storage.back().get()});
+  }
+  return m;
+}
+
+}  // namespace
+
+job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress) {
+  job_result result;
+  event_loop loop;
+  transport_environment environment;
+  host_copy_engine copies(loop);
+
+  const auto model = synthetic_transformer(config.model_bytes);
+  const auto shards = split_over_shards(model, config.trainers);
+  for (const auto& t : model) result.model_bytes += t.nbytes;
+  result.tensors = model.size();
+  result.workers = config.instances * config.workers_per_instance;
+
+  std::vector<std::unique_ptr<node>> nodes;
+  auto add_node = [&]() -> node* {
+    const auto id = static_cast<node_id>(nodes.size());
+    auto t = make_transport(config.transport, loop, id, environment);
+    if (!t) {
+      result.error = "cannot create the " + config.transport + " transport: " + t.error().message();
+      return nullptr;
+    }
+    nodes.push_back(std::make_unique<node>(loop, id, *t, protocol()));
+    if (auto ec = nodes.back()->start()) {
+      result.error = "cannot start node " + std::to_string(id) + ": " + ec.message();
+      return nullptr;
+    }
+    return nodes.back().get();
+  };
+
+  node* coordinator_node = add_node();
+  if (!coordinator_node) return result;
+  coordinator coord(*coordinator_node, 1,
+                    job_shape{.trainers = config.trainers,
+                              .instance_sizes = std::vector<std::uint32_t>(config.instances, config.workers_per_instance),
+                              .chunk_bytes = config.chunk_bytes,
+                              .depth = config.depth});
+  bool ready = false;
+  std::optional<std::string> failure;
+  coord.on_ready = [&](const plan& p) {
+    ready = true;
+    result.chunks = p.chunks.size();
+  };
+  coord.on_failed = [&](const std::string& why) { failure = why; };
+  coord.on_delivered = [&](const version_report& r) {
+    result.versions.push_back(r);
+    if (progress) {
+      progress(fmt::format("version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer stalled {:.3f} s{}",
+                           r.version, config.versions, r.bytes / 1e9, r.workers, r.seconds, r.bytes / r.seconds / 1e9,
+                           r.offloaded_seconds, config.verify ? (r.verified ? ", digests match" : ", DIGESTS DIFFER") : ""));
+    }
+  };
+  coord.start();
+
+  const trainer_options trainer_opts{.checksums = config.checksums, .digests = config.verify};
+  const worker_options worker_opts{.checksums = config.checksums, .digests = config.verify};
+  std::vector<trainer_memory> memory;
+  std::vector<std::unique_ptr<trainer_shard>> trainers;
+  for (std::uint32_t s = 0; s < config.trainers; ++s) {
+    node* n = add_node();
+    if (!n) return result;
+    memory.push_back(allocate(shards[s]));
+    trainers.push_back(std::make_unique<trainer_shard>(*n, 1, coord.self(), s, memory.back().refs, copies, trainer_opts));
+  }
+  std::vector<std::unique_ptr<rollout_worker>> workers;
+  for (std::uint32_t i = 0; i < config.instances; ++i) {
+    for (std::uint32_t r = 0; r < config.workers_per_instance; ++r) {
+      node* n = add_node();
+      if (!n) return result;
+      std::vector<tensor_ref> destinations;
+      for (const auto& t : model) destinations.push_back({.spec = t});
+      workers.push_back(std::make_unique<rollout_worker>(*n, 1, coord.self(), i, r, destinations, copies, worker_opts));
+    }
+  }
+  for (auto& t : trainers) t->join();
+  for (auto& w : workers) w->join();
+  loop.run_until([&] { return ready || failure; });
+
+  for (std::uint64_t v = 1; v <= config.versions && !failure; ++v) {
+    // "Training" produces version v: new bytes in every trainer tensor, filled on the pool.
+    std::size_t filling = 0;
+    for (auto& m : memory) {
+      for (auto& t : m.refs) {
+        ++filling;
+        worker_pool::shared().async_run(
+            loop, [&t, v] { fill_version({t.data, t.spec.nbytes}, t.spec.name, v); }, [&] { --filling; });
+      }
+    }
+    loop.run_until([&] { return filling == 0; });
+    for (auto& t : trainers) {
+      std::string why;
+      if (!t->publish(v, why)) failure = "publish refused: " + why;
+    }
+    loop.run_until([&] { return failure || result.versions.size() == v; });
+  }
+
+  if (failure) {
+    result.error = *failure;
+  } else {
+    result.ok = true;
+    result.verified = config.verify;
+    for (const auto& r : result.versions) result.verified = result.verified && r.verified;
+    // The last version, byte for byte, on every worker.
+    std::map<std::string, const tensor_ref*> published;
+    for (const auto& m : memory) {
+      for (const auto& t : m.refs) published[t.spec.name] = &t;
+    }
+    for (const auto& w : workers) {
+      for (const auto& dst : w->tensors()) {
+        const auto* src = published.at(dst.spec.name);
+        if (std::memcmp(src->data, dst.data, dst.spec.nbytes) != 0) {
+          result.verified = false;
+          result.error = "tensor '" + dst.spec.name + "' differs on a worker";
+        }
+      }
+    }
+  }
+  coord.stop_job();
+  workers.clear();
+  trainers.clear();
+  return result;
+}
+
+}  // namespace ferry

@@ -1,0 +1,43 @@
+#pragma once
+/// A whole job in one process: coordinator, trainer shards and rollout workers, each on its own
+/// node, publishing a synthetic model version after version. The demo, tests and bench use it.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+
+namespace ferry {
+
+struct job_config {
+  std::uint32_t trainers = 2;
+  std::uint32_t instances = 2;
+  std::uint32_t workers_per_instance = 3;
+  std::uint64_t model_bytes = 1ull << 30;
+  std::uint64_t chunk_bytes = default_chunk_bytes;
+  std::uint32_t depth = 2;
+  std::uint32_t versions = 3;
+  std::string transport = "inproc";
+  bool checksums = true;
+  bool verify = true;  ///< per-tensor digests every version, and a byte compare at the end
+};
+
+struct job_result {
+  bool ok = false;         ///< every version delivered
+  bool verified = false;   ///< ... and every worker's bytes equal the trainers'
+  std::string error;
+  std::uint32_t workers = 0;
+  std::uint64_t model_bytes = 0;  ///< bytes of one version
+  std::uint64_t tensors = 0;
+  std::uint64_t chunks = 0;
+  std::vector<version_report> versions;
+  double seconds() const;  ///< sum of the versions' update times
+  double gbps() const;     ///< model bytes per second of update time, as each worker receives them
+};
+
+/// Runs the job on the calling thread (which must have no fibers yet). `progress` gets a line
+/// per delivered version.
+job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress = {});
+
+}  // namespace ferry

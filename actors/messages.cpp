@@ -1,0 +1,37 @@
+#include "actors/messages.hpp"
+
+#include "collectives/host/chain_broadcast.hpp"
+
+namespace ferry {
+
+void register_actor_messages(message_registry& r) {
+  r.add<register_trainer>("register_trainer");
+  r.add<register_worker>("register_worker");
+  r.add<plan_ready>("plan_ready");
+  r.add<worker_ready>("worker_ready");
+  r.add<job_ready>("job_ready");
+  r.add<job_failed>("job_failed");
+  r.add<job_stop>("job_stop");
+  r.add<publish_started>("publish_started");
+  r.add<shard_offloaded>("shard_offloaded");
+  r.add<chunk_sent>("chunk_sent");
+  r.add<slot_free>("slot_free");
+  r.add<chunk_announce>("chunk_announce");
+  r.add<version_complete>("version_complete");
+  r.add<version_delivered>("version_delivered");
+  r.add<participant_error>("participant_error");
+  r.add<shard_done>("shard_done");
+}
+
+const message_registry& protocol() {
+  static const message_registry registry = [] {
+    message_registry r;
+    register_runtime_messages(r);
+    register_actor_messages(r);
+    register_collective_messages(r);
+    return r;
+  }();
+  return registry;
+}
+
+}  // namespace ferry

@@ -1,0 +1,191 @@
+#pragma once
+/// The weight-update protocol: every message the coordinator, trainer shards and rollout
+/// workers exchange. Kinds are stable wire ids in 16-127; never reuse one.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/plan.hpp"
+#include "actors/tensor.hpp"
+#include "runtime/message_registry.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry {
+
+/// How to reach a node: its transport address.
+struct peer_entry {
+  node_id node = 0;
+  std::string address;
+  MSGPACK_DEFINE_MAP(node, address);
+};
+
+/// Seconds each stage kept an actor busy during one version.
+struct stage_times {
+  double offload = 0, send = 0, broadcast = 0, apply = 0;
+  MSGPACK_DEFINE_MAP(offload, send, broadcast, apply);
+};
+
+/// A tensor's content digest (xxh3-128), for end-to-end verification.
+struct tensor_digest {
+  std::uint32_t tensor = 0;
+  std::uint64_t low = 0, high = 0;
+  friend bool operator==(const tensor_digest&, const tensor_digest&) = default;
+  MSGPACK_DEFINE_MAP(tensor, low, high);
+};
+
+// --- membership and plan -----------------------------------------------------------------
+
+/// Trainer shard -> coordinator: the tensors this shard publishes.
+struct register_trainer {
+  static constexpr msg_kind kind{16};
+  std::uint32_t shard = 0;
+  std::string transport_address;
+  std::vector<tensor_spec> tensors;
+  MSGPACK_DEFINE_MAP(shard, transport_address, tensors);
+};
+
+/// Rollout worker -> coordinator: where it sits and the tensors it expects.
+struct register_worker {
+  static constexpr msg_kind kind{17};
+  std::uint32_t instance = 0;
+  std::uint32_t rank = 0;
+  std::string transport_address;
+  std::vector<tensor_spec> tensors;
+  MSGPACK_DEFINE_MAP(instance, rank, transport_address, tensors);
+};
+
+/// Coordinator -> everyone: the plan of this epoch and how to reach every node.
+struct plan_ready {
+  static constexpr msg_kind kind{18};
+  ferry::plan plan;
+  std::vector<peer_entry> peers;
+  MSGPACK_DEFINE_MAP(plan, peers);
+};
+
+/// Worker -> coordinator: staging is allocated; leaders include their receive slots.
+struct worker_ready {
+  static constexpr msg_kind kind{19};
+  std::uint32_t instance = 0;
+  std::uint32_t rank = 0;
+  region_desc slots;  ///< leaders: `shards * depth` receive slots of chunk_bytes; others: empty
+  MSGPACK_DEFINE_MAP(instance, rank, slots);
+};
+
+/// Where a trainer shard writes the chunks for one instance leader.
+struct leader_route {
+  std::uint32_t instance = 0;
+  address leader;
+  region_desc slots;
+  MSGPACK_DEFINE_MAP(instance, leader, slots);
+};
+
+/// Coordinator -> trainers: every leader is ready; updates may start.
+struct job_ready {
+  static constexpr msg_kind kind{20};
+  std::vector<leader_route> routes;
+  MSGPACK_DEFINE_MAP(routes);
+};
+
+/// Coordinator -> everyone: the job cannot go on; `reason` says why.
+struct job_failed {
+  static constexpr msg_kind kind{21};
+  std::string reason;
+  MSGPACK_DEFINE_MAP(reason);
+};
+
+/// Coordinator -> everyone: the job is over; actors stop.
+struct job_stop {
+  static constexpr msg_kind kind{22};
+  std::string reason;
+  MSGPACK_DEFINE_MAP(reason);
+};
+
+// --- one update --------------------------------------------------------------------------
+
+/// Trainer -> coordinator: the shard starts publishing `version`.
+struct publish_started {
+  static constexpr msg_kind kind{23};
+  std::uint32_t shard = 0;
+  std::uint64_t version = 0;
+  MSGPACK_DEFINE_MAP(shard, version);
+};
+
+/// Trainer -> coordinator: every tensor of the shard is in its host copy (it may train on).
+struct shard_offloaded {
+  static constexpr msg_kind kind{24};
+  std::uint32_t shard = 0;
+  std::uint64_t version = 0;
+  double seconds = 0;  ///< publish to offloaded: the trainer's stall
+  MSGPACK_DEFINE_MAP(shard, version, seconds);
+};
+
+/// Trainer -> leader: chunk `chunk` of `version` is in receive slot `slot` (its bytes arrive by
+/// bulk write with imm = slot); `checksum` is xxh3-64 of its bytes, 0 when checks are off.
+struct chunk_sent {
+  static constexpr msg_kind kind{25};
+  std::uint64_t version = 0;
+  std::uint32_t chunk = 0;
+  std::uint32_t slot = 0;
+  std::uint64_t checksum = 0;
+  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum);
+};
+
+/// Leader -> trainer: receive slot `slot` is free again (the send stage's credit).
+struct slot_free {
+  static constexpr msg_kind kind{26};
+  std::uint32_t slot = 0;
+  MSGPACK_DEFINE_MAP(slot);
+};
+
+/// Leader -> followers: the next broadcast of the instance carries this chunk.
+struct chunk_announce {
+  static constexpr msg_kind kind{27};
+  std::uint64_t version = 0;
+  std::uint32_t chunk = 0;
+  std::uint64_t checksum = 0;
+  MSGPACK_DEFINE_MAP(version, chunk, checksum);
+};
+
+/// Worker -> coordinator: every chunk of `version` is applied here.
+struct version_complete {
+  static constexpr msg_kind kind{28};
+  std::uint32_t instance = 0;
+  std::uint32_t rank = 0;
+  std::uint64_t version = 0;
+  stage_times busy;
+  std::vector<tensor_digest> digests;
+  MSGPACK_DEFINE_MAP(instance, rank, version, busy, digests);
+};
+
+/// Coordinator -> trainers: every live worker holds `version`.
+struct version_delivered {
+  static constexpr msg_kind kind{29};
+  std::uint64_t version = 0;
+  bool verified = false;  ///< every digest matched (false when verification is off)
+  MSGPACK_DEFINE_MAP(version, verified);
+};
+
+/// Any participant -> coordinator: something failed here (a checksum, a write); fails the job.
+struct participant_error {
+  static constexpr msg_kind kind{30};
+  std::string reason;
+  MSGPACK_DEFINE_MAP(reason);
+};
+
+/// Trainer -> coordinator: every chunk of the shard was written; its busy time and digests.
+struct shard_done {
+  static constexpr msg_kind kind{31};
+  std::uint32_t shard = 0;
+  std::uint64_t version = 0;
+  stage_times busy;
+  std::vector<tensor_digest> digests;  ///< empty unless verification is on
+  MSGPACK_DEFINE_MAP(shard, version, busy, digests);
+};
+
+/// Adds every message above to `registry`.
+void register_actor_messages(message_registry& registry);
+
+/// The registry a ferry node uses: runtime, actor and collective messages.
+const message_registry& protocol();
+
+}  // namespace ferry

@@ -1,0 +1,78 @@
+#pragma once
+/// The static plan: computed once per (tensor table, membership epoch), reused by every update.
+/// It packs each trainer shard's tensors into chunks, names who sources and who receives each
+/// chunk, and fixes the send order.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/tensor.hpp"
+
+namespace ferry {
+
+inline constexpr std::uint64_t tensor_alignment = 256;
+inline constexpr std::uint64_t default_chunk_bytes = 64ull << 20;
+
+/// The part of one tensor that lies in one chunk.
+struct tensor_piece {
+  std::uint32_t tensor = 0;  ///< index into plan::tensors
+  std::uint64_t tensor_offset = 0;
+  std::uint64_t chunk_offset = 0;
+  std::uint64_t bytes = 0;
+  MSGPACK_DEFINE_MAP(tensor, tensor_offset, chunk_offset, bytes);
+};
+
+/// A slice of one shard's packed stream; the unit of pipelining.
+struct chunk_info {
+  std::uint32_t id = 0;  ///< position in plan::chunks, which is the send order
+  std::uint32_t shard = 0;
+  std::uint64_t shard_offset = 0;  ///< where the chunk starts in the shard's host copy
+  std::uint64_t bytes = 0;
+  std::vector<tensor_piece> pieces;
+  MSGPACK_DEFINE_MAP(id, shard, shard_offset, bytes, pieces);
+};
+
+/// One rollout instance: its workers in rank order and the ranks that receive point-to-point.
+struct instance_plan {
+  std::uint32_t id = 0;
+  std::vector<address> workers;
+  std::vector<std::uint32_t> leaders;  ///< ranks into `workers`; k = leaders.size() (k = 1 here)
+  MSGPACK_DEFINE_MAP(id, workers, leaders);
+};
+
+struct plan {
+  std::uint32_t epoch = 0;
+  std::uint64_t chunk_bytes = default_chunk_bytes;
+  std::uint32_t depth = 2;
+  std::vector<tensor_spec> tensors;     ///< every tensor of the model
+  std::vector<std::uint32_t> owner;     ///< the shard that owns tensors[i]
+  std::vector<std::uint64_t> shard_bytes;  ///< size of each shard's packed stream (its host copy)
+  std::vector<address> shards;          ///< trainer shard actors by rank
+  std::vector<chunk_info> chunks;       ///< in send order: shards interleaved
+  std::vector<instance_plan> instances;
+  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, instances);
+
+  std::uint64_t total_bytes() const;
+  /// Ids of the chunks `shard` sources, in send order.
+  std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
+  /// Index of `name` in `tensors`, or -1.
+  int find_tensor(const std::string& name) const;
+};
+
+struct plan_inputs {
+  std::uint32_t epoch = 1;
+  std::uint64_t chunk_bytes = default_chunk_bytes;
+  std::uint32_t depth = 2;
+  std::vector<address> shards;
+  std::vector<std::vector<tensor_spec>> shard_tensors;  ///< per shard, in registration order
+  std::vector<instance_plan> instances;                 ///< leaders may be empty: rank 0 is chosen
+};
+
+/// Builds the plan, or says why it cannot: chunk size not a positive multiple of the alignment,
+/// a bad tensor table, a tensor owned by two shards, an empty instance.
+result<plan> make_plan(const plan_inputs& in, std::string& why);
+
+/// Checks a worker's registration against the plan: same names, dtypes and shapes.
+result<void> check_worker_tensors(const plan& p, std::span<const tensor_spec> worker, std::string& why);
+
+}  // namespace ferry

@@ -1,0 +1,110 @@
+#pragma once
+/// A rollout worker. Leader and follower are roles of this one actor, so a follower can take
+/// over when its leader dies: the leader receives chunks point-to-point into its slots and
+/// roots the instance broadcast; a follower receives by broadcast. Both verify and apply.
+#include <boost/fiber/condition_variable.hpp>
+#include <boost/fiber/mutex.hpp>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "actors/messages.hpp"
+#include "actors/stage_meter.hpp"
+#include "actors/trainer_shard.hpp"
+#include "collectives/broadcast.hpp"
+#include "runtime/actor.hpp"
+#include "runtime/await.hpp"
+#include "runtime/copy_engine.hpp"
+
+namespace ferry {
+
+struct worker_options {
+  bool checksums = true;  ///< verify each chunk's xxh3-64 before applying it
+  bool digests = true;    ///< report xxh3-128 per tensor after each version
+};
+
+/// Owning loop only.
+class rollout_worker final : public actor {
+ public:
+  /// `tensors` say where each tensor lands; a null `data` makes the worker keep the bytes itself
+  /// (read them in `on_tensor`).
+  rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
+                 std::vector<tensor_ref> tensors, copy_engine& copies, worker_options options = {});
+  ~rollout_worker() override;
+
+  /// Registers with the coordinator.
+  void join();
+
+  bool is_leader() const { return leader_; }
+  bool failed() const { return failed_; }
+  std::uint64_t version() const { return complete_version_; }
+  const std::vector<tensor_ref>& tensors() const { return tensors_; }
+
+  /// A tensor of `version` is complete here: its spec and bytes.
+  std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)> on_tensor;
+  /// Every tensor of `version` is applied here.
+  std::function<void(std::uint64_t version)> on_version;
+  std::function<void(const std::string&)> on_failed;
+
+ private:
+  struct received {
+    std::uint32_t slot = 0;
+    chunk_sent meta;
+  };
+  struct version_progress {
+    std::uint32_t chunks = 0;
+    std::vector<std::uint64_t> tensor_bytes;  ///< bytes applied per plan tensor
+  };
+
+  void adopt_plan(const plan_ready& m);
+  void on_slot_landed(std::uint32_t slot);
+  void on_chunk_sent(const chunk_sent& m);
+  void lead();    ///< leader fiber: verify, announce, broadcast and apply each received chunk
+  void follow();  ///< follower fiber: receive each announced chunk, verify and apply it
+  void apply(std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
+             std::function<void()> done);
+  /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
+  bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
+  void chunk_applied(std::uint64_t version, std::uint32_t chunk);
+  void fail(const std::string& reason);
+  void changed() { state_cv_.notify_all(); }
+  template <class Pred>
+  bool wait_for(Pred pred);
+
+  address coordinator_;
+  std::uint32_t instance_;
+  std::uint32_t rank_;
+  std::vector<tensor_ref> tensors_;
+  std::vector<std::unique_ptr<std::byte[]>> owned_;
+  copy_engine& copies_;
+  worker_options options_;
+
+  std::optional<ferry::plan> plan_;
+  std::vector<int> local_of_;
+  bool leader_ = false;
+  std::vector<std::byte> slots_;  ///< leader: receive slots; follower: broadcast slots
+  std::optional<region_desc> slots_region_;
+  std::unique_ptr<broadcast_group> broadcast_;
+  std::vector<address> followers_;
+
+  std::map<std::uint32_t, bool> landed_;             ///< leader: slot -> bytes arrived
+  std::map<std::uint32_t, chunk_sent> announced_;     ///< leader: slot -> chunk_sent
+  std::deque<received> ready_;                        ///< leader: complete slots, in arrival order
+  std::deque<chunk_announce> announcements_;          ///< follower: in broadcast order
+  std::unique_ptr<slot_counter> broadcast_credits_;
+  std::deque<std::uint32_t> free_slots_;              ///< follower
+
+  std::map<std::uint64_t, version_progress> progress_;
+  std::uint64_t complete_version_ = 0;
+  stage_meter broadcast_meter_, apply_meter_;
+  int in_flight_ = 0;
+  int fibers_ = 0;
+  bool failed_ = false;
+  bool stopped_ = false;
+  boost::fibers::mutex state_mutex_;
+  boost::fibers::condition_variable state_cv_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,47 @@
+#pragma once
+/// Tensors as ferry sees them: a name, a dtype, a shape and the bytes they span.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/errc.hpp"
+#include "runtime/message.hpp"
+
+namespace ferry {
+
+enum class dtype : std::uint8_t { u8, i8, i16, i32, i64, f16, bf16, f32, f64, fp8_e4m3, fp8_e5m2 };
+
+std::size_t dtype_bytes(dtype t);
+std::string_view dtype_name(dtype t);
+result<dtype> parse_dtype(std::string_view name);
+
+/// What a tensor is, without where it lives.
+struct tensor_spec {
+  std::string name;
+  dtype type = dtype::u8;
+  std::vector<std::int64_t> shape;
+  std::uint64_t nbytes = 0;
+  friend bool operator==(const tensor_spec&, const tensor_spec&) = default;
+  MSGPACK_DEFINE_MAP(name, type, shape, nbytes);
+};
+
+/// `spec` for `name` with `shape`, its size computed from dtype and shape.
+tensor_spec make_tensor_spec(std::string name, dtype type, std::vector<std::int64_t> shape);
+
+/// A tensor registered by a trainer or a worker: its spec and its bytes (host memory, or a
+/// device pointer when `device >= 0`).
+struct tensor_ref {
+  tensor_spec spec;
+  std::byte* data = nullptr;
+  int device = -1;
+};
+
+/// Checks one process's table: names non-empty and unique, no zero-byte tensor, nbytes equal to
+/// dtype size times shape. The error message names the tensor.
+result<void> validate_tensor_table(std::span<const tensor_spec> table, std::string& why);
+
+}  // namespace ferry
+
+MSGPACK_ADD_ENUM(ferry::dtype);

@@ -1,0 +1,88 @@
+#include "collectives/host/chain_broadcast.hpp"
+
+#include <algorithm>
+
+#include "runtime/node.hpp"
+
+namespace ferry {
+
+void register_collective_messages(message_registry& registry) { registry.add<chain_ready>("chain_ready"); }
+
+chain_broadcast::chain_broadcast(actor& owner, std::vector<address> members, std::uint32_t epoch,
+                                 std::uint8_t imm_tag)
+    : owner_(owner), members_(std::move(members)), epoch_(epoch), tag_(imm_tag) {
+  rank_ = static_cast<std::uint32_t>(std::find(members_.begin(), members_.end(), owner.self()) - members_.begin());
+  owner_.on<chain_ready>([this](const envelope_header&, const chain_ready& m) { on_ready(m); });
+  owner_.host().on_write(tag_, [this](const write_notice& n) { on_landed(imm_value(n.imm)); });
+}
+
+chain_broadcast::~chain_broadcast() {
+  abort();
+  owner_.host().forget_writes(tag_);
+}
+
+void chain_broadcast::async_broadcast(buffer_ref data, completion done) {
+  const auto seq = next_seq_++;
+  if (aborted_) {
+    owner_.host().loop().post([done = std::move(done)] { done(errc::stopped); });
+    return;
+  }
+  auto& c = calls_[seq];
+  c.data = data;
+  c.done = std::move(done);
+  c.received = rank_ == 0 || landed_early_.erase(seq & 0xffffff) > 0;
+  if (rank_ > 0) {
+    owner_.send(members_[rank_ - 1], chain_ready{.epoch = epoch_, .seq = seq, .region = data.region, .offset = data.offset});
+  }
+  progress(seq);
+}
+
+void chain_broadcast::on_ready(const chain_ready& m) {
+  if (aborted_ || m.epoch != epoch_) return;
+  targets_[m.seq] = m;
+  progress(m.seq);
+}
+
+void chain_broadcast::on_landed(std::uint64_t seq24) {
+  // The imm carries the low 24 bits of seq; the oldest unreceived call with those bits is it.
+  for (auto& [seq, c] : calls_) {
+    if ((seq & 0xffffff) == seq24 && !c.received) {
+      c.received = true;
+      progress(seq);
+      return;
+    }
+  }
+  landed_early_[seq24] = true;
+}
+
+void chain_broadcast::progress(std::uint64_t seq) {
+  auto it = calls_.find(seq);
+  if (it == calls_.end() || !it->second.received || it->second.forwarding) return;
+  call& c = it->second;
+  if (rank_ + 1 == members_.size()) return finish(seq, {});
+  auto target = targets_.find(seq);
+  if (target == targets_.end()) return;
+  c.forwarding = true;
+  const auto t = target->second;
+  targets_.erase(target);
+  owner_.host().transport().async_write(c.data.bytes, t.region, t.offset, make_imm(tag_, seq & 0xffffff),
+                                        [this, seq](std::error_code ec) { finish(seq, ec); });
+}
+
+void chain_broadcast::finish(std::uint64_t seq, std::error_code ec) {
+  auto it = calls_.find(seq);
+  if (it == calls_.end()) return;
+  auto done = std::move(it->second.done);
+  calls_.erase(it);
+  done(ec);
+}
+
+void chain_broadcast::abort() {
+  aborted_ = true;
+  auto calls = std::move(calls_);
+  calls_.clear();
+  targets_.clear();
+  for (auto& [seq, c] : calls) c.done(errc::stopped);
+}
+
+}  // namespace ferry

@@ -1,0 +1,63 @@
+#pragma once
+/// Broadcast on hosts without NCCL: a pipelined chain over the transport's bulk path. Each member
+/// tells its predecessor where to write (a `chain_ready`), receives by one-sided write, and
+/// forwards to its successor; consecutive chunks overlap along the chain.
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "collectives/broadcast.hpp"
+#include "runtime/actor.hpp"
+#include "runtime/message_registry.hpp"
+
+namespace ferry {
+
+/// Member -> predecessor: write broadcast number `seq` of group `epoch` into `region` at `offset`.
+struct chain_ready {
+  static constexpr msg_kind kind{128};
+  std::uint32_t epoch = 0;
+  std::uint64_t seq = 0;
+  region_desc region;
+  std::uint64_t offset = 0;
+  MSGPACK_DEFINE_MAP(epoch, seq, region, offset);
+};
+
+void register_collective_messages(message_registry& registry);
+
+/// Owning loop only. Installs a `chain_ready` handler on `owner` and a write observer on its node
+/// for `imm_tag`, so one chain per actor, one actor per tag.
+class chain_broadcast final : public broadcast_group {
+ public:
+  chain_broadcast(actor& owner, std::vector<address> members, std::uint32_t epoch, std::uint8_t imm_tag);
+  ~chain_broadcast() override;
+
+  std::uint32_t rank() const override { return rank_; }
+  std::uint32_t size() const override { return static_cast<std::uint32_t>(members_.size()); }
+  void async_broadcast(buffer_ref data, completion done) override;
+  void abort() override;
+
+ private:
+  struct call {
+    buffer_ref data;
+    completion done;
+    bool received = false;
+    bool forwarding = false;
+  };
+  void on_ready(const chain_ready& m);
+  void on_landed(std::uint64_t seq);
+  void progress(std::uint64_t seq);
+  void finish(std::uint64_t seq, std::error_code ec);
+
+  actor& owner_;
+  std::vector<address> members_;
+  std::uint32_t epoch_;
+  std::uint8_t tag_;
+  std::uint32_t rank_ = 0;
+  std::uint64_t next_seq_ = 0;
+  std::map<std::uint64_t, call> calls_;
+  std::map<std::uint64_t, chain_ready> targets_;  ///< successor's slots, possibly ahead of our calls
+  std::map<std::uint64_t, bool> landed_early_;
+  bool aborted_ = false;
+};
+
+}  // namespace ferry

@@ -1,0 +1,74 @@
+#include "actors/local_job.hpp"
+
+#include <gtest/gtest.h>
+
+namespace ferry {
+namespace {
+
+job_config small_job() {
+  job_config c;
+  c.trainers = 2;
+  c.instances = 2;
+  c.workers_per_instance = 3;
+  c.model_bytes = 24ull << 20;
+  c.chunk_bytes = 1ull << 20;
+  c.depth = 2;
+  c.versions = 3;
+  return c;
+}
+
+TEST(weight_update, every_worker_holds_every_version) {
+  const auto r = run_local_job(small_job());
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.verified) << r.error;
+  ASSERT_EQ(r.versions.size(), 3u);
+  for (std::size_t i = 0; i < r.versions.size(); ++i) {
+    EXPECT_EQ(r.versions[i].version, i + 1);
+    EXPECT_TRUE(r.versions[i].verified);
+    EXPECT_EQ(r.versions[i].workers, 6u);
+  }
+  EXPECT_GT(r.chunks, 20u);
+}
+
+class depths : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(depths, pipeline_depth_does_not_change_the_bytes) {
+  auto c = small_job();
+  c.depth = GetParam();
+  c.versions = 2;
+  const auto r = run_local_job(c);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.verified) << r.error;
+}
+INSTANTIATE_TEST_SUITE_P(weight_update, depths, ::testing::Values(1u, 2u, 4u, 8u));
+
+TEST(weight_update, single_worker_instances_and_one_trainer) {
+  auto c = small_job();
+  c.trainers = 1;
+  c.instances = 3;
+  c.workers_per_instance = 1;
+  const auto r = run_local_job(c);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.verified);
+}
+
+TEST(weight_update, chunk_larger_than_the_model_is_one_chunk_per_shard) {
+  auto c = small_job();
+  c.chunk_bytes = 64ull << 20;
+  const auto r = run_local_job(c);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.verified);
+  EXPECT_EQ(r.chunks, 2u);
+}
+
+TEST(weight_update, bad_chunk_size_fails_before_any_byte_moves) {
+  auto c = small_job();
+  c.chunk_bytes = 100;
+  const auto r = run_local_job(c);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("alignment"), std::string::npos) << r.error;
+  EXPECT_TRUE(r.versions.empty());
+}
+
+}  // namespace
+}  // namespace ferry
