@@ -10,6 +10,7 @@
 #include "actors/rollout_worker.hpp"
 #include "actors/synthetic_model.hpp"
 #include "actors/trainer_shard.hpp"
+#include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"
 
@@ -30,15 +31,15 @@ namespace {
 
 /// A trainer's tensors, with storage.
 struct trainer_memory {
-  std::vector<std::unique_ptr<std::byte[]>> storage;
+  std::vector<host_buffer> storage;
   std::vector<tensor_ref> refs;
 };
 
 trainer_memory allocate(const std::vector<tensor_spec>& specs) {
   trainer_memory m;
   for (const auto& s : specs) {
-    m.storage.push_back(std::make_unique_for_overwrite<std::byte[]>(s.nbytes));
-    m.refs.push_back({.spec = s, .data = m.storage.back().get()});
+    m.storage.emplace_back(s.nbytes);
+    m.refs.push_back({.spec = s, .data = m.storage.back().data()});
   }
   return m;
 }

@@ -23,8 +23,8 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       options_(options) {
   for (auto& t : tensors_) {
     if (t.data) continue;
-    owned_.push_back(std::make_unique_for_overwrite<std::byte[]>(t.spec.nbytes));
-    t.data = owned_.back().get();
+    owned_.emplace_back(t.spec.nbytes);
+    t.data = owned_.back().data();
   }
   on<plan_ready>([this](const envelope_header&, const plan_ready& m) { adopt_plan(m); });
   on<chunk_sent>([this](const envelope_header&, const chunk_sent& m) { on_chunk_sent(m); });
@@ -94,8 +94,8 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   // Staging is allocated and registered once per plan: a leader has `depth` receive slots per
   // trainer shard, a follower `depth` broadcast slots.
   const std::size_t slot_count = leader_ ? plan_->shards.size() * plan_->depth : plan_->depth;
-  slots_.assign(slot_count * plan_->chunk_bytes, std::byte{0});
-  auto region = host().transport().register_region(slots_);
+  slots_ = host_buffer(slot_count * plan_->chunk_bytes);
+  auto region = host().transport().register_region(slots_.span());
   if (!region) return fail("cannot register staging slots: " + region.error().message());
   slots_region_ = *region;
   broadcast_credits_ = std::make_unique<slot_counter>(plan_->depth);

@@ -17,6 +17,7 @@
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
+#include "runtime/host_buffer.hpp"
 
 namespace ferry {
 
@@ -77,14 +78,14 @@ class rollout_worker final : public actor {
   std::uint32_t instance_;
   std::uint32_t rank_;
   std::vector<tensor_ref> tensors_;
-  std::vector<std::unique_ptr<std::byte[]>> owned_;
+  std::vector<host_buffer> owned_;
   copy_engine& copies_;
   worker_options options_;
 
   std::optional<ferry::plan> plan_;
   std::vector<int> local_of_;
   bool leader_ = false;
-  std::vector<std::byte> slots_;  ///< leader: receive slots; follower: broadcast slots
+  host_buffer slots_;  ///< leader: receive slots; follower: broadcast slots
   std::optional<region_desc> slots_region_;
   std::unique_ptr<broadcast_group> broadcast_;
   std::vector<address> followers_;

@@ -103,8 +103,8 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   // The host copy is allocated and registered once per plan and reused by every version.
   if (host_copy_.size() != plan_->shard_bytes[shard_]) {
     if (host_region_) host().transport().deregister_region(host_region_->id);
-    host_copy_.assign(plan_->shard_bytes[shard_], std::byte{0});
-    auto region = host().transport().register_region(host_copy_);
+    host_copy_ = host_buffer(plan_->shard_bytes[shard_]);
+    auto region = host().transport().register_region(host_copy_.span());
     if (!region) return fail("cannot register the host copy: " + region.error().message());
     host_region_ = *region;
   }

@@ -12,6 +12,7 @@
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
+#include "runtime/host_buffer.hpp"
 
 namespace ferry {
 
@@ -71,7 +72,7 @@ class trainer_shard final : public actor {
   std::optional<ferry::plan> plan_;
   std::vector<int> local_of_;                       ///< plan tensor index -> tensors_ index, or -1
   std::vector<std::uint64_t> stream_offset_;        ///< plan tensor index -> offset in the host copy
-  std::vector<std::byte> host_copy_;
+  host_buffer host_copy_;
   std::optional<region_desc> host_region_;
   std::vector<route> routes_;
 

@@ -8,6 +8,7 @@ find_package(Boost 1.74 REQUIRED COMPONENTS fiber context)
 find_package(msgpack CONFIG REQUIRED)          # target msgpackc-cxx
 find_package(fmt CONFIG REQUIRED)              # used header-only: no libfmt soname to ship
 find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
 pkg_check_modules(libfabric REQUIRED IMPORTED_TARGET libfabric)
 # libsodium (HMAC for the peer handshake), linked statically for the same reason as Boost.
 pkg_check_modules(libsodium REQUIRED IMPORTED_TARGET libsodium)

@@ -8,7 +8,7 @@ packages=(
   libboost-dev libboost-fiber-dev libboost-context-dev
   libmsgpack-cxx-dev libfabric-dev libfabric-bin
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libsodium-dev
+  libcli11-dev libfmt-dev libxxhash-dev libsodium-dev nlohmann-json3-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-msgpack
 )

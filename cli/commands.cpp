@@ -1,0 +1,18 @@
+#include "cli/commands.hpp"
+
+namespace ferry::cli {
+
+command_table add_commands(CLI::App& app) {
+  command_table commands;
+  add_demo(app, commands);
+  return commands;
+}
+
+int run_selected(CLI::App& app, const command_table& commands) {
+  for (const auto* sub : app.get_subcommands()) {
+    if (auto it = commands.find(sub); it != commands.end()) return it->second();
+  }
+  return commands.at(nullptr)();
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,23 @@
+/// The `ferry` command line: demo (the default), and the pieces of multi-process jobs.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "cli/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ferry: moves freshly trained weights from trainers to rollout workers"};
+  app.require_subcommand(0, 1);
+  auto commands = ferry::cli::add_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ferry: %s\n", e.what());
+    return 2;
+  }
+  return ferry::cli::run_selected(app, commands);
+}

@@ -1,0 +1,32 @@
+#include "cli/options.hpp"
+
+#include "actors/plan.hpp"
+
+namespace ferry::cli {
+
+void add_job_options(CLI::App& app, job_config& c) {
+  app.add_option("--trainers", c.trainers, "trainer shards")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--instances", c.instances, "rollout instances")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--workers", c.workers_per_instance, "workers per instance")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--model-bytes", c.model_bytes, "synthetic model size (e.g. 1GiB, 256MiB)")
+      ->transform(CLI::AsSizeValue(false))->capture_default_str();
+  app.add_option("--chunk-bytes", c.chunk_bytes, "chunk size, a multiple of 256 (e.g. 64MiB)")
+      ->transform(CLI::AsSizeValue(false))->capture_default_str();
+  app.add_option("--depth", c.depth, "chunks in flight per stage")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--versions", c.versions, "versions to publish")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--transport", c.transport, "inproc, tcp or fabric")
+      ->check(CLI::IsMember({"inproc", "tcp", "fabric"}))->capture_default_str();
+  app.add_flag("!--no-checksums", c.checksums, "skip the per-chunk xxh3 check (benchmarks)");
+  app.add_flag("!--no-verify", c.verify, "skip per-tensor digests and the final byte compare");
+}
+
+std::string check_job_options(const job_config& c) {
+  if (c.chunk_bytes < tensor_alignment || c.chunk_bytes % tensor_alignment != 0) {
+    return "--chunk-bytes " + std::to_string(c.chunk_bytes) + ": must be a positive multiple of " +
+           std::to_string(tensor_alignment);
+  }
+  if (c.model_bytes < (1u << 20)) return "--model-bytes " + std::to_string(c.model_bytes) + ": at least 1MiB";
+  return "";
+}
+
+}  // namespace ferry::cli

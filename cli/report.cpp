@@ -1,0 +1,46 @@
+#include "cli/report.hpp"
+
+#include <fmt/format.h>
+
+namespace ferry::cli {
+
+std::string summary_table(const job_result& r) {
+  std::string out = fmt::format("{:>7} {:>10} {:>9} {:>8} {:>9} | busy s: {:>8} {:>8} {:>9} {:>8} | {}\n", "version",
+                                "GB", "seconds", "GB/s", "stall s", "offload", "send", "broadcast", "apply", "digests");
+  for (const auto& v : r.versions) {
+    out += fmt::format("{:>7} {:>10.3f} {:>9.3f} {:>8.2f} {:>9.3f} | {:>16.3f} {:>8.3f} {:>9.3f} {:>8.3f} | {}\n", v.version,
+                       v.bytes / 1e9, v.seconds, v.bytes / v.seconds / 1e9, v.offloaded_seconds, v.busy.offload,
+                       v.busy.send, v.busy.broadcast, v.busy.apply, v.verified ? "match" : "-");
+  }
+  out += fmt::format("{} versions of {:.3f} GB ({} tensors, {} chunks) to {} workers in {:.3f} s: {:.2f} GB/s\n",
+                     r.versions.size(), r.model_bytes / 1e9, r.tensors, r.chunks, r.workers, r.seconds(), r.gbps());
+  out += r.verified ? "verified: every worker holds the trainers' bytes\n"
+                    : "NOT verified" + (r.error.empty() ? std::string() : ": " + r.error) + "\n";
+  return out;
+}
+
+nlohmann::json summary_json(const job_result& r) {
+  nlohmann::json versions = nlohmann::json::array();
+  for (const auto& v : r.versions) {
+    versions.push_back({{"version", v.version},
+                        {"seconds", v.seconds},
+                        {"stall_seconds", v.offloaded_seconds},
+                        {"verified", v.verified},
+                        {"busy", {{"offload", v.busy.offload}, {"send", v.busy.send}, {"broadcast", v.busy.broadcast},
+                                  {"apply", v.busy.apply}}}});
+  }
+  nlohmann::json j{{"verified", r.verified},
+                   {"workers", r.workers},
+                   {"versions", r.versions.size()},
+                   {"bytes", r.model_bytes * r.versions.size()},
+                   {"model_bytes", r.model_bytes},
+                   {"seconds", r.seconds()},
+                   {"gbps", r.gbps()},
+                   {"tensors", r.tensors},
+                   {"chunks", r.chunks},
+                   {"per_version", versions}};
+  if (!r.error.empty()) j["error"] = r.error;
+  return j;
+}
+
+}  // namespace ferry::cli
