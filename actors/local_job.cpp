@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 
 #include "actors/rollout_worker.hpp"
 #include "actors/synthetic_model.hpp"
@@ -50,6 +51,9 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   job_result result;
   event_loop loop;
   transport_environment environment;
+  // One process, one job: a fresh random secret authenticates the tcp links between its nodes.
+  std::random_device random;
+  for (int i = 0; i < 32; ++i) environment.secret.push_back(static_cast<std::byte>(random()));
   host_copy_engine copies(loop);
 
   const auto model = synthetic_transformer(config.model_bytes);

@@ -5,6 +5,7 @@ namespace ferry::cli {
 command_table add_commands(CLI::App& app) {
   command_table commands;
   add_demo(app, commands);
+  add_jobs(app, commands);
   return commands;
 }
 

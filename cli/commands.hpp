@@ -14,5 +14,6 @@ command_table add_commands(CLI::App& app);
 int run_selected(CLI::App& app, const command_table& commands);
 
 void add_demo(CLI::App& app, command_table& commands);
+void add_jobs(CLI::App& app, command_table& commands);
 
 }  // namespace ferry::cli

@@ -2,6 +2,7 @@
 /// Creating a transport by scheme name ("inproc", "tcp", "fabric"), for jobs and the CLI.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/event_loop.hpp"
 #include "transport/inproc/inproc_transport.hpp"
@@ -9,13 +10,15 @@
 
 namespace ferry {
 
-/// What the transports of one process share: the inproc directory, the job secret, provider
-/// choices. Outlives every transport made from it.
+/// What the transports of one process share: the inproc directory, the job secret, where to
+/// bind, the libfabric provider. Outlives every transport made from it.
 struct transport_environment {
   inproc_network inproc;
-  std::string secret;              ///< job secret for tcp's handshake; empty: unauthenticated
-  bool allow_unauthenticated = true;
-  std::string fabric_provider;     ///< "" picks the best available
+  std::vector<std::byte> secret;       ///< tcp's job secret; empty: unauthenticated
+  bool allow_unauthenticated = false;  ///< tcp without a secret (tests, in-process jobs)
+  std::string bind_host = "127.0.0.1";
+  std::uint16_t port = 0;              ///< tcp: 0 picks a free port
+  std::string fabric_provider;         ///< "" picks the best available
 };
 
 /// The transport for `scheme`, or `errc::invalid_argument` for an unknown scheme.

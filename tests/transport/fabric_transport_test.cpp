@@ -1,0 +1,403 @@
+#include "transport/fabric/fabric_transport.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <map>
+#include <msgpack.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/transport/fabric_test_util.hpp"
+#include "transport/errc.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace fabric_test;
+using namespace std::chrono_literals;
+
+/// Opens a transport or explains why the provider is missing.
+result<std::shared_ptr<fabric_transport>> open(event_loop& loop, node_id id,
+                                               const std::string& provider,
+                                               fabric_options options = {}) {
+  options.provider = provider;
+  return fabric_transport::make(loop, id, options);
+}
+
+/// What one side of a test saw.
+struct inbox {
+  std::vector<std::pair<node_id, std::string>> frames;
+  std::vector<write_notice> writes;
+  std::vector<std::pair<node_id, std::error_code>> lost;
+  transport_events events() {
+    return {.on_frame =
+                [this](node_id from, std::span<const std::byte> p) {
+                  frames.emplace_back(from, std::string(as_text(p)));
+                },
+            .on_write = [this](const write_notice& n) { writes.push_back(n); },
+            .on_peer_lost = [this](node_id peer,
+                                   std::error_code why) { lost.emplace_back(peer, why); }};
+  }
+};
+
+/// Two transports of one provider on one loop, each knowing the other.
+class fabric_pair : public ::testing::TestWithParam<std::string> {
+ protected:
+  void open_pair(fabric_options a_options = {}, fabric_options b_options = {}) {
+    auto ta = open(loop, 1, GetParam(), a_options);
+    if (!ta) GTEST_SKIP() << "provider " << GetParam() << " unavailable: " << ta.error().message();
+    auto tb = open(loop, 2, GetParam(), b_options);
+    ASSERT_TRUE(tb) << tb.error().message();
+    a = *ta;
+    b = *tb;
+    ASSERT_FALSE(a->start(in_a.events()));
+    ASSERT_FALSE(b->start(in_b.events()));
+    ASSERT_FALSE(a->add_peer(2, b->local_address()));
+    ASSERT_FALSE(b->add_peer(1, a->local_address()));
+  }
+  void SetUp() override { open_pair(); }
+  void TearDown() override {
+    if (a) a->close();
+    if (b) b->close();
+  }
+
+  /// Writes and waits for the writer's completion; returns its error.
+  std::error_code write_and_wait(std::span<const std::byte> src, const region_desc& dst,
+                                 std::uint64_t offset, write_imm imm) {
+    std::optional<std::error_code> result;
+    int calls = 0;
+    a->async_write(src, dst, offset, imm, [&](std::error_code ec) {
+      result = ec;
+      ++calls;
+    });
+    EXPECT_TRUE(run_for(loop, [&] { return result.has_value(); }));
+    run_for(
+        loop, [] { return false; }, 20ms);  // a second completion would show here
+    EXPECT_EQ(calls, 1);
+    return result.value_or(errc::timed_out);
+  }
+
+  event_loop loop;
+  inbox in_a, in_b;
+  std::shared_ptr<fabric_transport> a, b;
+};
+
+TEST_P(fabric_pair, control_frames_flow_both_ways) {
+  std::vector<std::error_code> sent;
+  for (int i = 0; i < 50; ++i) {
+    a->async_send(2, text_frame("a->b " + std::to_string(i)),
+                  [&](std::error_code ec) { sent.push_back(ec); });
+    b->async_send(1, text_frame("b->a " + std::to_string(i)),
+                  [&](std::error_code ec) { sent.push_back(ec); });
+  }
+  ASSERT_TRUE(run_for(loop, [&] {
+    return in_a.frames.size() == 50 && in_b.frames.size() == 50 && sent.size() == 100;
+  }));
+  for (auto ec : sent) EXPECT_FALSE(ec) << ec.message();
+  for (int i = 0; i < 50; ++i) {
+    // One endpoint pair keeps the order of frames (FI_ORDER_SAS on both providers).
+    EXPECT_EQ(in_b.frames[i], (std::pair<node_id, std::string>{1, "a->b " + std::to_string(i)}));
+    EXPECT_EQ(in_a.frames[i], (std::pair<node_id, std::string>{2, "b->a " + std::to_string(i)}));
+  }
+  EXPECT_EQ(b->stats().frames_received, 50u);
+}
+
+TEST_P(fabric_pair, bulk_write_lands_every_byte_and_delivers_the_imm) {
+  std::vector<std::byte> src(8 << 20), dst((8 << 20) + 4096, std::byte{0x5a});
+  fill_pattern(src, 7);
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region) << region.error().message();
+  EXPECT_EQ(region->owner, 2u);
+  EXPECT_EQ(region->length, dst.size());
+
+  const write_imm imm = make_imm(3, 0xabcdef);
+  EXPECT_FALSE(write_and_wait(src, *region, 4096, imm));
+  ASSERT_TRUE(run_for(loop, [&] { return !in_b.writes.empty(); }));
+  ASSERT_EQ(in_b.writes.size(), 1u);
+  EXPECT_EQ(in_b.writes[0].imm, imm);
+  EXPECT_EQ(first_mismatch(std::span(dst).subspan(4096), 7), src.size());
+  for (std::size_t i = 0; i < 4096; ++i)
+    ASSERT_EQ(dst[i], std::byte{0x5a}) << "byte " << i << " before the offset";
+}
+
+TEST_P(fabric_pair, many_writes_in_flight_complete_once_each) {
+  constexpr int count = 256;
+  constexpr std::size_t piece = 64 << 10;
+  std::vector<std::byte> src(count * piece), dst(count * piece);
+  fill_pattern(src, 11);
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region);
+  std::map<int, int> completions;
+  for (int i = 0; i < count; ++i) {
+    a->async_write(std::span(src).subspan(i * piece, piece), *region, i * piece, make_imm(1, i),
+                   [&, i](std::error_code ec) {
+                     EXPECT_FALSE(ec) << ec.message();
+                     ++completions[i];
+                   });
+  }
+  ASSERT_TRUE(
+      run_for(loop, [&] { return completions.size() == count && in_b.writes.size() == count; }));
+  run_for(
+      loop, [] { return false; }, 20ms);
+  std::vector<int> seen(count, 0);
+  for (const auto& n : in_b.writes) {
+    EXPECT_EQ(imm_tag(n.imm), 1);
+    ++seen.at(imm_value(n.imm));
+  }
+  for (int i = 0; i < count; ++i) {
+    EXPECT_EQ(completions[i], 1) << "write " << i;
+    EXPECT_EQ(seen[i], 1) << "notice " << i;
+  }
+  EXPECT_EQ(first_mismatch(dst, 11), dst.size());
+}
+
+TEST_P(fabric_pair, write_past_the_region_end_is_refused_before_sending) {
+  std::vector<std::byte> src(1 << 20, std::byte{1}), dst(1 << 20, std::byte{0});
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region);
+  EXPECT_EQ(write_and_wait(std::span(src).first(4096), *region, dst.size() - 100, 1),
+            make_error_code(transport_errc::out_of_bounds));
+  EXPECT_EQ(write_and_wait(std::span(src).first(1), *region, ~std::uint64_t{0}, 1),
+            make_error_code(transport_errc::out_of_bounds));
+  run_for(
+      loop, [] { return false; }, 50ms);
+  EXPECT_TRUE(in_b.writes.empty());
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
+}
+
+TEST_P(fabric_pair, forged_length_is_refused_by_the_peer_provider) {
+  // The writer trusts region_desc.length; a desc claiming more than was registered must still
+  // be stopped by the target's memory registration.
+  std::vector<std::byte> src(2 << 20, std::byte{1}), dst(2 << 20, std::byte{0});
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(std::span(dst).first(1 << 20));
+  ASSERT_TRUE(region);
+  auto forged = *region;
+  forged.length = dst.size();
+  EXPECT_EQ(write_and_wait(std::span(src).first(64 << 10), forged, (1 << 20) - 4096, 9),
+            make_error_code(transport_errc::key_mismatch));
+  run_for(
+      loop, [] { return false; }, 50ms);
+  EXPECT_TRUE(in_b.writes.empty());
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
+  // The link survives a refused write.
+  bool delivered = false;
+  a->async_send(2, text_frame("still here"), [](std::error_code) {});
+  ASSERT_TRUE(run_for(loop, [&] { return !in_b.frames.empty(); }));
+  EXPECT_EQ(in_b.frames.back().second, "still here");
+  (void)delivered;
+}
+
+TEST_P(fabric_pair, wrong_key_is_refused_and_nothing_lands) {
+  std::vector<std::byte> src(64 << 10, std::byte{1}), dst(64 << 10, std::byte{0});
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region);
+  auto forged = *region;
+  forged.key ^= 0x5555;
+  EXPECT_EQ(write_and_wait(src, forged, 0, 5), make_error_code(transport_errc::key_mismatch));
+  run_for(
+      loop, [] { return false; }, 50ms);
+  EXPECT_TRUE(in_b.writes.empty());
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
+  // A correct write afterwards still works.
+  EXPECT_FALSE(write_and_wait(src, *region, 0, 6));
+  ASSERT_TRUE(run_for(loop, [&] { return in_b.writes.size() == 1; }));
+  EXPECT_EQ(in_b.writes[0].imm, 6u);
+}
+
+TEST_P(fabric_pair, write_to_a_deregistered_region_is_refused) {
+  std::vector<std::byte> src(64 << 10, std::byte{1}), dst(64 << 10, std::byte{0});
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region);
+  b->deregister_region(region->id);
+  EXPECT_EQ(write_and_wait(src, *region, 0, 5), make_error_code(transport_errc::key_mismatch));
+  run_for(
+      loop, [] { return false; }, 50ms);
+  EXPECT_TRUE(in_b.writes.empty());
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
+}
+
+TEST_P(fabric_pair, unregistered_source_and_unknown_peer_are_refused) {
+  std::vector<std::byte> src(4096, std::byte{1}), dst(4096);
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region);
+  EXPECT_EQ(write_and_wait(src, *region, 0, 1), make_error_code(transport_errc::not_registered));
+  ASSERT_TRUE(a->register_region(src));
+  auto elsewhere = *region;
+  elsewhere.owner = 77;
+  EXPECT_EQ(write_and_wait(src, elsewhere, 0, 1),
+            make_error_code(transport_errc::peer_unreachable));
+  std::optional<std::error_code> sent;
+  a->async_send(77, text_frame("nobody"), [&](std::error_code ec) { sent = ec; });
+  ASSERT_TRUE(run_for(loop, [&] { return sent.has_value(); }));
+  EXPECT_EQ(*sent, make_error_code(transport_errc::peer_unreachable));
+  EXPECT_EQ(a->add_peer(9, "not hex"), make_error_code(transport_errc::bad_address));
+}
+
+TEST_P(fabric_pair, oversize_frames_are_refused_at_both_ends) {
+  TearDown();
+  a.reset();
+  b.reset();
+  open_pair({.max_frame = 64 << 10}, {.max_frame = 4096});
+  if (!a) return;
+  std::optional<std::error_code> too_big_here, too_big_there;
+  a->async_send(2, text_frame(std::string(70 << 10, 'x')),
+                [&](std::error_code ec) { too_big_here = ec; });
+  a->async_send(2, text_frame(std::string(8192, 'y')),
+                [&](std::error_code ec) { too_big_there = ec; });
+  a->async_send(2, text_frame("small"), [](std::error_code) {});
+  ASSERT_TRUE(run_for(loop, [&] { return too_big_here && !in_b.frames.empty(); }));
+  EXPECT_EQ(*too_big_here, make_error_code(errc::oversize_frame));
+  ASSERT_EQ(in_b.frames.size(), 1u);
+  EXPECT_EQ(in_b.frames[0].second, "small");
+  EXPECT_EQ(b->stats().frames_rejected, 1u);
+}
+
+TEST_P(fabric_pair, large_writes_are_split_with_one_completion_and_one_notice) {
+  TearDown();
+  a.reset();
+  b.reset();
+  open_pair({.max_write_piece = 64 << 10}, {});
+  if (!a) return;
+  std::vector<std::byte> src((3 << 20) + 123), dst(src.size());
+  fill_pattern(src, 3);
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region);
+  EXPECT_FALSE(write_and_wait(src, *region, 0, make_imm(2, 42)));
+  ASSERT_TRUE(run_for(loop, [&] { return !in_b.writes.empty(); }));
+  run_for(
+      loop, [] { return false; }, 20ms);
+  ASSERT_EQ(in_b.writes.size(), 1u);
+  EXPECT_EQ(in_b.writes[0].imm, make_imm(2, 42));
+  EXPECT_EQ(first_mismatch(dst, 3), dst.size());
+}
+
+TEST_P(fabric_pair, close_fails_pending_operations_once) {
+  std::vector<std::byte> src(16 << 20), dst(16 << 20);
+  ASSERT_TRUE(a->register_region(src));
+  auto region = b->register_region(dst);
+  ASSERT_TRUE(region);
+  int calls = 0;
+  std::error_code last;
+  for (int i = 0; i < 4; ++i)
+    a->async_write(std::span(src).subspan(i * (4 << 20), 4 << 20), *region, i * (4 << 20), 1,
+                   [&](std::error_code ec) {
+                     ++calls;
+                     last = ec;
+                   });
+  a->close();
+  ASSERT_TRUE(run_for(loop, [&] { return calls == 4; }));
+  run_for(
+      loop, [] { return false; }, 20ms);
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(last, make_error_code(errc::stopped));
+  std::optional<std::error_code> after;
+  a->async_send(2, text_frame("late"), [&](std::error_code ec) { after = ec; });
+  ASSERT_TRUE(run_for(loop, [&] { return after.has_value(); }));
+  EXPECT_EQ(*after, make_error_code(errc::stopped));
+}
+
+INSTANTIATE_TEST_SUITE_P(providers, fabric_pair, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? std::string("shm") : std::string("tcp_rxm");
+                         });
+
+// ---- two processes -------------------------------------------------------------------------
+
+class fabric_processes : public ::testing::TestWithParam<std::string> {};
+
+/// The parent writes 256 MiB into a region of a separate receiver process (tests/transport/
+/// fabric_peer.cpp), which verifies every byte and reports back in a control frame.
+TEST_P(fabric_processes, two_processes_write_256_mib_verified_at_the_receiver) {
+  constexpr std::size_t total = 256u << 20;
+  constexpr std::size_t chunk = 16u << 20;
+  constexpr std::uint64_t seed = 1234;
+  event_loop loop;
+  auto made = open(loop, 1, GetParam());
+  if (!made)
+    GTEST_SKIP() << "provider " << GetParam() << " unavailable: " << made.error().message();
+  auto writer = *made;
+  inbox in;
+  ASSERT_FALSE(writer->start(in.events()));
+
+  // The receiver learns our address on its command line and sends its own back in a frame.
+  // Everything the child needs is prepared before fork: it only execs.
+  const std::string address = writer->local_address(), size = std::to_string(total),
+                    sd = std::to_string(seed);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl(FERRY_FABRIC_PEER, FERRY_FABRIC_PEER, GetParam().c_str(), address.c_str(), size.c_str(),
+          sd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto reap = [&] {
+    int status = 0;
+    for (int i = 0; i < 200; ++i) {
+      if (waitpid(child, &status, WNOHANG) == child) return status;
+      std::this_thread::sleep_for(50ms);
+    }
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    return -1;
+  };
+
+  ASSERT_TRUE(run_for(
+      loop, [&] { return !in.frames.empty(); }, 30s))
+      << "no hello from the receiver";
+  // hello frame: "<address hex> <msgpack region_desc>"
+  const auto& hello = in.frames[0].second;
+  const auto space = hello.find(' ');
+  ASSERT_NE(space, std::string::npos);
+  ASSERT_FALSE(writer->add_peer(in.frames[0].first, hello.substr(0, space)));
+  auto handle = msgpack::unpack(hello.data() + space + 1, hello.size() - space - 1);
+  const auto region = handle.get().as<region_desc>();
+  ASSERT_EQ(region.owner, in.frames[0].first);
+  ASSERT_EQ(region.length, total);
+
+  std::vector<std::byte> src(total);
+  fill_pattern(src, seed);
+  ASSERT_TRUE(writer->register_region(src));
+  std::size_t next = 0, completed = 0;
+  std::error_code first_error;
+  std::function<void()> issue = [&] {
+    const std::size_t i = next++;
+    writer->async_write(std::span(src).subspan(i * chunk, chunk), region, i * chunk, make_imm(4, i),
+                        [&](std::error_code ec) {
+                          if (ec && !first_error) first_error = ec;
+                          ++completed;
+                          if (next < total / chunk) issue();
+                        });
+  };
+  for (int w = 0; w < 4; ++w) issue();
+  const bool finished = run_for(
+      loop, [&] { return completed == total / chunk || first_error; }, 60s);
+  EXPECT_TRUE(finished);
+  EXPECT_FALSE(first_error) << first_error.message();
+  const bool reported = run_for(
+      loop, [&] { return in.frames.size() >= 2; }, 60s);
+  const int status = reap();
+  ASSERT_TRUE(reported) << "no verdict from the receiver";
+  EXPECT_EQ(in.frames[1].second, "verified " + std::to_string(total));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "receiver status " << status;
+}
+
+INSTANTIATE_TEST_SUITE_P(providers, fabric_processes, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? std::string("shm") : std::string("tcp_rxm");
+                         });
+
+}  // namespace
+}  // namespace ferry

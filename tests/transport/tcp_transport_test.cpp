@@ -1,0 +1,336 @@
+#include "transport/tcp/tcp_transport.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <thread>
+
+#include "runtime/actor.hpp"
+#include "runtime/messages.hpp"
+#include "runtime/node.hpp"
+#include "tcp_test_support.hpp"
+#include "transport/errc.hpp"
+
+namespace ferry {
+namespace {
+
+/// Answers every ping with a pong carrying the same nonce and payload.
+class echo : public actor {
+ public:
+  echo(node& n, actor_id id) : actor(n, id) {
+    on<ping>([this](const envelope_header& h, const ping& p) {
+      send(h.from, pong{.nonce = p.nonce, .payload = p.payload});
+    });
+  }
+};
+
+tcp_options secret_options() {
+  tcp_options o;
+  o.secret = test::test_secret();
+  return o;
+}
+
+/// Two nodes on one loop, linked over loopback TCP.
+struct tcp_pair : ::testing::Test {
+  message_registry registry = test::test_registry();
+  event_loop loop;
+  std::shared_ptr<tcp_transport> ta = tcp_transport::make(loop, 1, secret_options());
+  std::shared_ptr<tcp_transport> tb = tcp_transport::make(loop, 2, secret_options());
+  node a{loop, 1, ta, registry};
+  node b{loop, 2, tb, registry};
+  void SetUp() override {
+    ASSERT_FALSE(a.start());
+    ASSERT_FALSE(b.start());
+    ASSERT_FALSE(ta->add_peer(2, tb->local_address()));
+    ASSERT_FALSE(tb->add_peer(1, ta->local_address()));
+  }
+  /// Runs the loop until `done`, or fails the test after 30 s instead of hanging.
+  void run_until(const std::function<bool()>& done) {
+    bool expired = false;
+    const auto timer =
+        a.clock().async_wait(std::chrono::seconds(30), [&](std::error_code ec) { expired = !ec; });
+    loop.run_until([&] { return done() || expired; });
+    a.clock().cancel(timer);
+    ASSERT_FALSE(expired) << "timed out";
+  }
+};
+
+TEST_F(tcp_pair, local_address_is_loopback_host_and_port) {
+  EXPECT_TRUE(ta->local_address().starts_with("127.0.0.1:"));
+  EXPECT_NE(test::port_of(ta->local_address()), 0);
+  EXPECT_EQ(ta->scheme(), "tcp");
+}
+
+TEST_F(tcp_pair, actors_ping_pong_across_nodes) {
+  echo server(b, 1);
+  actor client(a, 1);
+  std::vector<std::uint64_t> nonces;
+  client.on<pong>([&](const envelope_header& h, const pong& p) {
+    EXPECT_EQ(h.from, (address{2, 1}));
+    EXPECT_EQ(p.payload, "round " + std::to_string(p.nonce));
+    nonces.push_back(p.nonce);
+    if (p.nonce < 100) {
+      client.send(server.self(),
+                  ping{.nonce = p.nonce + 1, .payload = "round " + std::to_string(p.nonce + 1)});
+    }
+  });
+  server.start();
+  client.start();
+  client.send(server.self(), ping{.nonce = 1, .payload = "round 1"});
+  run_until([&] { return nonces.size() == 100; });
+  std::vector<std::uint64_t> expected(100);
+  std::iota(expected.begin(), expected.end(), 1);
+  EXPECT_EQ(nonces, expected);
+  EXPECT_EQ(b.stats().delivered, 100u);
+  EXPECT_EQ(a.stats().delivered, 100u);
+  // One link each way, each authenticated once.
+  EXPECT_EQ(ta->stats().links_accepted, 1u);
+  EXPECT_EQ(tb->stats().links_accepted, 1u);
+  EXPECT_EQ(tb->stats().handshakes_failed, 0u);
+}
+
+TEST_F(tcp_pair, bulk_write_lands_bytes_and_notifies_both_sides) {
+  std::vector<std::byte> source(8 << 20), target(16 << 20);
+  test::fill_pattern(source);
+  auto local = ta->register_region(source);
+  auto remote = tb->register_region(target);
+  ASSERT_TRUE(local && remote);
+
+  std::vector<write_notice> seen;
+  b.on_write(7, [&](const write_notice& n) { seen.push_back(n); });
+  int completions = 0;
+  std::error_code result;
+  ta->async_write(source, *remote, 4096, make_imm(7, 0xabcdef), [&](std::error_code ec) {
+    ++completions;
+    result = ec;
+  });
+  run_until([&] { return completions == 1 && seen.size() == 1; });
+
+  EXPECT_FALSE(result) << result.message();
+  EXPECT_EQ(seen[0].from, 1u);
+  EXPECT_EQ(seen[0].region, remote->id);
+  EXPECT_EQ(seen[0].offset, 4096u);
+  EXPECT_EQ(seen[0].length, source.size());
+  EXPECT_EQ(seen[0].imm, make_imm(7, 0xabcdef));
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), target.begin() + 4096));
+  EXPECT_TRUE(std::all_of(target.begin(), target.begin() + 4096,
+                          [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_TRUE(std::all_of(target.begin() + 4096 + source.size(), target.end(),
+                          [](std::byte x) { return x == std::byte{0}; }));
+
+  // A later round trip on the same links flushes anything late: still exactly one completion.
+  echo server(b, 1);
+  actor client(a, 1);
+  bool answered = false;
+  client.on<pong>([&](const envelope_header&, const pong&) { answered = true; });
+  server.start();
+  client.start();
+  client.send(server.self(), ping{.nonce = 1});
+  run_until([&] { return answered; });
+  EXPECT_EQ(completions, 1);
+  EXPECT_EQ(seen.size(), 1u);
+}
+
+TEST_F(tcp_pair, bad_writes_are_refused_before_any_byte_lands) {
+  std::vector<std::byte> source(4096, std::byte{0x5a}), target(8192);
+  auto local = ta->register_region(source);
+  auto remote = tb->register_region(target);
+  ASSERT_TRUE(local && remote);
+  int notices = 0;
+  b.on_write(0, [&](const write_notice&) { ++notices; });
+
+  auto write = [&](std::span<const std::byte> from, region_desc to, std::uint64_t offset) {
+    int completions = 0;
+    std::error_code result;
+    ta->async_write(from, to, offset, 0, [&](std::error_code ec) {
+      ++completions;
+      result = ec;
+    });
+    run_until([&] { return completions > 0; });
+    EXPECT_EQ(completions, 1);
+    return result;
+  };
+  auto wrong_key = *remote;
+  wrong_key.key ^= 1;
+  auto unknown = *remote;
+  unknown.id += 100;
+  std::vector<std::byte> unregistered(16);
+
+  EXPECT_EQ(write(source, wrong_key, 0), transport_errc::key_mismatch);
+  EXPECT_EQ(write(source, unknown, 0), transport_errc::unknown_region);
+  EXPECT_EQ(write(source, *remote, 8192 - 100), transport_errc::out_of_bounds);
+  EXPECT_EQ(write(source, *remote, ~std::uint64_t{0} - 10), transport_errc::out_of_bounds);
+  EXPECT_EQ(write(unregistered, *remote, 0), transport_errc::not_registered);
+  EXPECT_TRUE(
+      std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_EQ(notices, 0);
+  EXPECT_EQ(tb->stats().writes_refused, 4u);
+
+  // The link survived the refusals (their payloads were drained) and still carries writes.
+  EXPECT_FALSE(write(source, *remote, 4096));
+  EXPECT_TRUE(std::all_of(target.begin() + 4096, target.end(),
+                          [](std::byte x) { return x == std::byte{0x5a}; }));
+  EXPECT_TRUE(std::all_of(target.begin(), target.begin() + 4096,
+                          [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_EQ(notices, 1);
+  EXPECT_EQ(tb->stats().protocol_violations, 0u);
+  EXPECT_EQ(tb->stats().links_accepted, 1u);
+}
+
+TEST_F(tcp_pair, many_writes_and_frames_interleave) {
+  constexpr std::size_t block = 64 << 10, blocks = 64;
+  std::vector<std::byte> source(block * blocks), target(block * blocks);
+  test::fill_pattern(source);
+  auto local = ta->register_region(source);
+  auto remote = tb->register_region(target);
+  ASSERT_TRUE(local && remote);
+  echo server(b, 1);
+  actor client(a, 1);
+  std::size_t pongs = 0;
+  client.on<pong>([&](const envelope_header&, const pong&) { ++pongs; });
+  server.start();
+  client.start();
+
+  std::vector<int> completions(blocks, 0);
+  std::set<std::uint32_t> imms;
+  b.on_write(3, [&](const write_notice& n) { imms.insert(imm_value(n.imm)); });
+  // Blocks in reverse order, each followed by a ping: acks and frames interleave on the links.
+  for (std::size_t i = blocks; i-- > 0;) {
+    ta->async_write(std::span(source).subspan(i * block, block), *remote, i * block,
+                    make_imm(3, static_cast<std::uint32_t>(i)), [&, i](std::error_code ec) {
+                      EXPECT_FALSE(ec) << ec.message();
+                      ++completions[i];
+                    });
+    client.send(server.self(), ping{.nonce = i});
+  }
+  run_until([&] {
+    return pongs == blocks && imms.size() == blocks &&
+           std::all_of(completions.begin(), completions.end(), [](int c) { return c > 0; });
+  });
+  EXPECT_TRUE(std::all_of(completions.begin(), completions.end(), [](int c) { return c == 1; }));
+  EXPECT_EQ(test::pattern_mismatches(target), 0u);
+}
+
+TEST_F(tcp_pair, unreachable_peer_fails_each_operation_once) {
+  // A port nobody listens on: bind one, note it, close it.
+  boost::asio::ip::tcp::acceptor probe(loop.io(), {boost::asio::ip::make_address("127.0.0.1"), 0});
+  const auto port = probe.local_endpoint().port();
+  probe.close();
+  ASSERT_FALSE(ta->add_peer(5, "127.0.0.1:" + std::to_string(port)));
+  std::vector<std::byte> source(64);
+  ASSERT_TRUE(ta->register_region(source));
+  int sends = 0, writes = 0;
+  std::error_code send_error, write_error;
+  ta->async_send(5, encode(envelope_header{.from = {1, 1}, .to = {5, 1}}, ping{}),
+                 [&](std::error_code ec) {
+                   ++sends;
+                   send_error = ec;
+                 });
+  ta->async_write(source, region_desc{.owner = 5, .id = 1, .length = 64}, 0, 0,
+                  [&](std::error_code ec) {
+                    ++writes;
+                    write_error = ec;
+                  });
+  run_until([&] { return sends > 0 && writes > 0; });
+  EXPECT_EQ(send_error, transport_errc::peer_unreachable);
+  EXPECT_EQ(write_error, transport_errc::peer_unreachable);
+  // And a node we were never told about.
+  int unknown = 0;
+  ta->async_send(77, encode(envelope_header{.from = {1, 1}, .to = {77, 1}}, ping{}),
+                 [&](std::error_code ec) {
+                   ++unknown;
+                   EXPECT_EQ(ec, transport_errc::peer_unreachable);
+                 });
+  run_until([&] { return unknown > 0; });
+  EXPECT_EQ(sends, 1);
+  EXPECT_EQ(writes, 1);
+  EXPECT_EQ(unknown, 1);
+}
+
+TEST_F(tcp_pair, lost_peer_fails_pending_write_once_and_next_send_reconnects) {
+  // Node 9 is a hand-driven listener: it accepts the write's header, then hangs up.
+  boost::asio::io_context raw_io;
+  boost::asio::ip::tcp::acceptor listener(raw_io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  ASSERT_FALSE(ta->add_peer(9, "127.0.0.1:" + std::to_string(listener.local_endpoint().port())));
+  std::optional<node_id> first_client, second_client;
+  std::vector<std::byte> control_body;
+  bool raw_done = false;
+  std::thread raw([&] {
+    {
+      test::raw_peer p(listener.accept());
+      first_client = p.accept_handshake(9, test::test_secret());
+      auto w = p.read_frame();  // the WRITE header; its payload is never read
+      if (!w || w->type != tcp_link::frame_type::write) first_client.reset();
+      p.close();
+    }
+    {
+      test::raw_peer p(listener.accept());
+      second_client = p.accept_handshake(9, test::test_secret());
+      if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::control)
+        control_body = f->body;
+      p.close();
+    }
+    loop.post([&] { raw_done = true; });
+  });
+
+  std::vector<std::pair<node_id, std::error_code>> lost;
+  a.on_peer_lost([&](node_id peer, std::error_code why) { lost.emplace_back(peer, why); });
+  std::vector<std::byte> source(4 << 20, std::byte{1});
+  ASSERT_TRUE(ta->register_region(source));
+  int completions = 0;
+  std::error_code result;
+  ta->async_write(source, region_desc{.owner = 9, .id = 1, .key = 2, .length = source.size()}, 0, 0,
+                  [&](std::error_code ec) {
+                    ++completions;
+                    result = ec;
+                  });
+  run_until([&] { return completions > 0 && !lost.empty(); });
+  EXPECT_EQ(result, transport_errc::connection_lost);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].first, 9u);
+
+  // The next send makes a fresh link.
+  const auto f = encode(envelope_header{.from = {1, 1}, .to = {9, 1}}, ping{.nonce = 42});
+  int sent = 0;
+  ta->async_send(9, f, [&](std::error_code ec) {
+    ++sent;
+    EXPECT_FALSE(ec) << ec.message();
+  });
+  run_until([&] { return raw_done && sent > 0; });
+  raw.join();
+  EXPECT_EQ(first_client, node_id{1});
+  EXPECT_EQ(second_client, node_id{1});
+  EXPECT_EQ(control_body, std::vector<std::byte>(f.begin() + frame_prefix_bytes, f.end()));
+  EXPECT_EQ(completions, 1);
+  EXPECT_EQ(sent, 1);
+}
+
+TEST(tcp_transport_config, start_needs_a_secret_or_explicit_unauthenticated_mode) {
+  event_loop loop;
+  auto plain = tcp_transport::make(loop, 1, {});
+  EXPECT_EQ(plain->start({}), transport_errc::unauthenticated);
+  tcp_options short_secret;
+  short_secret.secret = job_secret(8, std::byte{1});
+  EXPECT_EQ(tcp_transport::make(loop, 2, short_secret)->start({}), errc::invalid_argument);
+  tcp_options open;
+  open.allow_unauthenticated = true;
+  EXPECT_FALSE(tcp_transport::make(loop, 3, open)->start({}));
+  tcp_options bad_host = secret_options();
+  bad_host.bind_host = "not an address";
+  EXPECT_EQ(tcp_transport::make(loop, 4, bad_host)->start({}), transport_errc::bad_address);
+}
+
+TEST(tcp_transport_config, peer_addresses_are_parsed_strictly) {
+  event_loop loop;
+  auto t = tcp_transport::make(loop, 1, secret_options());
+  EXPECT_FALSE(t->add_peer(2, "127.0.0.1:4000"));
+  EXPECT_FALSE(t->add_peer(3, "[::1]:4000"));
+  EXPECT_FALSE(t->add_peer(4, "localhost:4000"));
+  for (const char* bad : {"", "127.0.0.1", ":4000", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:65536",
+                          "127.0.0.1:40x", "[::1:4000", "[]:4000"}) {
+    EXPECT_EQ(t->add_peer(5, bad), transport_errc::bad_address) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,934 @@
+#include "transport/fabric/fabric_transport.hpp"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <algorithm>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <random>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/log.hpp"
+#include "transport/errc.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Poll period while operations are in flight or the queue just had work.
+constexpr auto busy_interval = 20us;
+/// Longest pause between polls when idle and the provider gives no wait fd.
+constexpr auto idle_interval = 2ms;
+/// Completions handled per turn, so one busy transport cannot starve the loop.
+constexpr int drain_budget = 256;
+
+enum class op_kind : std::uint8_t { recv, send, write };
+
+/// One provider operation. The provider owns the leading fi_context2 while the operation is
+/// in flight (FI_CONTEXT/FI_CONTEXT2 modes), so ops live in a pool, never on the stack.
+struct op {
+  fi_context2 ctx;
+  op_kind kind;
+  std::uint64_t owner;  ///< rx slot, send id or write id
+  std::uint64_t bytes;  ///< length of this piece (writes)
+};
+static_assert(std::is_standard_layout_v<op>);
+
+std::string hex_encode(const std::byte* data, std::size_t n) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto b = std::to_integer<unsigned>(data[i]);
+    out.push_back(digits[b >> 4]);
+    out.push_back(digits[b & 15]);
+  }
+  return out;
+}
+
+result<std::vector<std::byte>> hex_decode(std::string_view s) {
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (s.empty() || s.size() % 2 != 0 || s.size() > 1024) return fail(transport_errc::bad_address);
+  std::vector<std::byte> out(s.size() / 2);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int hi = nibble(s[2 * i]);
+    const int lo = nibble(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return fail(transport_errc::bad_address);
+    out[i] = static_cast<std::byte>(hi << 4 | lo);
+  }
+  return out;
+}
+
+void put_be32(std::byte* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (24 - 8 * i));
+}
+std::uint32_t get_be32(const std::byte* p) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = v << 8 | std::to_integer<std::uint32_t>(p[i]);
+  return v;
+}
+
+/// Maps a provider error of one operation to what the caller learns.
+std::error_code map_op_error(int err) {
+  switch (err) {
+    case FI_EACCES:
+    case FI_EPERM:
+    case FI_EKEYREJECTED:
+    case FI_EINVAL:
+    case FI_EFAULT:
+    case FI_EOPNOTSUPP:
+      // One-sided writes learn only that the peer's provider refused the key or the range.
+      return transport_errc::key_mismatch;
+    case FI_ECANCELED: return errc::stopped;
+    case FI_ETRUNC:
+    case FI_EMSGSIZE: return transport_errc::limit_exceeded;
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_ETIMEDOUT:
+    case FI_EIO:
+    case FI_ESHUTDOWN: return transport_errc::connection_lost;
+    default: return transport_errc::provider_error;
+  }
+}
+
+bool is_link_error(std::error_code ec) { return ec == transport_errc::connection_lost; }
+
+std::string fi_error_text(int rc) { return fi_strerror(rc < 0 ? -rc : rc); }
+
+}  // namespace
+
+struct fabric_transport::impl : std::enable_shared_from_this<impl> {
+  struct region {
+    std::uint64_t id = 0;
+    std::span<std::byte> memory;
+    fid_mr* mr = nullptr;
+    void* desc = nullptr;
+    std::uint64_t key = 0;
+  };
+  struct send_state {
+    frame bytes;
+    completion done;
+    node_id peer = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    fid_mr* mr = nullptr;  ///< only under FI_MR_LOCAL
+    bool orphaned = false;
+  };
+  struct write_state {
+    completion done;
+    node_id peer = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    const std::byte* src = nullptr;
+    std::uint64_t length = 0;
+    void* desc = nullptr;
+    std::uint64_t remote_addr = 0;
+    std::uint64_t key = 0;
+    write_imm imm = 0;
+    std::uint64_t body_end = 0;  ///< bytes sent without data before the final piece
+    std::uint64_t issued = 0;    ///< body bytes issued
+    std::uint64_t landed = 0;    ///< body bytes completed
+    std::uint32_t in_flight = 0;
+    bool final_issued = false;
+    bool queued = false;
+    bool orphaned = false;
+    std::error_code error;
+  };
+  /// An operation waiting for the provider to accept it (-FI_EAGAIN).
+  struct blocked {
+    op_kind kind;
+    std::uint64_t id;
+  };
+
+  event_loop& loop;
+  node_id self;
+  fabric_options options;
+  fi_info* info = nullptr;
+  fid_fabric* fabric = nullptr;
+  fid_domain* domain = nullptr;
+  fid_av* av = nullptr;
+  fid_cq* cq = nullptr;
+  fid_ep* ep = nullptr;
+  std::uint64_t mr_mode = 0;
+  std::uint64_t max_piece = 0;
+  std::string name_hex;
+  std::string provider_name;
+
+  asio::steady_timer timer;
+  std::chrono::steady_clock::time_point timer_deadline{};
+  bool timer_armed = false;
+  std::optional<asio::posix::stream_descriptor> wait_fd;
+  bool fd_armed = false;
+  unsigned idle_streak = 0;
+
+  transport_events events;
+  bool running = false;
+  bool closed = false;
+  fabric_stats counters;
+
+  std::unordered_map<node_id, fi_addr_t> peers;
+  std::map<std::uint64_t, region> regions;              // by id
+  std::map<const std::byte*, std::uint64_t> by_base;    // region base -> id
+  std::uint64_t next_region = 1;
+  std::mt19937_64 keys{std::random_device{}()};
+
+  std::unique_ptr<std::byte[]> rx_slab;
+  fid_mr* rx_mr = nullptr;
+  std::vector<op*> rx_ops;
+
+  std::deque<op> op_store;  // stable addresses
+  std::vector<op*> free_ops;
+  std::unordered_map<std::uint64_t, send_state> sends;
+  std::unordered_map<std::uint64_t, write_state> writes;
+  std::uint64_t next_op_id = 1;
+  std::deque<blocked> queue;
+  std::size_t tx_in_flight = 0;
+
+  impl(event_loop& l, node_id s, fabric_options o)
+      : loop(l), self(s), options(std::move(o)), timer(l.io()) {}
+  ~impl() { shutdown(); }
+
+  // ---- setup ---------------------------------------------------------------------------------
+
+  std::error_code open() {
+    fi_info* hints = fi_allocinfo();
+    if (!hints) return transport_errc::provider_error;
+    // Remote CQ data is no capability bit in libfabric 1.17: domain_attr->cq_data_size says it.
+    hints->caps = FI_MSG | FI_RMA;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    if (!options.provider.empty()) hints->fabric_attr->prov_name = strdup(options.provider.c_str());
+    const bool is_shm = options.provider == "shm";
+    const char* node = (is_shm || options.node.empty()) ? nullptr : options.node.c_str();
+    fi_info* found = nullptr;
+    int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints, &found);
+    fi_freeinfo(hints);
+    if (rc != 0 || !found) {
+      log::warn("fabric: no provider '{}' with RDM+RMA+remote CQ data: {}", options.provider,
+                fi_error_text(rc));
+      return transport_errc::peer_unreachable;
+    }
+    for (fi_info* i = found; i; i = i->next) {
+      if (i->domain_attr->cq_data_size >= sizeof(write_imm)) {
+        info = fi_dupinfo(i);
+        break;
+      }
+    }
+    fi_freeinfo(found);
+    if (!info) {
+      log::warn("fabric: provider '{}' carries fewer than 4 bytes of CQ data", options.provider);
+      return transport_errc::provider_error;
+    }
+    provider_name = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "";
+    mr_mode = info->domain_attr->mr_mode;
+    max_piece = info->ep_attr->max_msg_size;
+    if (options.max_write_piece != 0) max_piece = std::min<std::uint64_t>(max_piece, options.max_write_piece);
+    if (max_piece == 0) max_piece = 1u << 30;
+
+    if ((rc = fi_fabric(info->fabric_attr, &fabric, nullptr))) return provider_failed("fi_fabric", rc);
+    if ((rc = fi_domain(fabric, info, &domain, nullptr))) return provider_failed("fi_domain", rc);
+
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.wait_obj = FI_WAIT_FD;
+    cq_attr.size = 0;
+    rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);
+    if (rc == 0) {
+      int fd = -1;
+      if (fi_control(&cq->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) {
+        wait_fd.emplace(loop.io(), fd);
+      } else {
+        fi_close(&cq->fid);
+        cq = nullptr;
+      }
+    }
+    if (!cq) {
+      cq_attr.wait_obj = FI_WAIT_NONE;
+      if ((rc = fi_cq_open(domain, &cq_attr, &cq, nullptr))) return provider_failed("fi_cq_open", rc);
+    }
+
+    fi_av_attr av_attr{};
+    av_attr.type = info->domain_attr->av_type;
+    if ((rc = fi_av_open(domain, &av_attr, &av, nullptr))) return provider_failed("fi_av_open", rc);
+    if ((rc = fi_endpoint(domain, info, &ep, nullptr))) return provider_failed("fi_endpoint", rc);
+    if ((rc = fi_ep_bind(ep, &av->fid, 0))) return provider_failed("fi_ep_bind(av)", rc);
+    if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV))) return provider_failed("fi_ep_bind(cq)", rc);
+    if ((rc = fi_enable(ep))) return provider_failed("fi_enable", rc);
+
+    std::byte name[256];
+    std::size_t len = sizeof(name);
+    if ((rc = fi_getname(&ep->fid, name, &len))) return provider_failed("fi_getname", rc);
+    name_hex = hex_encode(name, len);
+
+    const std::size_t slot = options.max_frame;
+    rx_slab = std::make_unique<std::byte[]>(slot * options.rx_buffers);
+    if (mr_mode & FI_MR_LOCAL) {
+      if (auto ec = register_memory(rx_slab.get(), slot * options.rx_buffers, FI_RECV, rx_mr)) return ec;
+    }
+    for (std::size_t i = 0; i < options.rx_buffers; ++i) {
+      op* o = take_op(op_kind::recv, i);
+      rx_ops.push_back(o);
+    }
+    log::debug("fabric: node {} opened provider {} (mr_mode {:#x}, max piece {}, progress {})", self,
+               provider_name, mr_mode, max_piece, wait_fd ? "wait-fd" : "timer");
+    return {};
+  }
+
+  std::error_code provider_failed(const char* what, int rc) {
+    log::warn("fabric: {} failed: {}", what, fi_error_text(rc));
+    return transport_errc::provider_error;
+  }
+
+  /// Registers [data, data+n) honouring the provider's mr_mode bits.
+  std::error_code register_memory(void* data, std::size_t n, std::uint64_t access, fid_mr*& out,
+                                  std::uint64_t requested_key = 0) {
+    int rc = fi_mr_reg(domain, data, n, access, 0, requested_key, 0, &out, nullptr);
+    if (rc) return provider_failed("fi_mr_reg", rc);
+    if (mr_mode & FI_MR_ENDPOINT) {
+      if ((rc = fi_mr_bind(out, &ep->fid, 0)) || (rc = fi_mr_enable(out))) {
+        fi_close(&out->fid);
+        out = nullptr;
+        return provider_failed("fi_mr_bind/enable", rc);
+      }
+    }
+    return {};
+  }
+
+  void shutdown() {
+    if (closed) return;
+    closed = true;
+    running = false;
+    timer.cancel();
+    if (wait_fd) {
+      boost::system::error_code ignored;
+      wait_fd->cancel(ignored);
+      wait_fd->release();  // the fd belongs to the CQ
+      wait_fd.reset();
+    }
+    if (ep) fi_close(&ep->fid);
+    ep = nullptr;
+    // The endpoint is gone, so nothing in flight completes any more: fail it all, once.
+    for (auto& [id, s] : sends) {
+      if (s.mr) fi_close(&s.mr->fid);
+      if (!s.orphaned && s.done) post_done(std::move(s.done), errc::stopped);
+    }
+    sends.clear();
+    for (auto& [id, w] : writes) {
+      if (!w.orphaned && w.done) post_done(std::move(w.done), errc::stopped);
+    }
+    writes.clear();
+    queue.clear();
+    for (auto& [id, r] : regions)
+      if (r.mr) fi_close(&r.mr->fid);
+    regions.clear();
+    by_base.clear();
+    if (rx_mr) fi_close(&rx_mr->fid);
+    rx_mr = nullptr;
+    if (cq) fi_close(&cq->fid);
+    if (av) fi_close(&av->fid);
+    if (domain) fi_close(&domain->fid);
+    if (fabric) fi_close(&fabric->fid);
+    cq = nullptr;
+    av = nullptr;
+    domain = nullptr;
+    fabric = nullptr;
+    if (info) fi_freeinfo(info);
+    info = nullptr;
+  }
+
+  // ---- op pool and completions ---------------------------------------------------------------
+
+  op* take_op(op_kind kind, std::uint64_t owner, std::uint64_t bytes = 0) {
+    op* o;
+    if (free_ops.empty()) {
+      o = &op_store.emplace_back();
+    } else {
+      o = free_ops.back();
+      free_ops.pop_back();
+    }
+    std::memset(&o->ctx, 0, sizeof(o->ctx));
+    o->kind = kind;
+    o->owner = owner;
+    o->bytes = bytes;
+    return o;
+  }
+  void give_op(op* o) { free_ops.push_back(o); }
+
+  void post_done(completion done, std::error_code ec) {
+    loop.post([done = std::move(done), ec] { done(ec); });
+  }
+
+  void report_peer_lost(node_id peer, std::error_code why) {
+    if (!events.on_peer_lost) return;
+    loop.post([weak = weak_from_this(), peer, why] {
+      if (auto self_ = weak.lock(); self_ && self_->running && self_->events.on_peer_lost)
+        self_->events.on_peer_lost(peer, why);
+    });
+  }
+
+  // ---- receive path --------------------------------------------------------------------------
+
+  /// Posts rx slot `i`; false when the provider is busy (the slot is queued).
+  bool post_rx(std::uint64_t i) {
+    op* o = rx_ops[i];
+    std::memset(&o->ctx, 0, sizeof(o->ctx));
+    void* desc = rx_mr ? fi_mr_desc(rx_mr) : nullptr;
+    const ssize_t rc = fi_recv(ep, rx_slab.get() + i * options.max_frame, options.max_frame, desc,
+                               FI_ADDR_UNSPEC, o);
+    if (rc == -FI_EAGAIN) return false;
+    if (rc) log::error("fabric: fi_recv failed: {}", fi_error_text(static_cast<int>(rc)));
+    return true;
+  }
+  void repost_rx(std::uint64_t i) {
+    if (!queue.empty() || !post_rx(i)) enqueue({op_kind::recv, i});
+  }
+
+  void on_frame(std::uint64_t slot, std::size_t len) {
+    const std::byte* buf = rx_slab.get() + slot * options.max_frame;
+    if (len < frame_prefix_bytes) {
+      ++counters.frames_rejected;
+      log::warn("fabric: dropped a {}-byte control frame (no sender prefix)", len);
+      return;
+    }
+    ++counters.frames_received;
+    const node_id from = get_be32(buf);
+    if (events.on_frame) events.on_frame(from, std::span(buf + frame_prefix_bytes, len - frame_prefix_bytes));
+  }
+
+  void on_remote_write(const fi_cq_data_entry& e) {
+    ++counters.writes_received;
+    write_notice n{.from = 0, .region = 0, .offset = 0, .length = e.len,
+                   .imm = static_cast<write_imm>(e.data)};
+    if (e.buf) {
+      // Where the provider says where bytes landed, check it is inside a region we gave out.
+      const auto* p = static_cast<const std::byte*>(e.buf);
+      auto it = by_base.upper_bound(p);
+      bool ok = false;
+      if (it != by_base.begin()) {
+        --it;
+        const auto& r = regions.at(it->second);
+        if (p + e.len <= r.memory.data() + r.memory.size()) {
+          n.region = r.id;
+          n.offset = static_cast<std::uint64_t>(p - r.memory.data());
+          ok = true;
+        }
+      }
+      if (!ok) {
+        ++counters.writes_refused;
+        log::error("fabric: provider reported a write outside every registered region; dropped");
+        return;
+      }
+    }
+    if (events.on_write) events.on_write(n);
+  }
+
+  // ---- send path -----------------------------------------------------------------------------
+
+  /// Issues send `id`; false on -FI_EAGAIN.
+  bool issue_send(std::uint64_t id) {
+    auto& s = sends.at(id);
+    op* o = take_op(op_kind::send, id);
+    void* desc = s.mr ? fi_mr_desc(s.mr) : nullptr;
+    const ssize_t rc = fi_send(ep, s.bytes.data(), s.bytes.size(), desc, s.addr, o);
+    if (rc == -FI_EAGAIN) {
+      give_op(o);
+      return false;
+    }
+    if (rc) {
+      give_op(o);
+      log::warn("fabric: fi_send to node {} failed: {}", s.peer, fi_error_text(static_cast<int>(rc)));
+      finish_send(id, map_op_error(static_cast<int>(-rc)));
+      return true;
+    }
+    ++tx_in_flight;
+    return true;
+  }
+
+  void finish_send(std::uint64_t id, std::error_code ec) {
+    auto it = sends.find(id);
+    if (it == sends.end()) return;
+    auto s = std::move(it->second);
+    sends.erase(it);
+    if (s.mr) fi_close(&s.mr->fid);
+    if (!s.orphaned) post_done(std::move(s.done), ec);
+    if (is_link_error(ec)) report_peer_lost(s.peer, ec);
+  }
+
+  // ---- write path ----------------------------------------------------------------------------
+
+  /// Issues what it can of write `id`: body pieces, then (after they landed) the final piece
+  /// carrying the immediate. False on -FI_EAGAIN.
+  bool pump_write(std::uint64_t id) {
+    auto it = writes.find(id);
+    if (it == writes.end()) return true;
+    auto& w = it->second;
+    while (!w.error && w.issued < w.body_end) {
+      const std::uint64_t n = std::min(max_piece, w.body_end - w.issued);
+      const ssize_t rc = issue_piece(w, id, w.issued, n, false);
+      if (rc == -FI_EAGAIN) return false;
+      if (rc) {
+        w.error = map_op_error(static_cast<int>(-rc));
+        break;
+      }
+      w.issued += n;
+    }
+    if (!w.error && !w.final_issued && w.landed == w.body_end) {
+      const ssize_t rc = issue_piece(w, id, w.body_end, w.length - w.body_end, true);
+      if (rc == -FI_EAGAIN) return false;
+      if (rc)
+        w.error = map_op_error(static_cast<int>(-rc));
+      else
+        w.final_issued = true;
+    }
+    maybe_finish_write(id);
+    return true;
+  }
+
+  ssize_t issue_piece(write_state& w, std::uint64_t id, std::uint64_t at, std::uint64_t n, bool final) {
+    op* o = take_op(op_kind::write, id, n);
+    iovec iov{const_cast<std::byte*>(w.src + at), n};
+    void* desc = w.desc;
+    fi_rma_iov rma{w.remote_addr + at, n, w.key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = w.addr;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = o;
+    msg.data = final ? w.imm : 0;
+    // Delivery complete: the writer's completion means the bytes are at the target.
+    const std::uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE | (final ? FI_REMOTE_CQ_DATA : 0);
+    const ssize_t rc = fi_writemsg(ep, &msg, flags);
+    if (rc) {
+      give_op(o);
+      if (rc != -FI_EAGAIN)
+        log::warn("fabric: fi_writemsg to node {} failed: {}", w.peer, fi_error_text(static_cast<int>(rc)));
+      return rc;
+    }
+    ++w.in_flight;
+    ++tx_in_flight;
+    return 0;
+  }
+
+  void maybe_finish_write(std::uint64_t id) {
+    auto it = writes.find(id);
+    if (it == writes.end()) return;
+    auto& w = it->second;
+    const bool done = w.in_flight == 0 && (w.error || (w.final_issued && w.landed == w.length));
+    if (!done) return;
+    auto state = std::move(w);
+    writes.erase(it);
+    if (state.error) ++counters.writes_refused;
+    if (!state.orphaned) post_done(std::move(state.done), state.error);
+    if (is_link_error(state.error)) report_peer_lost(state.peer, state.error);
+  }
+
+  void on_piece_done(op* o, std::error_code ec) {
+    const std::uint64_t id = o->owner;
+    const std::uint64_t bytes = o->bytes;
+    give_op(o);
+    --tx_in_flight;
+    auto it = writes.find(id);
+    if (it == writes.end()) return;
+    auto& w = it->second;
+    --w.in_flight;
+    if (ec && !w.error) w.error = ec;
+    if (!ec) w.landed += bytes;
+    if (!w.queued && !w.error) {
+      if (!pump_write(id)) {
+        writes.at(id).queued = true;
+        enqueue({op_kind::write, id});
+      }
+    } else {
+      maybe_finish_write(id);
+    }
+  }
+
+  // ---- progress ------------------------------------------------------------------------------
+
+  void enqueue(blocked b) {
+    ++counters.eagain_retries;
+    queue.push_back(b);
+  }
+
+  /// Retries operations the provider refused with -FI_EAGAIN, in order.
+  void retry_queue() {
+    while (running && !queue.empty()) {
+      const blocked b = queue.front();
+      bool accepted = true;
+      switch (b.kind) {
+        case op_kind::recv: accepted = post_rx(b.id); break;
+        case op_kind::send:
+          if (auto it = sends.find(b.id); it != sends.end()) {
+            if (it->second.orphaned)
+              finish_send(b.id, transport_errc::peer_unreachable);
+            else
+              accepted = issue_send(b.id);
+          }
+          break;
+        case op_kind::write:
+          if (auto it = writes.find(b.id); it != writes.end()) {
+            it->second.queued = false;
+            accepted = pump_write(b.id);
+            if (!accepted) writes.at(b.id).queued = true;
+          }
+          break;
+      }
+      if (!accepted) return;
+      queue.pop_front();
+    }
+  }
+
+  void handle_entry(const fi_cq_data_entry& e) {
+    auto* o = static_cast<op*>(e.op_context);
+    if (e.flags & FI_REMOTE_CQ_DATA && (e.flags & FI_REMOTE_WRITE || !(e.flags & FI_MSG))) {
+      on_remote_write(e);
+      // Under FI_RX_CQ_DATA a write with data consumed one of our receive buffers.
+      if (o && o->kind == op_kind::recv) repost_rx(o->owner);
+      return;
+    }
+    if (!o) return;
+    switch (o->kind) {
+      case op_kind::recv:
+        on_frame(o->owner, e.len);
+        if (running) repost_rx(o->owner);
+        break;
+      case op_kind::send: {
+        const auto id = o->owner;
+        give_op(o);
+        --tx_in_flight;
+        finish_send(id, {});
+        break;
+      }
+      case op_kind::write: on_piece_done(o, {}); break;
+    }
+  }
+
+  void handle_error(const fi_cq_err_entry& e) {
+    auto* o = static_cast<op*>(e.op_context);
+    const auto ec = map_op_error(e.err);
+    if (!o) {
+      // A remote operation failed at this target (e.g. a write with a bad key): count it.
+      ++counters.writes_refused;
+      log::warn("fabric: remote operation failed here: {}", fi_error_text(e.err));
+      return;
+    }
+    switch (o->kind) {
+      case op_kind::recv:
+        ++counters.frames_rejected;
+        log::warn("fabric: dropped a control frame ({}; {} bytes over the {}-byte limit?)",
+                  fi_error_text(e.err), e.olen, options.max_frame);
+        if (running) repost_rx(o->owner);
+        break;
+      case op_kind::send: {
+        const auto id = o->owner;
+        give_op(o);
+        --tx_in_flight;
+        log::warn("fabric: control frame failed: {}", fi_error_text(e.err));
+        finish_send(id, ec);
+        break;
+      }
+      case op_kind::write:
+        log::warn("fabric: write failed: {} (provider errno {})", fi_error_text(e.err), e.prov_errno);
+        on_piece_done(o, ec);
+        break;
+    }
+  }
+
+  /// Reads completions (which also drives the provider's progress) and retries queued ops.
+  int drain() {
+    if (!running) return 0;
+    auto keep = shared_from_this();  // a callback may drop the last owner of the transport
+    int handled = 0;
+    fi_cq_data_entry entries[16];
+    while (running && handled < drain_budget) {
+      const ssize_t n = fi_cq_read(cq, entries, 16);
+      if (n > 0) {
+        for (ssize_t i = 0; i < n && running; ++i) handle_entry(entries[i]);
+        handled += static_cast<int>(n);
+        continue;
+      }
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        if (fi_cq_readerr(cq, &err, 0) > 0) handle_error(err);
+        ++handled;
+        continue;
+      }
+      if (n != -FI_EAGAIN) log::error("fabric: fi_cq_read failed: {}", fi_error_text(static_cast<int>(n)));
+      break;
+    }
+    if (running) retry_queue();
+    return handled;
+  }
+
+  bool busy() const { return tx_in_flight > 0 || !queue.empty(); }
+
+  /// Drives progress now and decides how to be woken next.
+  void kick() {
+    if (!running) return;
+    auto keep = shared_from_this();
+    const int handled = drain();
+    if (!running) return;
+    if (handled > 0 || busy())
+      idle_streak = 0;
+    else if (idle_streak < 16)
+      ++idle_streak;
+    rearm();
+  }
+
+  void rearm() {
+    bool fd_ok = false;
+    if (wait_fd) {
+      if (fd_armed) {
+        fd_ok = true;
+      } else if (fid* fids[1] = {&cq->fid}; fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
+        fd_armed = true;
+        fd_ok = true;
+        wait_fd->async_wait(asio::posix::stream_descriptor::wait_read,
+                            [weak = weak_from_this()](const boost::system::error_code& ec) {
+                              auto self_ = weak.lock();
+                              if (!self_ || ec == asio::error::operation_aborted) return;
+                              self_->fd_armed = false;
+                              self_->kick();
+                            });
+      }
+    }
+    // Without a usable fd, and while work is in flight (whose progress the fd may not cover),
+    // poll on a timer that backs off as the transport goes idle.
+    if (fd_ok && !busy() && idle_streak > 0) return;
+    auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(busy_interval);
+    if (!busy()) interval = std::min<std::chrono::steady_clock::duration>(interval * (1u << std::min(idle_streak, 8u)), idle_interval);
+    arm_timer(interval);
+  }
+
+  void arm_timer(std::chrono::steady_clock::duration after) {
+    const auto deadline = std::chrono::steady_clock::now() + after;
+    if (timer_armed && timer_deadline <= deadline) return;
+    timer_armed = true;
+    timer_deadline = deadline;
+    timer.expires_at(deadline);
+    timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self_ = weak.lock();
+      if (!self_ || ec == asio::error::operation_aborted) return;
+      self_->timer_armed = false;
+      self_->kick();
+    });
+  }
+
+  /// Makes sure progress runs soon after new work was issued from outside a drain.
+  void poke() {
+    idle_streak = 0;
+    if (running) arm_timer(std::chrono::steady_clock::duration::zero());
+  }
+};
+
+// ---- fabric_transport ----------------------------------------------------------------------
+
+result<std::shared_ptr<fabric_transport>> fabric_transport::make(event_loop& loop, node_id self,
+                                                                 fabric_options options) {
+  if (options.max_frame < frame_prefix_bytes + 1 || options.rx_buffers == 0)
+    return fail(errc::invalid_argument);
+  auto state = std::make_shared<impl>(loop, self, std::move(options));
+  if (auto ec = state->open()) return fail(ec);
+  return std::shared_ptr<fabric_transport>(new fabric_transport(std::move(state)));
+}
+
+fabric_transport::fabric_transport(std::shared_ptr<impl> state) : impl_(std::move(state)) {}
+
+fabric_transport::~fabric_transport() { close(); }
+
+std::string fabric_transport::local_address() const { return impl_->name_hex; }
+std::string fabric_transport::provider() const { return impl_->provider_name; }
+std::string_view fabric_transport::progress_mode() const {
+  return impl_->wait_fd ? "wait-fd" : "timer";
+}
+const fabric_stats& fabric_transport::stats() const { return impl_->counters; }
+
+std::error_code fabric_transport::start(transport_events events) {
+  auto& s = *impl_;
+  if (s.closed) return errc::stopped;
+  if (s.running) return {};
+  s.events = std::move(events);
+  s.running = true;
+  for (std::size_t i = 0; i < s.rx_ops.size(); ++i) s.repost_rx(i);
+  s.kick();
+  return {};
+}
+
+void fabric_transport::close() { impl_->shutdown(); }
+
+std::error_code fabric_transport::add_peer(node_id peer, std::string_view address) {
+  auto& s = *impl_;
+  if (s.closed) return errc::stopped;
+  auto blob = hex_decode(address);
+  if (!blob) return blob.error();
+  if (auto it = s.peers.find(peer); it != s.peers.end()) {
+    fi_av_remove(s.av, &it->second, 1, 0);
+    s.peers.erase(it);
+  }
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  const int n = fi_av_insert(s.av, blob->data(), 1, &addr, 0, nullptr);
+  if (n != 1) {
+    log::warn("fabric: fi_av_insert for node {} failed ({})", peer, n);
+    return transport_errc::bad_address;
+  }
+  s.peers[peer] = addr;
+  return {};
+}
+
+void fabric_transport::remove_peer(node_id peer) {
+  auto& s = *impl_;
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end()) return;
+  // Fail what is pending to that peer now; its contexts stay alive until the provider is done.
+  for (auto& [id, st] : s.sends)
+    if (st.peer == peer && !st.orphaned) {
+      st.orphaned = true;
+      s.post_done(std::move(st.done), transport_errc::peer_unreachable);
+    }
+  for (auto& [id, w] : s.writes)
+    if (w.peer == peer && !w.orphaned) {
+      w.orphaned = true;
+      w.error = transport_errc::peer_unreachable;
+      s.post_done(std::move(w.done), transport_errc::peer_unreachable);
+    }
+  fi_av_remove(s.av, &it->second, 1, 0);
+  s.peers.erase(it);
+}
+
+void fabric_transport::async_send(node_id to, frame f, completion done) {
+  auto& s = *impl_;
+  if (!s.running) return s.post_done(std::move(done), errc::stopped);
+  auto peer = s.peers.find(to);
+  if (peer == s.peers.end()) return s.post_done(std::move(done), transport_errc::peer_unreachable);
+  if (f.size() < frame_prefix_bytes) return s.post_done(std::move(done), errc::invalid_argument);
+  if (f.size() > s.options.max_frame) return s.post_done(std::move(done), errc::oversize_frame);
+  // The length prefix is redundant here (the CQ entry has the length): it carries our node id.
+  put_be32(f.data(), s.self);
+  const auto id = s.next_op_id++;
+  auto& st = s.sends[id];
+  st.bytes = std::move(f);
+  st.done = std::move(done);
+  st.peer = to;
+  st.addr = peer->second;
+  if (s.mr_mode & FI_MR_LOCAL) {
+    if (auto ec = s.register_memory(st.bytes.data(), st.bytes.size(), FI_SEND, st.mr)) {
+      auto d = std::move(st.done);
+      s.sends.erase(id);
+      return s.post_done(std::move(d), ec);
+    }
+  }
+  if (!s.queue.empty() || !s.issue_send(id)) s.enqueue({op_kind::send, id});
+  s.poke();
+}
+
+result<region_desc> fabric_transport::register_region(std::span<std::byte> memory) {
+  auto& s = *impl_;
+  if (s.closed) return fail(errc::stopped);
+  if (memory.empty()) return fail(errc::invalid_argument);
+  impl::region r;
+  r.id = s.next_region++;
+  r.memory = memory;
+  std::error_code ec;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::uint64_t key = 0;
+    if (!(s.mr_mode & FI_MR_PROV_KEY)) {
+      key = s.keys();
+      const auto bits = 8 * s.info->domain_attr->mr_key_size;
+      if (bits > 0 && bits < 64) key &= (std::uint64_t{1} << bits) - 1;
+    }
+    ec = s.register_memory(memory.data(), memory.size(), FI_REMOTE_WRITE | FI_WRITE, r.mr, key);
+    if (!ec) break;
+  }
+  if (ec) return fail(ec);
+  r.desc = fi_mr_desc(r.mr);
+  r.key = fi_mr_key(r.mr);
+  const region_desc desc{.owner = s.self,
+                         .id = r.id,
+                         .addr = (s.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uint64_t>(memory.data()) : 0,
+                         .key = r.key,
+                         .length = memory.size()};
+  s.by_base[memory.data()] = r.id;
+  s.regions.emplace(r.id, r);
+  return desc;
+}
+
+void fabric_transport::deregister_region(std::uint64_t region_id) {
+  auto& s = *impl_;
+  auto it = s.regions.find(region_id);
+  if (it == s.regions.end()) return;
+  if (it->second.mr) fi_close(&it->second.mr->fid);
+  s.by_base.erase(it->second.memory.data());
+  s.regions.erase(it);
+}
+
+void fabric_transport::async_write(std::span<const std::byte> local, const region_desc& remote,
+                                   std::uint64_t offset, write_imm imm, completion done) {
+  auto& s = *impl_;
+  auto refuse = [&](std::error_code ec) {
+    ++s.counters.writes_refused;
+    s.post_done(std::move(done), ec);
+  };
+  if (!s.running) return s.post_done(std::move(done), errc::stopped);
+  auto peer = s.peers.find(remote.owner);
+  if (peer == s.peers.end()) return refuse(transport_errc::peer_unreachable);
+  // The peer's provider checks key and range too; checking the length here refuses the
+  // common mistake before anything is sent.
+  if (offset > remote.length || local.size() > remote.length - offset)
+    return refuse(transport_errc::out_of_bounds);
+  const impl::region* src = nullptr;
+  if (auto it = s.by_base.upper_bound(local.data()); it != s.by_base.begin()) {
+    const auto& r = s.regions.at(std::prev(it)->second);
+    if (local.data() + local.size() <= r.memory.data() + r.memory.size()) src = &r;
+  }
+  if (!src) return refuse(transport_errc::not_registered);
+
+  const auto id = s.next_op_id++;
+  auto& w = s.writes[id];
+  w.done = std::move(done);
+  w.peer = remote.owner;
+  w.addr = peer->second;
+  w.src = local.data();
+  w.length = local.size();
+  w.desc = src->desc;
+  w.remote_addr = remote.addr + offset;
+  w.key = remote.key;
+  w.imm = imm;
+  // Everything but the last piece goes first without data; the last carries the immediate
+  // once the rest has landed, so the receiver's notice means the whole write is there.
+  w.body_end = w.length > s.max_piece ? w.length - ((w.length - 1) % s.max_piece + 1) : 0;
+  if (!s.queue.empty() || !s.pump_write(id)) {
+    if (auto it = s.writes.find(id); it != s.writes.end()) {
+      it->second.queued = true;
+      s.enqueue({op_kind::write, id});
+    }
+  }
+  s.poke();
+}
+
+}  // namespace ferry

@@ -1,0 +1,75 @@
+#pragma once
+/// Transport over libfabric: one RDM endpoint with FI_MSG for control frames and FI_RMA
+/// write-with-data for bulk writes. The same code runs on `tcp;ofi_rxm` and `shm` here and on
+/// verbs / efa / cxi on clusters; no libfabric type appears in this header.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/event_loop.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry {
+
+/// How a fabric transport opens its endpoint.
+struct fabric_options {
+  /// libfabric provider name ("tcp;ofi_rxm", "shm", "verbs;ofi_rxm", ...). Empty: the first
+  /// RDM provider with RMA and remote CQ data that fi_getinfo offers for `node` (on these
+  /// machines `tcp;ofi_rxm`, which works between processes and hosts; shm is same-host only).
+  std::string provider;
+  /// Local address to bind. Loopback by default; ignored for shm, which binds no address.
+  std::string node = "127.0.0.1";
+  /// Pre-posted receive buffers for control frames.
+  std::size_t rx_buffers = 16;
+  /// Largest control frame (length prefix included) sent or accepted; larger ones are refused.
+  std::size_t max_frame = 1u << 20;
+  /// Largest single RMA write issued; larger writes are split. 0: the provider's max_msg_size.
+  std::size_t max_write_piece = 0;
+};
+
+/// Counters of what the transport refused or saw fail; owning loop only.
+struct fabric_stats {
+  std::uint64_t frames_received = 0;
+  std::uint64_t frames_rejected = 0;  ///< truncated, too short, or from an unknown sender
+  std::uint64_t writes_received = 0;
+  std::uint64_t writes_refused = 0;   ///< refused by the local checks or by the peer's provider
+  std::uint64_t eagain_retries = 0;   ///< operations queued because the provider was busy
+};
+
+/// Create with `make`; every member runs on the owning loop's thread, completions run there.
+class fabric_transport final : public transport,
+                               public std::enable_shared_from_this<fabric_transport> {
+ public:
+  /// Opens fabric, domain, address vector, completion queue and endpoint for `self`.
+  static result<std::shared_ptr<fabric_transport>> make(event_loop& loop, node_id self,
+                                                        fabric_options options = {});
+  ~fabric_transport() override;
+
+  std::string_view scheme() const override { return "fabric"; }
+  /// The endpoint's fi_getname blob, hex-encoded.
+  std::string local_address() const override;
+  std::error_code start(transport_events events) override;
+  void close() override;
+  std::error_code add_peer(node_id peer, std::string_view address) override;
+  void remove_peer(node_id peer) override;
+  void async_send(node_id to, frame f, completion done) override;
+  result<region_desc> register_region(std::span<std::byte> memory) override;
+  void deregister_region(std::uint64_t region_id) override;
+  void async_write(std::span<const std::byte> local, const region_desc& remote,
+                   std::uint64_t offset, write_imm imm, completion done) override;
+
+  /// The provider actually opened, e.g. "tcp;ofi_rxm".
+  std::string provider() const;
+  /// How progress is driven when idle: "wait-fd" (the CQ's fd in the loop's epoll) or "timer".
+  std::string_view progress_mode() const;
+  const fabric_stats& stats() const;
+
+  struct impl;
+
+ private:
+  explicit fabric_transport(std::shared_ptr<impl> state);
+  std::shared_ptr<impl> impl_;  ///< shared so loop handlers can hold it weakly
+};
+
+}  // namespace ferry

@@ -1,0 +1,44 @@
+#pragma once
+/// The job secret and the HMAC-SHA256 proofs of the tcp link handshake (docs/wire-format.md).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+#include "runtime/errc.hpp"
+#include "runtime/message.hpp"
+
+namespace ferry {
+
+/// The bytes every process of one job shares; whoever holds them may join the job's links.
+using job_secret = std::vector<std::byte>;
+/// Shorter secrets are refused: they could be guessed offline from one recorded handshake.
+inline constexpr std::size_t min_secret_bytes = 16;
+
+/// Reads the job secret from the file named by `FERRY_SECRET_FILE`, else from the bytes of
+/// `FERRY_SECRET`; empty when neither is set. Errors: unreadable file, or a secret shorter than
+/// `min_secret_bytes` (`errc::invalid_argument`). Never takes the secret from a command line.
+result<job_secret> load_job_secret();
+/// Reads a secret from `path`; one trailing newline ("\n" or "\r\n") is not part of it.
+result<job_secret> load_job_secret_file(const std::filesystem::path& path);
+
+using link_nonce = std::array<std::byte, 32>;
+using link_proof = std::array<std::byte, 32>;
+
+/// Which side of a link a proof speaks for; the two labels keep one side's proof from being
+/// replayed as the other's.
+enum class link_role : std::uint8_t { client, server };
+
+/// 32 random bytes from libsodium's CSPRNG.
+link_nonce make_link_nonce();
+/// HMAC-SHA256(secret, label(role) || client_nonce || server_nonce || be32(client) ||
+/// be32(server)).
+link_proof make_link_proof(std::span<const std::byte> secret, link_role role,
+                           const link_nonce& client_nonce, const link_nonce& server_nonce,
+                           node_id client, node_id server);
+/// Constant-time comparison.
+bool same_proof(const link_proof& a, const link_proof& b);
+
+}  // namespace ferry

@@ -1,0 +1,788 @@
+#include "transport/tcp/tcp_transport.hpp"
+
+#include <algorithm>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <charconv>
+#include <deque>
+
+#include "runtime/log.hpp"
+#include "transport/errc.hpp"
+#include "transport/tcp/link_protocol.hpp"
+
+namespace ferry {
+namespace {
+
+namespace ip = asio::ip;
+namespace wire = tcp_link;
+using boost::system::error_code;
+
+/// Lets one read or write system call move up to 4 MiB instead of Asio's default 64 KiB.
+struct large_transfers {
+  std::size_t operator()(const error_code& ec, std::size_t) const {
+    return ec ? 0 : std::size_t{4} << 20;
+  }
+};
+
+/// The error a peer's REFUSE names; anything we do not know is a protocol violation.
+std::error_code refusal_error(std::uint16_t reason) {
+  if (reason >= 1 && reason <= static_cast<std::uint16_t>(transport_errc::limit_exceeded)) {
+    return static_cast<transport_errc>(reason);
+  }
+  return transport_errc::protocol_violation;
+}
+
+std::string endpoint_text(const ip::tcp::endpoint& e) {
+  const auto a = e.address();
+  return a.is_v6() ? "[" + a.to_string() + "]:" + std::to_string(e.port())
+                   : a.to_string() + ":" + std::to_string(e.port());
+}
+
+/// Refuses a connection before it has a link: REFUSE, then wait (bounded) for the peer to close
+/// so that our close does not reset the connection before it read the reason.
+void refuse_unlinked(ip::tcp::socket socket, transport_errc reason,
+                     std::chrono::milliseconds linger) {
+  struct state {
+    ip::tcp::socket socket;
+    asio::steady_timer timer;
+    std::vector<std::byte> bytes;
+    std::array<std::byte, 256> sink;
+    void finish() {
+      error_code ignored;
+      timer.cancel(ignored);
+      socket.close(ignored);
+    }
+    static void drain(const std::shared_ptr<state>& s) {
+      s->socket.async_read_some(asio::buffer(s->sink), [s](const error_code& ec, std::size_t) {
+        if (ec) return s->finish();
+        state::drain(s);
+      });
+    }
+  };
+  auto executor = socket.get_executor();
+  auto s = std::make_shared<state>(state{std::move(socket),
+                                         asio::steady_timer(executor),
+                                         wire::encode_refuse(static_cast<std::uint16_t>(reason)),
+                                         {}});
+  s->timer.expires_after(linger);
+  s->timer.async_wait([s](const error_code& ec) {
+    if (!ec) s->finish();
+  });
+  asio::async_write(s->socket, asio::buffer(s->bytes), [s](const error_code& ec, std::size_t) {
+    if (ec) return s->finish();
+    error_code ignored;
+    s->socket.shutdown(ip::tcp::socket::shutdown_send, ignored);
+    state::drain(s);
+  });
+}
+
+}  // namespace
+
+/// One TCP connection. Outgoing links carry our control frames and writes to `peer_` and read
+/// its acks; incoming links read a peer's frames and writes and send acks back. Every handler
+/// holds the link alive and returns at once when it was closed, so nothing runs after `shut`.
+class tcp_transport::link : public std::enable_shared_from_this<link> {
+ public:
+  enum class phase { connecting, handshaking, ready, closed };
+
+  link(tcp_transport& owner, bool outgoing, ip::tcp::socket socket, node_id peer)
+      : owner_(&owner),
+        io_(owner.loop_.io()),
+        outgoing_(outgoing),
+        socket_(std::move(socket)),
+        timer_(owner.loop_.io()),
+        peer_(peer) {}
+
+  bool outgoing() const { return outgoing_; }
+  node_id peer() const { return peer_; }
+  bool ready() const { return phase_ == phase::ready; }
+  bool handshaking() const { return phase_ == phase::handshaking; }
+  bool closed() const { return phase_ == phase::closed; }
+  bool refused_by_limit() const { return refused_by_limit_; }
+  const std::string& remote() const { return remote_; }
+  const ip::address& remote_ip() const { return remote_ip_; }
+
+  void start_client(const std::string& host, std::uint16_t port) {
+    arm_timer();
+    auto self = shared_from_this();
+    auto on_connected = [self](const error_code& ec) {
+      if (self->closed()) return;
+      if (ec) return self->drop(transport_errc::peer_unreachable, ec.message());
+      self->connected();
+    };
+    error_code ec;
+    const auto address = ip::make_address(host, ec);
+    if (!ec) return socket_.async_connect(ip::tcp::endpoint(address, port), on_connected);
+    // Names go through the resolver, which runs getaddrinfo on Asio's private thread.
+    resolver_ = std::make_unique<ip::tcp::resolver>(io_);
+    resolver_->async_resolve(
+        host, std::to_string(port),
+        [self, on_connected](const error_code& rec, ip::tcp::resolver::results_type results) {
+          if (self->closed()) return;
+          if (rec) return self->drop(transport_errc::peer_unreachable, rec.message());
+          asio::async_connect(self->socket_, results,
+                              [on_connected](const error_code& cec, const ip::tcp::endpoint&) {
+                                on_connected(cec);
+                              });
+        });
+  }
+
+  void start_server(const ip::tcp::endpoint& remote) {
+    remote_ = endpoint_text(remote);
+    remote_ip_ = remote.address();
+    phase_ = phase::handshaking;
+    arm_timer();
+    auto self = shared_from_this();
+    read_handshake([self](wire::frame_type type, std::span<const std::byte> body) {
+      self->on_hello(type, body);
+    });
+  }
+
+  void enqueue_control(frame f, completion sent) {
+    out_item item;
+    const auto head = wire::make_head(wire::frame_type::control, f.size() - frame_prefix_bytes);
+    item.head.assign(head.begin(), head.end());
+    item.keep = std::move(f);
+    item.body = std::span<const std::byte>(item.keep).subspan(frame_prefix_bytes);
+    item.sent = std::move(sent);
+    queue_.push_back(std::move(item));
+    flush();
+  }
+
+  void enqueue_write(const wire::write_header& h, std::span<const std::byte> payload,
+                     completion done) {
+    pending_writes_.emplace(h.id, std::move(done));
+    out_item item;
+    item.head = wire::encode(h);
+    item.body = payload;
+    queue_.push_back(std::move(item));
+    flush();
+  }
+
+  /// Closes the link; everything pending completes with `why`, later, on the loop.
+  void shut(std::error_code why) {
+    if (closed()) return;
+    phase_ = phase::closed;
+    error_code ignored;
+    timer_.cancel(ignored);
+    if (resolver_) resolver_->cancel();
+    socket_.shutdown(ip::tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    std::vector<completion> done;
+    for (auto& item : inflight_) {
+      if (item.sent) done.push_back(std::move(item.sent));
+    }
+    for (auto& item : queue_) {
+      if (item.sent) done.push_back(std::move(item.sent));
+    }
+    for (auto& [id, d] : pending_writes_) done.push_back(std::move(d));
+    inflight_.clear();
+    queue_.clear();
+    pending_writes_.clear();
+    owner_ = nullptr;
+    for (auto& d : done) asio::post(io_, [d = std::move(d), why] { d(why); });
+  }
+
+ private:
+  struct out_item {
+    std::vector<std::byte> head;
+    std::span<const std::byte> body;  ///< written after head without a copy
+    frame keep;                       ///< owns `body` for control frames
+    completion sent;                  ///< control frames: runs when the frame left
+  };
+  using frame_handler = std::function<void(wire::frame_type, std::span<const std::byte>)>;
+
+  tcp_transport& owner() { return *owner_; }
+  wire::auth_mode auth() const {
+    return owner_->authenticated() ? wire::auth_mode::hmac_sha256 : wire::auth_mode::none;
+  }
+
+  void arm_timer() {
+    timer_.expires_after(owner().options_.handshake_timeout);
+    auto self = shared_from_this();
+    timer_.async_wait([self](const error_code& ec) {
+      if (ec || self->closed() || self->ready()) return;
+      self->drop(errc::timed_out, "handshake did not finish in time");
+    });
+  }
+
+  /// Asks the owner to drop this link (it calls `shut`) and report it.
+  void drop(std::error_code why, std::string_view detail = {}) {
+    if (closed()) return;
+    detail_ = detail;
+    owner().on_link_lost(shared_from_this(), why);
+  }
+
+  void violation(std::string_view what) { drop(transport_errc::protocol_violation, what); }
+
+  /// Sends REFUSE with `reason`, then drops the link.
+  void refuse(transport_errc reason, std::string detail) {
+    auto self = shared_from_this();
+    send_handshake(wire::encode_refuse(static_cast<std::uint16_t>(reason)),
+                   [self, reason, detail] { self->drop(reason, detail); });
+  }
+
+  void send_handshake(std::vector<std::byte> bytes, std::function<void()> then) {
+    auto buffer = std::make_shared<std::vector<std::byte>>(std::move(bytes));
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(*buffer),
+                      [self, buffer, then](const error_code& ec, std::size_t) {
+                        if (self->closed()) return;
+                        if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+                        then();
+                      });
+  }
+
+  void read_handshake(frame_handler next) {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(head_), [self, next](const error_code& ec, std::size_t) {
+      if (self->closed()) return;
+      if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+      const auto h = wire::parse_head(self->head_);
+      if (!h || h->length - 1 > wire::challenge_bytes)
+        return self->violation("oversize or empty handshake frame");
+      self->body_.resize(h->length - 1);
+      asio::async_read(self->socket_, asio::buffer(self->body_),
+                       [self, next, type = h->type](const error_code& bec, std::size_t) {
+                         if (self->closed()) return;
+                         if (bec) return self->drop(transport_errc::connection_lost, bec.message());
+                         next(static_cast<wire::frame_type>(type), self->body_);
+                       });
+    });
+  }
+
+  // Client side of the handshake.
+
+  void connected() {
+    error_code ec;
+    socket_.set_option(ip::tcp::no_delay(true), ec);
+    const auto remote = socket_.remote_endpoint(ec);
+    if (!ec) {
+      remote_ = endpoint_text(remote);
+      remote_ip_ = remote.address();
+    }
+    phase_ = phase::handshaking;
+    my_nonce_ = make_link_nonce();
+    auto self = shared_from_this();
+    send_handshake(wire::encode(wire::hello{auth(), owner().self_, peer_, my_nonce_}), [self] {
+      self->read_handshake([self](wire::frame_type type, std::span<const std::byte> body) {
+        self->on_challenge(type, body);
+      });
+    });
+  }
+
+  void on_challenge(wire::frame_type type, std::span<const std::byte> body) {
+    if (type == wire::frame_type::refuse) return on_refused(body);
+    if (type != wire::frame_type::challenge) return violation("expected CHALLENGE");
+    const auto c = wire::parse_challenge(body);
+    if (!c) return violation("malformed CHALLENGE");
+    if (c->auth != auth())
+      return refuse(transport_errc::unauthenticated, "authentication modes differ");
+    if (c->from != peer_) {
+      return refuse(transport_errc::unauthenticated,
+                    fmt::format("the listener is node {}, not {}", c->from, peer_));
+    }
+    their_nonce_ = c->nonce;
+    link_proof mine{};
+    if (auth() == wire::auth_mode::hmac_sha256) {
+      const auto& secret = owner().options_.secret;
+      const auto expected =
+          make_link_proof(secret, link_role::server, my_nonce_, their_nonce_, owner().self_, peer_);
+      if (!same_proof(c->proof, expected)) {
+        return refuse(transport_errc::unauthenticated, "the listener does not hold the job secret");
+      }
+      mine =
+          make_link_proof(secret, link_role::client, my_nonce_, their_nonce_, owner().self_, peer_);
+    }
+    auto self = shared_from_this();
+    send_handshake(wire::encode_proof(mine), [self] {
+      self->read_handshake(
+          [self](wire::frame_type t, std::span<const std::byte> b) { self->on_accept(t, b); });
+    });
+  }
+
+  void on_accept(wire::frame_type type, std::span<const std::byte> body) {
+    if (type == wire::frame_type::refuse) return on_refused(body);
+    if (type != wire::frame_type::accept || !body.empty()) return violation("expected ACCEPT");
+    became_ready();
+  }
+
+  void on_refused(std::span<const std::byte> body) {
+    const auto reason = wire::parse_refuse(body);
+    if (!reason) return violation("malformed REFUSE");
+    drop(refusal_error(*reason), "refused by the peer");
+  }
+
+  // Server side of the handshake.
+
+  void on_hello(wire::frame_type type, std::span<const std::byte> body) {
+    if (type != wire::frame_type::hello) return violation("expected HELLO");
+    const auto h = wire::parse_hello(body);
+    if (!h) return violation("malformed HELLO");
+    peer_ = h->from;
+    their_nonce_ = h->nonce;
+    if (h->auth != auth())
+      return refuse(transport_errc::unauthenticated, "authentication modes differ");
+    if (h->to != owner().self_) {
+      return refuse(transport_errc::peer_unreachable, fmt::format("HELLO is for node {}", h->to));
+    }
+    my_nonce_ = make_link_nonce();
+    wire::challenge c{.auth = auth(), .from = owner().self_, .nonce = my_nonce_};
+    if (auth() == wire::auth_mode::hmac_sha256) {
+      c.proof = make_link_proof(owner().options_.secret, link_role::server, their_nonce_, my_nonce_,
+                                peer_, owner().self_);
+    }
+    auto self = shared_from_this();
+    send_handshake(wire::encode(c), [self] {
+      self->read_handshake(
+          [self](wire::frame_type t, std::span<const std::byte> b) { self->on_proof(t, b); });
+    });
+  }
+
+  void on_proof(wire::frame_type type, std::span<const std::byte> body) {
+    if (type == wire::frame_type::refuse) return on_refused(body);
+    if (type != wire::frame_type::proof) return violation("expected PROOF");
+    const auto p = wire::parse_proof(body);
+    if (!p) return violation("malformed PROOF");
+    if (auth() == wire::auth_mode::hmac_sha256) {
+      const auto expected = make_link_proof(owner().options_.secret, link_role::client,
+                                            their_nonce_, my_nonce_, peer_, owner().self_);
+      if (!same_proof(*p, expected)) {
+        return refuse(transport_errc::unauthenticated,
+                      "wrong proof: the peer does not hold the job secret");
+      }
+    }
+    const auto links =
+        std::count_if(owner().incoming_.begin(), owner().incoming_.end(),
+                      [this](const auto& l) { return l->ready() && l->peer() == peer_; });
+    if (static_cast<std::size_t>(links) >= owner().options_.max_links_per_node) {
+      ++owner().stats_.connections_refused;
+      refused_by_limit_ = true;
+      return refuse(transport_errc::limit_exceeded,
+                    fmt::format("node {} already has {} links (max_links_per_node)", peer_, links));
+    }
+    auto self = shared_from_this();
+    send_handshake(wire::encode_accept(), [self] { self->became_ready(); });
+  }
+
+  void became_ready() {
+    phase_ = phase::ready;
+    error_code ignored;
+    timer_.cancel(ignored);
+    owner().on_link_ready(*this);
+    read_next();
+    flush();
+  }
+
+  // Established links.
+
+  void read_next() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(head_), [self](const error_code& ec, std::size_t) {
+      if (self->closed()) return;
+      if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+      self->on_head();
+    });
+  }
+
+  void on_head() {
+    const auto h = wire::parse_head(head_);
+    if (!h) return violation("empty frame");
+    const std::size_t body = h->length - 1;
+    const auto type = static_cast<wire::frame_type>(h->type);
+    if (!outgoing_ && type == wire::frame_type::control) {
+      if (body == 0 || body > owner().options_.limits.max_frame_bytes) {
+        return violation(fmt::format("control frame of {} bytes", body));
+      }
+      return read_body(body, [](link& l) { l.on_control(); });
+    }
+    if (!outgoing_ && type == wire::frame_type::write) {
+      if (body != wire::write_header_bytes) return violation("WRITE header of the wrong size");
+      return read_body(body, [](link& l) { l.on_write_header(); });
+    }
+    if (outgoing_ && type == wire::frame_type::write_ack) {
+      if (body != wire::write_ack_bytes) return violation("WRITE_ACK of the wrong size");
+      return read_body(body, [](link& l) { l.on_write_ack(); });
+    }
+    violation(fmt::format("unexpected frame type {} on an {} link", h->type,
+                          outgoing_ ? "outgoing" : "incoming"));
+  }
+
+  void read_body(std::size_t n, void (*next)(link&)) {
+    body_.resize(n);
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(body_), large_transfers{},
+                     [self, next](const error_code& ec, std::size_t) {
+                       if (self->closed()) return;
+                       if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+                       next(*self);
+                     });
+  }
+
+  void on_control() {
+    if (owner().events_.on_frame) owner().events_.on_frame(peer_, body_);
+    if (!closed()) read_next();
+  }
+
+  void on_write_header() {
+    const auto h = wire::parse_write(body_);
+    if (!h) return violation("malformed WRITE");
+    auto target = owner().regions_.resolve(h->region, h->key, h->offset, h->length);
+    if (!target) {
+      ++owner().stats_.writes_refused;
+      log::warn("tcp {}: refused a write of {} bytes from node {}: {}", owner().self_, h->length,
+                peer_, target.error().message());
+      return drain(h->length, [id = h->id, why = target.error()](link& l) {
+        l.enqueue_ack(id, static_cast<std::uint16_t>(why.value()));
+        l.read_next();
+      });
+    }
+    // The payload lands directly in the registered region: no staging copy.
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(target->data(), target->size()), large_transfers{},
+                     [self, h = *h](const error_code& ec, std::size_t) {
+                       if (self->closed()) return;
+                       if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+                       self->enqueue_ack(h.id, 0);
+                       const write_notice notice{.from = self->peer_,
+                                                 .region = h.region,
+                                                 .offset = h.offset,
+                                                 .length = h.length,
+                                                 .imm = h.imm};
+                       if (self->owner().events_.on_write) self->owner().events_.on_write(notice);
+                       if (!self->closed()) self->read_next();
+                     });
+  }
+
+  /// Reads and discards `left` payload bytes of a refused write, a small buffer at a time.
+  void drain(std::uint64_t left, std::function<void(link&)> then) {
+    if (left == 0) return then(*this);
+    scratch_.resize(64 * 1024);
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch_.size()));
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(scratch_.data(), n),
+                     [self, left, n, then](const error_code& ec, std::size_t) {
+                       if (self->closed()) return;
+                       if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+                       self->drain(left - n, then);
+                     });
+  }
+
+  void enqueue_ack(std::uint64_t id, std::uint16_t status) {
+    out_item item;
+    item.head = wire::encode(wire::write_ack{.id = id, .status = status});
+    queue_.push_back(std::move(item));
+    flush();
+  }
+
+  void on_write_ack() {
+    const auto a = wire::parse_write_ack(body_);
+    if (!a) return violation("malformed WRITE_ACK");
+    auto it = pending_writes_.find(a->id);
+    if (it == pending_writes_.end())
+      return violation(fmt::format("WRITE_ACK for unknown write {}", a->id));
+    auto done = std::move(it->second);
+    pending_writes_.erase(it);
+    std::error_code why;
+    if (a->status != 0) why = refusal_error(a->status);
+    done(why);
+    if (!closed()) read_next();
+  }
+
+  /// Writes queued frames, several per system call, payloads straight from the caller's memory.
+  void flush() {
+    if (writing_ || !ready() || queue_.empty()) return;
+    writing_ = true;
+    while (!queue_.empty() && inflight_.size() < 16) {
+      inflight_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    std::vector<asio::const_buffer> buffers;
+    buffers.reserve(inflight_.size() * 2);
+    for (const auto& item : inflight_) {
+      buffers.emplace_back(item.head.data(), item.head.size());
+      if (!item.body.empty()) buffers.emplace_back(item.body.data(), item.body.size());
+    }
+    auto self = shared_from_this();
+    asio::async_write(socket_, buffers, large_transfers{},
+                      [self](const error_code& ec, std::size_t) {
+                        if (self->closed()) return;
+                        if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+                        auto done = std::move(self->inflight_);
+                        self->inflight_.clear();
+                        self->writing_ = false;
+                        self->flush();
+                        for (auto& item : done) {
+                          if (item.sent) item.sent({});
+                        }
+                      });
+  }
+
+  friend class tcp_transport;
+
+  tcp_transport* owner_;  ///< null once closed
+  asio::io_context& io_;
+  bool outgoing_;
+  ip::tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::unique_ptr<ip::tcp::resolver> resolver_;
+  node_id peer_;
+  phase phase_ = phase::connecting;
+  bool refused_by_limit_ = false;
+  std::string remote_;
+  ip::address remote_ip_;
+  std::string detail_;
+  link_nonce my_nonce_{};
+  link_nonce their_nonce_{};
+  std::array<std::byte, wire::head_bytes> head_{};
+  std::vector<std::byte> body_;
+  std::vector<std::byte> scratch_;
+  std::deque<out_item> queue_;
+  std::vector<out_item> inflight_;
+  bool writing_ = false;
+  std::map<std::uint64_t, completion> pending_writes_;
+};
+
+std::shared_ptr<tcp_transport> tcp_transport::make(event_loop& loop, node_id self,
+                                                   tcp_options options) {
+  return std::shared_ptr<tcp_transport>(new tcp_transport(loop, self, std::move(options)));
+}
+
+tcp_transport::tcp_transport(event_loop& loop, node_id self, tcp_options options)
+    : loop_(loop), self_(self), options_(std::move(options)), regions_(self) {}
+
+tcp_transport::~tcp_transport() {
+  close();
+}
+
+std::string tcp_transport::local_address() const {
+  if (!acceptor_ || !acceptor_->is_open()) return {};
+  error_code ec;
+  const auto e = acceptor_->local_endpoint(ec);
+  return ec ? std::string{} : endpoint_text(e);
+}
+
+std::error_code tcp_transport::start(transport_events events) {
+  if (open_) return errc::invalid_argument;
+  if (!authenticated() && !options_.allow_unauthenticated) {
+    log::error(
+        "tcp {}: no job secret (FERRY_SECRET / FERRY_SECRET_FILE) and unauthenticated mode not "
+        "allowed",
+        self_);
+    return transport_errc::unauthenticated;
+  }
+  if (authenticated() && options_.secret.size() < min_secret_bytes) {
+    log::error("tcp {}: the job secret is shorter than {} bytes", self_, min_secret_bytes);
+    return errc::invalid_argument;
+  }
+  error_code ec;
+  const auto address = ip::make_address(options_.bind_host, ec);
+  if (ec) return transport_errc::bad_address;
+  const ip::tcp::endpoint endpoint(address, options_.port);
+  acceptor_.emplace(loop_.io());
+  acceptor_->open(endpoint.protocol(), ec);
+  if (!ec) acceptor_->set_option(ip::tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_->bind(endpoint, ec);
+  if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    log::error("tcp {}: cannot listen on {}: {}", self_, endpoint_text(endpoint), ec.message());
+    acceptor_.reset();
+    return std::error_code(ec);
+  }
+  if (!address.is_loopback())
+    log::info("tcp {}: listening beyond loopback on {}", self_, local_address());
+  if (!authenticated()) log::warn("tcp {}: running WITHOUT authentication", self_);
+  events_ = std::move(events);
+  open_ = true;
+  accept_next();
+  return {};
+}
+
+void tcp_transport::close() {
+  if (!open_) return;
+  open_ = false;
+  if (acceptor_) {
+    error_code ignored;
+    acceptor_->close(ignored);
+  }
+  for (auto& [id, p] : peers_) {
+    if (p.out) p.out->shut(errc::stopped);
+    p.out.reset();
+  }
+  auto incoming = std::move(incoming_);
+  incoming_.clear();
+  for (const auto& l : incoming) l->shut(errc::stopped);
+  unauthenticated_ = 0;
+}
+
+void tcp_transport::accept_next() {
+  acceptor_->async_accept([weak = weak_from_this()](const error_code& ec, ip::tcp::socket socket) {
+    auto self = weak.lock();
+    if (!self || !self->open_ || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      // Out of descriptors and the like: back off rather than spin on a failing accept.
+      log::warn("tcp {}: accept failed: {}", self->self_, ec.message());
+      auto timer =
+          std::make_shared<asio::steady_timer>(self->loop_.io(), std::chrono::milliseconds(100));
+      timer->async_wait([weak, timer](const error_code&) {
+        if (auto t = weak.lock(); t && t->open_) t->accept_next();
+      });
+      return;
+    }
+    self->on_accepted(std::move(socket));
+    self->accept_next();
+  });
+}
+
+void tcp_transport::on_accepted(ip::tcp::socket socket) {
+  error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  if (ec) return;  // already gone
+  socket.set_option(ip::tcp::no_delay(true), ec);
+  const auto same_address = static_cast<std::size_t>(
+      std::count_if(incoming_.begin(), incoming_.end(),
+                    [&](const auto& l) { return l->remote_ip() == remote.address(); }));
+  std::string_view limit;
+  if (unauthenticated_ >= options_.max_unauthenticated) {
+    limit = "max_unauthenticated";
+  } else if (same_address >= options_.max_connections_per_address) {
+    limit = "max_connections_per_address";
+  }
+  if (!limit.empty()) {
+    ++stats_.connections_refused;
+    log::warn("tcp {}: refused a connection from {}: limit {} reached", self_,
+              endpoint_text(remote), limit);
+    refuse_unlinked(std::move(socket), transport_errc::limit_exceeded, options_.handshake_timeout);
+    return;
+  }
+  auto l = std::make_shared<link>(*this, false, std::move(socket), 0);
+  incoming_.insert(l);
+  ++unauthenticated_;
+  l->start_server(remote);
+}
+
+std::error_code tcp_transport::add_peer(node_id peer, std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return transport_errc::bad_address;
+  auto host = address.substr(0, colon);
+  const auto port_text = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return transport_errc::bad_address;
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned port = 0;
+  const auto [end, ec] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc{} || end != port_text.data() + port_text.size() || port == 0 ||
+      port > 65535) {
+    return transport_errc::bad_address;
+  }
+  auto& entry = peers_[peer];
+  entry.host = std::string(host);
+  entry.port = static_cast<std::uint16_t>(port);
+  return {};
+}
+
+void tcp_transport::remove_peer(node_id peer) {
+  if (auto it = peers_.find(peer); it != peers_.end()) {
+    if (it->second.out) it->second.out->shut(errc::stopped);
+    peers_.erase(it);
+  }
+  for (auto it = incoming_.begin(); it != incoming_.end();) {
+    if ((*it)->ready() && (*it)->peer() == peer) {
+      (*it)->shut(errc::stopped);
+      it = incoming_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::shared_ptr<tcp_transport::link> tcp_transport::link_to(node_id peer) {
+  if (peer == self_) return nullptr;
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return nullptr;
+  auto& entry = it->second;
+  if (!entry.out) {
+    entry.out = std::make_shared<link>(*this, true, ip::tcp::socket(loop_.io()), peer);
+    entry.out->start_client(entry.host, entry.port);
+  }
+  return entry.out;
+}
+
+void tcp_transport::post_done(completion done, std::error_code ec) {
+  loop_.post([done = std::move(done), ec] { done(ec); });
+}
+
+void tcp_transport::async_send(node_id to, frame f, completion done) {
+  if (!open_) return post_done(std::move(done), errc::stopped);
+  if (f.size() <= frame_prefix_bytes) return post_done(std::move(done), errc::malformed_frame);
+  if (f.size() - frame_prefix_bytes > options_.limits.max_frame_bytes) {
+    return post_done(std::move(done), errc::oversize_frame);
+  }
+  auto l = link_to(to);
+  if (!l) return post_done(std::move(done), transport_errc::peer_unreachable);
+  l->enqueue_control(std::move(f), std::move(done));
+}
+
+result<region_desc> tcp_transport::register_region(std::span<std::byte> memory) {
+  return regions_.add(memory);
+}
+void tcp_transport::deregister_region(std::uint64_t region_id) {
+  regions_.remove(region_id);
+}
+
+void tcp_transport::async_write(std::span<const std::byte> local, const region_desc& remote,
+                                std::uint64_t offset, write_imm imm, completion done) {
+  if (!open_) return post_done(std::move(done), errc::stopped);
+  if (!regions_.contains(local)) return post_done(std::move(done), transport_errc::not_registered);
+  auto l = link_to(remote.owner);
+  if (!l) return post_done(std::move(done), transport_errc::peer_unreachable);
+  const tcp_link::write_header h{.region = remote.id,
+                                 .key = remote.key,
+                                 .offset = offset,
+                                 .length = local.size(),
+                                 .imm = imm,
+                                 .id = next_write_id_++};
+  l->enqueue_write(h, local, std::move(done));
+}
+
+void tcp_transport::on_link_ready(link& l) {
+  if (l.outgoing()) {
+    log::debug("tcp {}: link to node {} at {} is up", self_, l.peer(), l.remote());
+    return;
+  }
+  --unauthenticated_;
+  ++stats_.links_accepted;
+  log::debug("tcp {}: accepted node {} from {}", self_, l.peer(), l.remote());
+}
+
+void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code why) {
+  const bool was_ready = l->ready();
+  const bool handshaking = l->handshaking();
+  const auto detail = l->detail_;
+  l->shut(why);
+  if (l->outgoing()) {
+    if (auto it = peers_.find(l->peer()); it != peers_.end() && it->second.out == l)
+      it->second.out.reset();
+  } else if (incoming_.erase(l) > 0 && !was_ready) {
+    --unauthenticated_;
+  }
+  if (why == transport_errc::protocol_violation) ++stats_.protocol_violations;
+  if (was_ready) {
+    ++stats_.links_lost;
+  } else if (handshaking && !l->refused_by_limit()) {
+    ++stats_.handshakes_failed;
+  }
+  log::warn("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
+            l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from", l->peer(),
+            l->remote().empty() ? "?" : l->remote(), why.message(), detail.empty() ? "" : ": ",
+            detail);
+  // An incoming link's clean loss is reported by our own link to that peer, which breaks too.
+  const bool report = was_ready && (l->outgoing() || why == transport_errc::protocol_violation);
+  if (report && events_.on_peer_lost) events_.on_peer_lost(l->peer(), why);
+}
+
+}  // namespace ferry

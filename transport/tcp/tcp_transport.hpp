@@ -1,0 +1,115 @@
+#pragma once
+/// Transport over TCP sockets (Asio): authenticated links, control frames, and bulk writes read
+/// by the receiver straight into the registered region. Link layer: docs/wire-format.md.
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "runtime/codec.hpp"
+#include "runtime/event_loop.hpp"
+#include "transport/region_table.hpp"
+#include "transport/tcp/link_auth.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry {
+
+struct tcp_options {
+  /// Address to listen on. Loopback unless the caller names another one on purpose.
+  std::string bind_host = "127.0.0.1";
+  /// Port to listen on; 0 takes a free one (see `local_address`).
+  std::uint16_t port = 0;
+  /// The job secret (`load_job_secret`); both ends of a link must hold the same one.
+  job_secret secret;
+  /// Without a secret, `start` fails unless this is set (tests, the demo).
+  bool allow_unauthenticated = false;
+  /// Connect + handshake must finish within this, or the link is dropped.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Incoming connections that have not finished their handshake, all peers together.
+  std::size_t max_unauthenticated = 32;
+  /// Incoming connections from one remote IP address, in any state.
+  std::size_t max_connections_per_address = 64;
+  /// Authenticated incoming links of one node id (a reconnect may overlap its dead predecessor).
+  std::size_t max_links_per_node = 4;
+  /// `max_frame_bytes` caps control frames in both directions.
+  codec_limits limits;
+};
+
+/// Counters since `start`; owning loop only.
+struct tcp_stats {
+  std::uint64_t links_accepted = 0;       ///< incoming links that completed the handshake
+  std::uint64_t connections_refused = 0;  ///< incoming connections refused by a limit
+  std::uint64_t handshakes_failed =
+      0;  ///< links of either side that did not complete the handshake
+  std::uint64_t protocol_violations =
+      0;                             ///< links dropped because the peer broke the link protocol
+  std::uint64_t links_lost = 0;      ///< established links that broke (any reason but our close)
+  std::uint64_t writes_refused = 0;  ///< incoming writes refused by the region check
+};
+
+/// Create with `make`. Thread rules: owning loop only (like every transport).
+/// Connection model: a node connects to a peer on its first send or write to it and carries all
+/// its own frames and writes to that peer on this link; the peer acks writes on the same link.
+/// After a loss the next send reconnects.
+class tcp_transport final : public transport, public std::enable_shared_from_this<tcp_transport> {
+ public:
+  static std::shared_ptr<tcp_transport> make(event_loop& loop, node_id self,
+                                             tcp_options options = {});
+  ~tcp_transport() override;
+
+  std::string_view scheme() const override { return "tcp"; }
+  /// "host:port" of the listening socket ("[v6]:port" for IPv6); empty before `start`.
+  std::string local_address() const override;
+  /// Errors: `transport_errc::unauthenticated` when no secret is set and unauthenticated mode
+  /// was not asked for; `bad_address` or the socket's error when listening fails.
+  std::error_code start(transport_events events) override;
+  void close() override;
+  std::error_code add_peer(node_id peer, std::string_view address) override;
+  void remove_peer(node_id peer) override;
+  void async_send(node_id to, frame f, completion done) override;
+  result<region_desc> register_region(std::span<std::byte> memory) override;
+  void deregister_region(std::uint64_t region_id) override;
+  void async_write(std::span<const std::byte> local, const region_desc& remote,
+                   std::uint64_t offset, write_imm imm, completion done) override;
+
+  const tcp_stats& stats() const { return stats_; }
+  node_id self() const { return self_; }
+
+ private:
+  class link;
+  friend class link;
+  struct peer_entry {
+    std::string host;
+    std::uint16_t port = 0;
+    std::shared_ptr<link> out;
+  };
+
+  tcp_transport(event_loop& loop, node_id self, tcp_options options);
+  void accept_next();
+  void on_accepted(boost::asio::ip::tcp::socket socket);
+  /// The link carrying our frames to `peer`, connecting it if needed; null if unknown.
+  std::shared_ptr<link> link_to(node_id peer);
+  void on_link_ready(link& l);
+  void on_link_lost(const std::shared_ptr<link>& l, std::error_code why);
+  void post_done(completion done, std::error_code ec);
+  bool authenticated() const { return !options_.secret.empty(); }
+
+  event_loop& loop_;
+  node_id self_;
+  tcp_options options_;
+  transport_events events_;
+  region_table regions_;
+  std::optional<boost::asio::ip::tcp::acceptor> acceptor_;
+  std::map<node_id, peer_entry> peers_;
+  std::set<std::shared_ptr<link>> incoming_;
+  std::size_t unauthenticated_ = 0;
+  std::uint64_t next_write_id_ = 1;
+  tcp_stats stats_;
+  bool open_ = false;
+};
+
+}  // namespace ferry
