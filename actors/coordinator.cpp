@@ -48,6 +48,7 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
   on<version_complete>([this](const envelope_header&, const version_complete& m) {
     auto& v = versions_[m.version];
     ++v.complete;
+    v.busy.upload = std::max(v.busy.upload, m.busy.upload);
     v.busy.broadcast = std::max(v.busy.broadcast, m.busy.broadcast);
     v.busy.apply = std::max(v.busy.apply, m.busy.apply);
     // Digests are compared once the trainers' arrived; keep the worker's until then.

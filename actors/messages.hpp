@@ -21,8 +21,8 @@ struct peer_entry {
 
 /// Seconds each stage kept an actor busy during one version.
 struct stage_times {
-  double offload = 0, send = 0, broadcast = 0, apply = 0;
-  MSGPACK_DEFINE_MAP(offload, send, broadcast, apply);
+  double offload = 0, send = 0, upload = 0, broadcast = 0, apply = 0;
+  MSGPACK_DEFINE_MAP(offload, send, upload, broadcast, apply);
 };
 
 /// A tensor's content digest (xxh3-128), for end-to-end verification.

@@ -48,6 +48,8 @@ rollout_worker::~rollout_worker() {
   broadcast_.reset();
   host().forget_writes(leader_slot_tag);
   if (slots_region_) host().transport().deregister_region(slots_region_->id);
+  if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
+  if (device_slots_) options_.memory->release(device_slots_);
 }
 
 void rollout_worker::join() {
@@ -91,15 +93,29 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     if (r != rank_) followers_.push_back(inst.workers[r]);
   }
 
-  // Staging is allocated and registered once per plan: a leader has `depth` receive slots per
-  // trainer shard, a follower `depth` broadcast slots.
-  const std::size_t slot_count = leader_ ? plan_->shards.size() * plan_->depth : plan_->depth;
-  slots_ = host_buffer(slot_count * plan_->chunk_bytes);
-  auto region = host().transport().register_region(slots_.span());
-  if (!region) return fail("cannot register staging slots: " + region.error().message());
-  slots_region_ = *region;
+  // Staging is allocated once per plan: a leader has `depth` receive slots per trainer shard in
+  // host memory; every member has `depth` broadcast slots, on the device when there is one
+  // (a host leader broadcasts straight from its receive slots and needs none).
+  const std::size_t host_slots = leader_ ? plan_->shards.size() * plan_->depth : (on_device() ? 0 : plan_->depth);
+  if (host_slots > 0) {
+    slots_ = host_buffer(host_slots * plan_->chunk_bytes);
+    auto region = host().transport().register_region(slots_.span());
+    if (!region) return fail("cannot register staging slots: " + region.error().message());
+    slots_region_ = *region;
+    if (on_device()) {
+      if (auto ec = options_.memory->pin(slots_.span())) return fail("cannot pin the receive slots: " + ec.message());
+    }
+  }
+  if (on_device()) {
+    auto slots = options_.memory->allocate(std::size_t{plan_->depth} * plan_->chunk_bytes);
+    if (!slots) return fail("cannot allocate device broadcast slots: " + slots.error().message());
+    device_slots_ = *slots;
+  }
+  free_slots_.clear();
+  for (std::uint32_t i = 0; i < plan_->depth; ++i) free_slots_.push_back(i);
   broadcast_credits_ = std::make_unique<slot_counter>(plan_->depth);
-  broadcast_ = std::make_unique<chain_broadcast>(*this, inst.workers, plan_->epoch, chain_tag);
+  broadcast_ = options_.make_broadcast ? options_.make_broadcast(*this, inst.workers, plan_->epoch)
+                                       : std::make_unique<chain_broadcast>(*this, inst.workers, plan_->epoch, chain_tag);
 
   ++fibers_;
   if (leader_) {
@@ -109,7 +125,6 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
       --fibers_;
     });
   } else {
-    for (std::uint32_t i = 0; i < plan_->depth; ++i) free_slots_.push_back(i);
     host().loop().spawn([this] {
       follow();
       --fibers_;
@@ -130,7 +145,7 @@ void rollout_worker::on_slot_landed(std::uint32_t slot) {
 }
 
 void rollout_worker::on_chunk_sent(const chunk_sent& m) {
-  if (!leader_ || m.slot >= slots_.size() / plan_->chunk_bytes) {
+  if (!leader_ || m.slot >= plan_->shards.size() * plan_->depth) {
     return fail("chunk_sent for slot " + std::to_string(m.slot) + ", which this worker does not have");
   }
   announced_[m.slot] = m;
@@ -169,27 +184,63 @@ void rollout_worker::lead() {
     for (const auto& f : followers_) {
       send(f, chunk_announce{.version = r.meta.version, .chunk = c.id, .checksum = r.meta.checksum});
     }
-    // Broadcast and local apply read the slot at the same time; the slot is free after both.
+    const auto shard = plan_->shards.at(c.shard);
+    const auto version = r.meta.version;
     ++in_flight_;
-    auto pending = std::make_shared<int>(2);
-    auto both_done = [this, pending, r, shard = c.shard] {
-      if (--*pending > 0) return;
-      send(plan_->shards.at(shard), slot_free{.slot = r.slot});
-      broadcast_credits_->release();
-      chunk_applied(r.meta.version, r.meta.chunk);
-      --in_flight_;
-      changed();
-    };
-    broadcast_meter_.begin();
-    broadcast_->async_broadcast(buffer_ref{.bytes = bytes, .region = *slots_region_,
-                                           .offset = std::uint64_t{r.slot} * plan_->chunk_bytes},
-                                [this, both_done](std::error_code ec) {
-                                  broadcast_meter_.end();
-                                  if (ec) fail("broadcast failed: " + ec.message());
-                                  both_done();
-                                });
-    apply(r.meta.version, c.id, bytes, both_done);
+    if (!on_device()) {
+      // The receive slot is the broadcast's source; it is free once broadcast and apply are done.
+      spread(version, c.id,
+             buffer_ref{.bytes = bytes, .region = *slots_region_, .offset = std::uint64_t{r.slot} * plan_->chunk_bytes},
+             [this, shard, r] {
+               send(shard, slot_free{.slot = r.slot});
+               broadcast_credits_->release();
+               chunk_applied(r.meta.version, r.meta.chunk);
+               --in_flight_;
+               changed();
+             });
+      continue;
+    }
+    // UPLOAD: the receive slot is free as soon as its bytes are on the device.
+    const auto dslot = free_slots_.front();
+    free_slots_.pop_front();
+    const buffer_ref target = broadcast_slot(dslot, c.bytes);
+    upload_meter_.begin();
+    copies_.async_copy({{target.bytes.data(), bytes.data(), c.bytes}}, [=, this](std::error_code ec) {
+      upload_meter_.end();
+      send(shard, slot_free{.slot = r.slot});
+      if (ec) fail("upload of chunk " + std::to_string(c.id) + " failed: " + ec.message());
+      spread(version, c.id, target, [this, dslot, r] {
+        free_slots_.push_back(dslot);
+        broadcast_credits_->release();
+        chunk_applied(r.meta.version, r.meta.chunk);
+        --in_flight_;
+        changed();
+      });
+    });
   }
+}
+
+void rollout_worker::spread(std::uint64_t version, std::uint32_t chunk, buffer_ref source, std::function<void()> done) {
+  // Broadcast and the local apply read the same bytes at once.
+  auto pending = std::make_shared<int>(2);
+  auto both = [pending, done = std::move(done)] {
+    if (--*pending == 0) done();
+  };
+  broadcast_meter_.begin();
+  broadcast_->async_broadcast(source, [this, both](std::error_code ec) {
+    broadcast_meter_.end();
+    if (ec) fail("broadcast failed: " + ec.message());
+    both();
+  });
+  apply(version, chunk, source.bytes, both);
+}
+
+buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {
+  const std::uint64_t offset = std::uint64_t{slot} * plan_->chunk_bytes;
+  if (on_device()) {
+    return {.bytes = {device_slots_ + offset, bytes}, .device = options_.memory->device()};
+  }
+  return {.bytes = {slots_.data() + offset, bytes}, .region = *slots_region_, .offset = offset};
 }
 
 void rollout_worker::follow() {
@@ -202,11 +253,12 @@ void rollout_worker::follow() {
     const auto slot = free_slots_.front();
     free_slots_.pop_front();
     const auto& c = plan_->chunks.at(a.chunk);
-    const std::span<std::byte> bytes(slots_.data() + std::size_t{slot} * plan_->chunk_bytes, c.bytes);
+    const buffer_ref target = broadcast_slot(slot, c.bytes);
+    const auto bytes = target.bytes;
     ++in_flight_;
     broadcast_meter_.begin();
     broadcast_->async_broadcast(
-        buffer_ref{.bytes = bytes, .region = *slots_region_, .offset = std::uint64_t{slot} * plan_->chunk_bytes},
+        target,
         [this, a, slot, bytes](std::error_code ec) {
           broadcast_meter_.end();
           auto release = [this, a, slot](bool applied) {
@@ -220,9 +272,10 @@ void rollout_worker::follow() {
             fail("broadcast failed: " + ec.message());
             return release(false);
           }
-          // Verify off the loop, then apply; the completion must not block the loop.
+          // Verify off the loop, then apply; the completion must not block the loop. Device slots
+          // are not hashed here: the leader verified the host bytes it uploaded.
           auto actual = std::make_shared<std::uint64_t>(0);
-          const bool check = options_.checksums && a.checksum != 0;
+          const bool check = options_.checksums && a.checksum != 0 && !on_device();
           worker_pool::shared().async_run(
               host().loop(), [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
               [this, a, check, actual, bytes, release] {
@@ -269,7 +322,9 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   progress_.erase(version);
   complete_version_ = std::max(complete_version_, version);
   version_complete m{.instance = instance_, .rank = rank_, .version = version,
-                     .busy = {.broadcast = broadcast_meter_.seconds(), .apply = apply_meter_.seconds()}};
+                     .busy = {.upload = upload_meter_.seconds(), .broadcast = broadcast_meter_.seconds(),
+                              .apply = apply_meter_.seconds()}};
+  upload_meter_.reset();
   broadcast_meter_.reset();
   apply_meter_.reset();
   if (!options_.digests) {

@@ -17,13 +17,24 @@
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
+#include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
 
 namespace ferry {
 
+/// Builds the instance's broadcast group for an epoch; every member calls it with the same members.
+using broadcast_factory = std::function<std::unique_ptr<broadcast_group>(
+    actor& owner, const std::vector<address>& members, std::uint32_t epoch)>;
+
 struct worker_options {
   bool checksums = true;  ///< verify each chunk's xxh3-64 before applying it
   bool digests = true;    ///< report xxh3-128 per tensor after each version
+  /// Where the broadcast slots live. Null: host memory, and a leader broadcasts straight from
+  /// its receive slot. A device: every member has `depth` device slots and a leader uploads
+  /// each received chunk into one (the UPLOAD stage) before broadcasting it.
+  device_memory* memory = nullptr;
+  /// The broadcast group; null: the host chain over the transport.
+  broadcast_factory make_broadcast;
 };
 
 /// Owning loop only.
@@ -64,6 +75,11 @@ class rollout_worker final : public actor {
   void on_chunk_sent(const chunk_sent& m);
   void lead();    ///< leader fiber: verify, announce, broadcast and apply each received chunk
   void follow();  ///< follower fiber: receive each announced chunk, verify and apply it
+  /// Broadcasts `source` and applies it locally at once; `done` after both.
+  void spread(std::uint64_t version, std::uint32_t chunk, buffer_ref source, std::function<void()> done);
+  /// Broadcast slot `slot`: on the device when there is one, else in the host slots.
+  buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
+  bool on_device() const { return options_.memory && options_.memory->device() >= 0; }
   void apply(std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
              std::function<void()> done);
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
@@ -95,11 +111,12 @@ class rollout_worker final : public actor {
   std::deque<received> ready_;                        ///< leader: complete slots, in arrival order
   std::deque<chunk_announce> announcements_;          ///< follower: in broadcast order
   std::unique_ptr<slot_counter> broadcast_credits_;
-  std::deque<std::uint32_t> free_slots_;              ///< follower
+  std::byte* device_slots_ = nullptr;                 ///< `depth` broadcast slots on the device
+  std::deque<std::uint32_t> free_slots_;              ///< broadcast slots not in use
 
   std::map<std::uint64_t, version_progress> progress_;
   std::uint64_t complete_version_ = 0;
-  stage_meter broadcast_meter_, apply_meter_;
+  stage_meter upload_meter_, broadcast_meter_, apply_meter_;
   int in_flight_ = 0;
   int fibers_ = 0;
   bool failed_ = false;

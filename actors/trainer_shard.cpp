@@ -55,6 +55,7 @@ trainer_shard::~trainer_shard() {
   }
   if (running_ > 0) host().loop().run_until([this] { return running_ == 0; });
   if (host_region_) host().transport().deregister_region(host_region_->id);
+  if (options_.memory && host_copy_.size() > 0) options_.memory->unpin(host_copy_.span());
 }
 
 void trainer_shard::join() {
@@ -103,7 +104,11 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   // The host copy is allocated and registered once per plan and reused by every version.
   if (host_copy_.size() != plan_->shard_bytes[shard_]) {
     if (host_region_) host().transport().deregister_region(host_region_->id);
+    if (options_.memory && host_copy_.size() > 0) options_.memory->unpin(host_copy_.span());
     host_copy_ = host_buffer(plan_->shard_bytes[shard_]);
+    if (options_.memory) {
+      if (auto ec = options_.memory->pin(host_copy_.span())) return fail("cannot pin the host copy: " + ec.message());
+    }
     auto region = host().transport().register_region(host_copy_.span());
     if (!region) return fail("cannot register the host copy: " + region.error().message());
     host_region_ = *region;

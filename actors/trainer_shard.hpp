@@ -12,6 +12,7 @@
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
+#include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
 
 namespace ferry {
@@ -23,6 +24,8 @@ inline constexpr std::uint8_t chain_tag = 2;
 struct trainer_options {
   bool checksums = true;  ///< xxh3-64 per chunk, verified by every receiver
   bool digests = true;    ///< xxh3-128 per tensor, for the coordinator's end-to-end verdict
+  /// The device the shard's tensors live on, whose copies the host copy is pinned for; null: host.
+  device_memory* memory = nullptr;
 };
 
 /// Owning loop only.

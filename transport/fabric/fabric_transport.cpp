@@ -97,7 +97,9 @@ std::error_code map_op_error(int err) {
     case FI_EOPNOTSUPP:
       // One-sided writes learn only that the peer's provider refused the key or the range.
       return transport_errc::key_mismatch;
-    case FI_ECANCELED: return errc::stopped;
+    // We never fi_cancel and fail our own ops on close, so a cancel is the provider dropping
+    // the link (tcp;ofi_rxm does so when the target refuses an RMA key or range).
+    case FI_ECANCELED:
     case FI_ETRUNC:
     case FI_EMSGSIZE: return transport_errc::limit_exceeded;
     case FI_ECONNREFUSED:
