@@ -1,5 +1,6 @@
 #include "actors/coordinator.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "runtime/log.hpp"
@@ -7,60 +8,116 @@
 
 namespace ferry {
 
-coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host, id), shape_(std::move(shape)) {
-  on<register_trainer>([this](const envelope_header& h, const register_trainer& m) {
-    if (m.shard >= shape_.trainers) return fail_job("trainer shard " + std::to_string(m.shard) + " is not part of the job");
-    add_peer(h.from, m.transport_address);
-    trainers_[m.shard] = {h.from, m.transport_address, m.tensors};
-    try_plan();
-  });
-  on<register_worker>([this](const envelope_header& h, const register_worker& m) {
-    if (m.instance >= shape_.instance_sizes.size() || m.rank >= shape_.instance_sizes[m.instance]) {
-      return fail_job("worker " + std::to_string(m.instance) + "." + std::to_string(m.rank) + " is not part of the job");
-    }
-    add_peer(h.from, m.transport_address);
-    workers_[{m.instance, m.rank}] = {h.from, m.transport_address, m.tensors, std::nullopt, false};
-    try_plan();
-  });
-  on<worker_ready>([this](const envelope_header&, const worker_ready& m) {
-    auto it = workers_.find({m.instance, m.rank});
-    if (it == workers_.end()) return;
-    it->second.ready = true;
-    if (m.slots.length > 0) it->second.slots = m.slots;
-    try_ready();
-  });
-  on<publish_started>([this](const envelope_header&, const publish_started& m) {
-    auto [it, fresh] = versions_.try_emplace(m.version);
-    if (fresh) it->second.started = std::chrono::steady_clock::now();
-  });
-  on<shard_offloaded>([this](const envelope_header&, const shard_offloaded& m) {
-    auto& v = versions_[m.version];
-    v.offloaded_seconds = std::max(v.offloaded_seconds.value_or(0), m.seconds);
-  });
-  on<shard_done>([this](const envelope_header&, const shard_done& m) {
-    auto& v = versions_[m.version];
-    ++v.shards_offloaded;
-    for (const auto& d : m.digests) v.trainer_digests[d.tensor] = d;
-    v.busy.offload = std::max(v.busy.offload, m.busy.offload);
-    v.busy.send = std::max(v.busy.send, m.busy.send);
-    check_delivered(m.version);
-  });
-  on<version_complete>([this](const envelope_header&, const version_complete& m) {
-    auto& v = versions_[m.version];
-    ++v.complete;
-    v.busy.upload = std::max(v.busy.upload, m.busy.upload);
-    v.busy.broadcast = std::max(v.busy.broadcast, m.busy.broadcast);
-    v.busy.apply = std::max(v.busy.apply, m.busy.apply);
-    // Digests are compared once the trainers' arrived; keep the worker's until then.
-    pending_digests_[m.version].push_back(m.digests);
-    check_delivered(m.version);
-  });
-  on<participant_error>([this](const envelope_header& h, const participant_error& m) {
-    fail_job("node " + std::to_string(h.from.node) + ": " + m.reason);
+namespace {
+std::string worker_name(std::uint32_t instance, std::uint32_t rank) {
+  return std::to_string(instance) + "." + std::to_string(rank);
+}
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+template <message M>
+void coordinator::handle(std::function<void(const envelope_header&, const M&)> fn) {
+  on<M>([this, fn = std::move(fn)](const envelope_header& h, const M& m) {
+    last_seen_[h.from.node] = std::chrono::steady_clock::now();
+    if (!stopping_) fn(h, m);
   });
 }
 
-std::uint32_t coordinator::worker_count() const {
+coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host, id), shape_(std::move(shape)) {
+  handle<register_trainer>([this](const envelope_header& h, const register_trainer& m) {
+    if (m.shard >= shape_.trainers) return fail_job("trainer shard " + std::to_string(m.shard) + " is not part of the job");
+    if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
+      return fail_job("trainer shard " + std::to_string(m.shard) + " (node " + std::to_string(h.from.node) + "): " + why);
+    }
+    add_peer(h.from, m.transport_address);
+    const bool replacing = trainers_.contains(m.shard);
+    trainers_[m.shard] = {h.from, m.transport_address, m.tensors};
+    if (started_) {
+      regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") + " (node " +
+              std::to_string(h.from.node) + ")");
+    } else if (trainers_.size() == shape_.trainers && workers_.size() >= initial_workers()) {
+      regroup("job start");
+    }
+  });
+  handle<register_worker>([this](const envelope_header& h, const register_worker& m) {
+    if (m.instance >= shape_.instance_sizes.size()) {
+      return fail_job("worker " + worker_name(m.instance, m.rank) + ": no instance " + std::to_string(m.instance));
+    }
+    if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
+      return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
+    }
+    add_peer(h.from, m.transport_address);
+    workers_[{m.instance, m.rank}] = {h.from, m.transport_address, m.tensors};
+    if (started_) {
+      regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")");
+    } else if (trainers_.size() == shape_.trainers && workers_.size() >= initial_workers()) {
+      regroup("job start");
+    }
+  });
+  handle<worker_ready>([this](const envelope_header& h, const worker_ready& m) {
+    auto it = workers_.find({m.instance, m.rank});
+    if (it == workers_.end() || h.epoch != epoch() || it->second.who != h.from) return;
+    if (std::string why; m.slots.length > 0 && !regions_.offer(h.from.node, h.epoch, m.slots, shape_.limits, why)) {
+      return fail_job("worker " + worker_name(m.instance, m.rank) + ": " + why);
+    }
+    auto& w = it->second;
+    w.ready = true;
+    w.slots = m.slots.length > 0 ? std::optional(m.slots) : std::nullopt;
+    w.complete_version = std::max(w.complete_version, m.complete_version);
+    w.partial_version = m.partial_version;
+    w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
+    if (std::all_of(workers_.begin(), workers_.end(), [](const auto& e) { return e.second.ready; })) plan_in_force();
+  });
+  handle<heartbeat>([](const envelope_header&, const heartbeat&) {});
+  handle<leave_job>([this](const envelope_header& h, const leave_job& m) { lost(h.from.node, "left: " + m.reason); });
+  handle<publish_started>([this](const envelope_header&, const publish_started& m) {
+    auto& v = versions_[m.version];
+    if (!v.started) v.started = std::chrono::steady_clock::now();
+    published_ = std::max(published_, m.version);
+    resume();
+  });
+  handle<shard_offloaded>([this](const envelope_header&, const shard_offloaded& m) {
+    auto& v = versions_[m.version];
+    v.offloaded_seconds = std::max(v.offloaded_seconds, m.seconds);
+  });
+  handle<shard_sent>([this](const envelope_header&, const shard_sent& m) {
+    auto& v = versions_[m.version];
+    v.busy.send = std::max(v.busy.send, m.send_seconds);
+  });
+  handle<shard_done>([this](const envelope_header&, const shard_done& m) {
+    auto& v = versions_[m.version];
+    ++v.shards_done;
+    for (const auto& d : m.digests) v.trainer_digests[d.tensor] = d;
+    v.busy.offload = std::max(v.busy.offload, m.busy.offload);
+    check_complete();
+  });
+  handle<version_complete>([this](const envelope_header& h, const version_complete& m) {
+    auto it = workers_.find({m.instance, m.rank});
+    if (it == workers_.end() || it->second.who != h.from) return;
+    it->second.complete_version = std::max(it->second.complete_version, m.version);
+    auto& v = versions_[m.version];
+    v.busy.upload = std::max(v.busy.upload, m.busy.upload);
+    v.busy.broadcast = std::max(v.busy.broadcast, m.busy.broadcast);
+    v.busy.apply = std::max(v.busy.apply, m.busy.apply);
+    if (!m.digests.empty()) v.worker_digests.push_back(m.digests);
+    check_complete();
+  });
+  handle<participant_error>([this](const envelope_header& h, const participant_error& m) {
+    fail_job("node " + std::to_string(h.from.node) + ": " + m.reason);
+  });
+  host.on_peer_lost([this](node_id peer, std::error_code why) { lost(peer, "link lost: " + why.message()); });
+  watch_heartbeats();
+}
+
+coordinator::~coordinator() {
+  stopping_ = true;
+  host().clock().cancel(heartbeat_timer_);
+  host().on_peer_lost({});
+}
+
+std::uint32_t coordinator::initial_workers() const {
   return std::accumulate(shape_.instance_sizes.begin(), shape_.instance_sizes.end(), 0u);
 }
 
@@ -70,9 +127,242 @@ void coordinator::add_peer(address who, const std::string& transport_address) {
   }
 }
 
-void coordinator::broadcast_all(auto make) {
+template <class F>
+void coordinator::broadcast_all(F make) {
   for (const auto& [rank, t] : trainers_) send(t.who, make());
   for (const auto& [key, w] : workers_) send(w.who, make());
+}
+
+void coordinator::watch_heartbeats() {
+  heartbeat_timer_ = host().clock().async_wait(shape_.heartbeat_timeout / 4, [this](std::error_code ec) {
+    if (ec || stopping_) return;
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<node_id> silent;
+    auto check = [&](const address& who) {
+      auto it = last_seen_.find(who.node);
+      if (it != last_seen_.end() && now - it->second > shape_.heartbeat_timeout) silent.push_back(who.node);
+    };
+    for (const auto& [s, t] : trainers_) check(t.who);
+    for (const auto& [k, w] : workers_) check(w.who);
+    for (auto n : silent) lost(n, "no heartbeat for " + std::to_string(shape_.heartbeat_timeout.count()) + " ms");
+    watch_heartbeats();
+  });
+}
+
+void coordinator::lost(node_id node, const std::string& why) {
+  if (stopping_ || failed_) return;
+  for (auto it = trainers_.begin(); it != trainers_.end(); ++it) {
+    if (it->second.who.node != node) continue;
+    const auto shard = it->first;
+    trainers_.erase(it);
+    host().transport().remove_peer(node);
+    const auto reason = "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
+    if (active_) {
+      const auto v = active_->version;
+      log::error("coordinator: update of version {} failed: {}", v, reason);
+      if (!active_->catch_up) failed_versions_.insert(v);
+      broadcast_all([&] { return update_failed{.version = v, .reason = reason}; });
+      active_.reset();
+      if (on_update_failed) on_update_failed(v, reason);
+    }
+    // Versions published but not yet sent can no longer complete either.
+    for (auto v = delivered_ + 1; v <= published_; ++v) failed_versions_.insert(v);
+    return regroup(reason);
+  }
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (it->second.who.node != node) continue;
+    const auto [instance, rank] = it->first;
+    workers_.erase(it);
+    host().transport().remove_peer(node);
+    return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
+  }
+}
+
+void coordinator::regroup(const std::string& reason) {
+  if (failed_) return;
+  if (!regroup_since_) {
+    regroup_since_ = std::chrono::steady_clock::now();
+    regroup_reason_ = reason;
+  } else {
+    regroup_reason_ += "; " + reason;
+  }
+  in_force_ = false;
+  set_epoch(epoch() + 1);
+  log::info("coordinator: epoch {}: {}", epoch(), reason);
+  if (trainers_.size() < shape_.trainers) {
+    log::warn("coordinator: waiting for {} trainer shard(s) to rejoin before publishing again",
+              shape_.trainers - trainers_.size());
+    return;
+  }
+
+  plan_inputs in{.epoch = epoch(), .chunk_bytes = shape_.chunk_bytes, .depth = shape_.depth, .limits = shape_.limits};
+  for (const auto& [rank, t] : trainers_) {
+    in.shards.push_back(t.who);
+    in.shard_tensors.push_back(t.tensors);
+  }
+  for (std::uint32_t i = 0; i < shape_.instance_sizes.size(); ++i) {
+    instance_plan inst{.id = i};
+    for (const auto& [key, w] : workers_) {
+      if (key.first == i) inst.workers.push_back(w.who);
+    }
+    if (inst.workers.empty()) continue;
+    // A leader keeps its role while it lives; otherwise the lowest live rank takes over.
+    std::uint32_t leader = 0;
+    if (plan_) {
+      for (const auto& old : plan_->instances) {
+        if (old.id != i) continue;
+        const auto previous = old.workers.at(old.leaders.at(0));
+        const auto at = std::find(inst.workers.begin(), inst.workers.end(), previous);
+        if (at != inst.workers.end()) leader = static_cast<std::uint32_t>(at - inst.workers.begin());
+      }
+    }
+    inst.leaders = {leader};
+    in.instances.push_back(std::move(inst));
+  }
+  if (in.instances.empty()) {
+    log::warn("coordinator: no rollout worker left; waiting for one to join");
+    plan_.reset();
+    return;
+  }
+  std::string why;
+  auto p = make_plan(in, why);
+  if (!p) return fail_job("no plan: " + why);
+  for (const auto& [key, w] : workers_) {
+    if (!check_worker_tensors(*p, w.tensors, why)) return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
+  }
+  plan_ = std::move(*p);
+  started_ = true;
+  std::vector<peer_entry> peers;
+  for (const auto& [rank, t] : trainers_) peers.push_back({t.who.node, t.transport_address});
+  for (auto& [key, w] : workers_) {
+    peers.push_back({w.who.node, w.transport_address});
+    w.ready = false;
+  }
+  log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} instance(s), {} worker(s)",
+            epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
+            plan_->instances.size(), workers_.size());
+  broadcast_all([&] { return plan_ready{.plan = *plan_, .peers = peers}; });
+}
+
+void coordinator::plan_in_force() {
+  if (in_force_ || !plan_ || plan_->epoch != epoch()) return;
+  job_ready ready{.next_version = std::max(published_, delivered_) + 1};
+  for (const auto& inst : plan_->instances) {
+    for (auto leader_rank : inst.leaders) {
+      const auto leader = inst.workers.at(leader_rank);
+      for (const auto& [key, w] : workers_) {
+        if (w.who != leader) continue;
+        if (!w.slots) return fail_job("leader " + worker_name(key.first, key.second) + " offered no receive slots");
+        ready.routes.push_back({.instance = inst.id, .leader = leader, .slots = *w.slots});
+      }
+    }
+  }
+  in_force_ = true;
+  for (const auto& [rank, t] : trainers_) send(t.who, ready);
+  if (regroup_since_) {
+    const regroup_report r{.epoch = epoch(), .milliseconds = ms_since(*regroup_since_), .reason = regroup_reason_};
+    regroup_since_.reset();
+    if (epoch() > 1) {
+      ++regroups_;
+      log::info("coordinator: regrouped into epoch {} in {:.1f} ms ({})", r.epoch, r.milliseconds, r.reason);
+      if (on_regroup) on_regroup(r);
+    } else if (on_ready) {
+      on_ready(*plan_);
+    }
+  }
+  if (active_) return start_update(active_->version, active_->catch_up);  // resend what is missing
+  resume();
+}
+
+void coordinator::resume() {
+  // One update at a time; an active one is resent (what is missing) only by a new plan, whose
+  // epoch keeps stale writes of the old sends out of the slots.
+  if (!in_force_ || failed_ || active_) return;
+  // A late joiner first catches up with the delivered version, from the trainers' host copy.
+  if (delivered_ > 0) {
+    for (const auto& [key, w] : workers_) {
+      if (w.complete_version < delivered_) return start_update(delivered_, true);
+    }
+  }
+  for (auto v = delivered_ + 1; v <= published_; ++v) {
+    if (!failed_versions_.contains(v)) return start_update(v, false);
+  }
+}
+
+void coordinator::start_update(std::uint64_t version, bool catch_up) {
+  active_ = update{.version = version, .catch_up = catch_up};
+  update_go go{.version = version};
+  std::vector<node_id> leaders;
+  for (const auto& inst : plan_->instances) {
+    route_chunks r;
+    const auto leader = inst.workers.at(inst.leaders.at(0));
+    for (const auto& [key, w] : workers_) {
+      if (w.who == leader) r.route = {.instance = inst.id, .leader = leader, .slots = *w.slots};
+    }
+    // Only what some member of the instance lacks travels (again).
+    for (const auto& c : plan_->chunks) {
+      for (const auto& [key, w] : workers_) {
+        if (key.first == inst.id && !w.holds(version, c.id)) {
+          r.chunks.push_back(c.id);
+          break;
+        }
+      }
+    }
+    if (!r.chunks.empty()) {
+      leaders.push_back(leader.node);
+      go.routes.push_back(std::move(r));
+    }
+  }
+  log::debug("coordinator: epoch {}: {} version {} to {} instance(s)", epoch(), catch_up ? "catch-up of" : "update",
+             version, go.routes.size());
+  for (const auto& [rank, t] : trainers_) send(t.who, go);
+  if (on_update) on_update(version, catch_up, leaders);
+  check_complete();
+}
+
+void coordinator::check_complete() {
+  if (!active_ || failed_) return;
+  const auto version = active_->version;
+  auto& v = versions_[version];
+  for (const auto& [key, w] : workers_) {
+    if (w.complete_version < version) return;
+  }
+  if (!active_->catch_up && v.shards_done < shape_.trainers) return;  // digests and busy times still coming
+
+  // Every digest a worker reported for this version must equal the trainers'.
+  bool match = v.trainer_digests.size() == plan_->tensors.size();
+  for (const auto& digests : v.worker_digests) {
+    match = match && digests.size() == plan_->tensors.size();
+    for (const auto& d : digests) {
+      auto it = v.trainer_digests.find(d.tensor);
+      if (it == v.trainer_digests.end() || !(it->second == d)) {
+        match = false;
+        log::error("coordinator: version {}: tensor '{}' differs on a worker", version,
+                   d.tensor < plan_->tensors.size() ? plan_->tensors[d.tensor].name : "?");
+      }
+    }
+  }
+  v.worker_digests.clear();
+  if (!match) ++mismatches_;
+  const bool catch_up = active_->catch_up;
+  active_.reset();
+  if (catch_up) {
+    log::info("coordinator: late joiner(s) caught up with version {}{}", version, match ? ", digests match" : "");
+  } else {
+    delivered_ = version;
+    const version_report report{.version = version,
+                                .bytes = plan_->total_bytes(),
+                                .seconds = v.started ? ms_since(*v.started) / 1e3 : 0,
+                                .offloaded_seconds = v.offloaded_seconds,
+                                .busy = v.busy,
+                                .workers = static_cast<std::uint32_t>(workers_.size()),
+                                .verified = match};
+    for (const auto& [rank, t] : trainers_) send(t.who, version_delivered{.version = version, .verified = match});
+    // Keep the delivered version's digests for late joiners; drop older state.
+    std::erase_if(versions_, [&](const auto& e) { return e.first < version; });
+    if (on_delivered) on_delivered(report);
+  }
+  resume();
 }
 
 void coordinator::fail_job(const std::string& reason) {
@@ -83,83 +373,9 @@ void coordinator::fail_job(const std::string& reason) {
   if (on_failed) on_failed(reason);
 }
 
-void coordinator::try_plan() {
-  if (plan_ || failed_ || trainers_.size() < shape_.trainers || workers_.size() < worker_count()) return;
-  plan_inputs in{.epoch = 1, .chunk_bytes = shape_.chunk_bytes, .depth = shape_.depth};
-  for (const auto& [rank, t] : trainers_) {
-    in.shards.push_back(t.who);
-    in.shard_tensors.push_back(t.tensors);
-  }
-  for (std::uint32_t i = 0; i < shape_.instance_sizes.size(); ++i) {
-    instance_plan inst{.id = i};
-    for (std::uint32_t r = 0; r < shape_.instance_sizes[i]; ++r) inst.workers.push_back(workers_.at({i, r}).who);
-    in.instances.push_back(std::move(inst));
-  }
-  std::string why;
-  auto p = make_plan(in, why);
-  if (!p) return fail_job("no plan: " + why);
-  for (const auto& [key, w] : workers_) {
-    if (!check_worker_tensors(*p, w.tensors, why)) {
-      return fail_job("worker " + std::to_string(key.first) + "." + std::to_string(key.second) + ": " + why);
-    }
-  }
-  plan_ = std::move(*p);
-  std::vector<peer_entry> peers;
-  for (const auto& [rank, t] : trainers_) peers.push_back({t.who.node, t.transport_address});
-  for (const auto& [key, w] : workers_) peers.push_back({w.who.node, w.transport_address});
-  set_epoch(plan_->epoch);
-  log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes in all", plan_->epoch,
-            plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes());
-  broadcast_all([&] { return plan_ready{.plan = *plan_, .peers = peers}; });
+void coordinator::stop_job() {
+  stopping_ = true;
+  broadcast_all([] { return job_stop{.reason = "the job is over"}; });
 }
-
-void coordinator::try_ready() {
-  if (ready_ || failed_ || !plan_) return;
-  for (const auto& [key, w] : workers_) {
-    if (!w.ready) return;
-  }
-  job_ready routes;
-  for (const auto& inst : plan_->instances) {
-    for (auto leader_rank : inst.leaders) {
-      const auto& w = workers_.at({inst.id, leader_rank});
-      if (!w.slots) return fail_job("leader " + std::to_string(inst.id) + "." + std::to_string(leader_rank) + " offered no slots");
-      routes.routes.push_back({.instance = inst.id, .leader = w.who, .slots = *w.slots});
-    }
-  }
-  ready_ = true;
-  for (const auto& [rank, t] : trainers_) send(t.who, routes);
-  if (on_ready) on_ready(*plan_);
-}
-
-void coordinator::check_delivered(std::uint64_t version) {
-  auto& v = versions_[version];
-  if (failed_ || v.complete < worker_count() || v.shards_offloaded < shape_.trainers) return;
-  const bool verify = !v.trainer_digests.empty();
-  bool match = verify && v.trainer_digests.size() == plan_->tensors.size();
-  for (const auto& digests : pending_digests_[version]) {
-    if (digests.size() != plan_->tensors.size()) match = false;
-    for (const auto& d : digests) {
-      auto it = v.trainer_digests.find(d.tensor);
-      if (it == v.trainer_digests.end() || !(it->second == d)) {
-        match = false;
-        log::error("coordinator: version {}: tensor '{}' differs on a worker", version,
-                   d.tensor < plan_->tensors.size() ? plan_->tensors[d.tensor].name : "?");
-      }
-    }
-  }
-  pending_digests_.erase(version);
-  version_report report{.version = version,
-                        .bytes = plan_->total_bytes(),
-                        .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - v.started).count(),
-                        .offloaded_seconds = v.offloaded_seconds.value_or(0),
-                        .busy = v.busy,
-                        .workers = worker_count(),
-                        .verified = match};
-  for (const auto& [rank, t] : trainers_) send(t.who, version_delivered{.version = version, .verified = match});
-  versions_.erase(version);
-  if (on_delivered) on_delivered(report);
-}
-
-void coordinator::stop_job() { broadcast_all([] { return job_stop{}; }); }
 
 }  // namespace ferry

@@ -1,5 +1,6 @@
 #pragma once
-/// The coordinator: membership, the plan, update progress and the end-to-end verdict.
+/// The coordinator: membership and epochs, the plan, one update at a time, failure detection,
+/// regrouping, and the end-to-end verdict.
 #include <chrono>
 #include <functional>
 #include <map>
@@ -11,40 +12,65 @@
 
 namespace ferry {
 
-/// What the job consists of; the coordinator waits until all of it has registered.
+/// What the job starts with; the first plan waits until all of it has registered. Later, workers
+/// and instances may join and leave, and a trainer shard may be replaced.
 struct job_shape {
   std::uint32_t trainers = 2;
   std::vector<std::uint32_t> instance_sizes{3, 3};
   std::uint64_t chunk_bytes = default_chunk_bytes;
   std::uint32_t depth = 2;
+  /// A member silent for this long is declared dead (a lost link declares it at once, so this
+  /// only catches hung processes; generous, since a loaded host can stall a loop for seconds).
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Caps on registrations (tensors, names, chunks, regions); breaking one fails the job.
+  job_limits limits;
 };
 
 /// What one delivered version cost.
 struct version_report {
   std::uint64_t version = 0;
-  std::uint64_t bytes = 0;          ///< model bytes (each worker received all of them)
-  double seconds = 0;               ///< first publish_started to last version_complete
-  double offloaded_seconds = 0;     ///< first publish_started to last shard_offloaded
-  stage_times busy;                 ///< per stage, the busiest participant
+  std::uint64_t bytes = 0;       ///< model bytes (each worker received all of them)
+  double seconds = 0;            ///< first publish_started to the last worker's version_complete
+  double offloaded_seconds = 0;  ///< the slowest shard's publish -> offloaded (the trainer's stall)
+  stage_times busy;              ///< per stage, the busiest participant
   std::uint32_t workers = 0;
-  bool verified = false;            ///< every worker's digests equal the trainers'
+  bool verified = false;         ///< every worker's digests equal the trainers'
+};
+
+/// One change of membership, from detection to the new plan in force.
+struct regroup_report {
+  std::uint32_t epoch = 0;
+  double milliseconds = 0;
+  std::string reason;
 };
 
 /// Owning loop only.
 class coordinator final : public actor {
  public:
   coordinator(node& host, actor_id id, job_shape shape);
+  ~coordinator() override;
 
   std::function<void(const version_report&)> on_delivered;
+  /// The job cannot go on (bad registration, corrupted bytes).
   std::function<void(const std::string&)> on_failed;
-  /// Called once every leader is ready (the plan is in force).
+  /// The first plan is in force.
   std::function<void(const plan&)> on_ready;
+  std::function<void(const regroup_report&)> on_regroup;
+  /// An update starts sending: its version, whether it is a catch-up, and the leaders' nodes.
+  std::function<void(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders)> on_update;
+  std::function<void(std::uint64_t version, const std::string&)> on_update_failed;
 
   /// Tells every participant to stop.
   void stop_job();
   const std::optional<plan>& current_plan() const { return plan_; }
+  std::uint32_t regroups() const { return regroups_; }
+  /// No update or catch-up in flight, and the plan is in force.
+  bool idle() const { return in_force_ && !active_; }
+  /// Updates (catch-ups included) whose worker digests differed from the trainers'.
+  std::uint32_t digest_mismatches() const { return mismatches_; }
 
  private:
+  using worker_key = std::pair<std::uint32_t, std::uint32_t>;  ///< instance, rank
   struct trainer_entry {
     address who;
     std::string transport_address;
@@ -54,34 +80,64 @@ class coordinator final : public actor {
     address who;
     std::string transport_address;
     std::vector<tensor_spec> tensors;
-    std::optional<region_desc> slots;
     bool ready = false;
+    std::optional<region_desc> slots;
+    std::uint64_t complete_version = 0;
+    std::uint64_t partial_version = 0;
+    std::set<std::uint32_t> partial_chunks;
+    bool holds(std::uint64_t version, std::uint32_t chunk) const {
+      return complete_version >= version || (partial_version == version && partial_chunks.contains(chunk));
+    }
   };
   struct version_state {
-    std::chrono::steady_clock::time_point started;
-    std::optional<double> offloaded_seconds;
-    std::uint32_t shards_offloaded = 0;
+    std::optional<std::chrono::steady_clock::time_point> started;
+    double offloaded_seconds = 0;
+    std::uint32_t shards_done = 0;
     std::map<std::uint32_t, tensor_digest> trainer_digests;
-    std::uint32_t complete = 0;
+    std::vector<std::vector<tensor_digest>> worker_digests;
     stage_times busy;
   };
+  struct update {
+    std::uint64_t version = 0;
+    bool catch_up = false;
+  };
 
+  template <message M>
+  void handle(std::function<void(const envelope_header&, const M&)> fn);
   void add_peer(address who, const std::string& transport_address);
-  void try_plan();
-  void try_ready();
+  void watch_heartbeats();
+  void lost(node_id node, const std::string& why);
+  void regroup(const std::string& reason);
+  void plan_in_force();
+  void resume();
+  void start_update(std::uint64_t version, bool catch_up);
+  void check_complete();
   void fail_job(const std::string& reason);
-  void broadcast_all(auto make);
-  std::uint32_t worker_count() const;
-  void check_delivered(std::uint64_t version);
+  template <class F>
+  void broadcast_all(F make);
+  std::uint32_t initial_workers() const;
 
   job_shape shape_;
   std::map<std::uint32_t, trainer_entry> trainers_;
-  std::map<std::pair<std::uint32_t, std::uint32_t>, worker_entry> workers_;
+  std::map<worker_key, worker_entry> workers_;
+  std::map<node_id, std::chrono::steady_clock::time_point> last_seen_;
   std::optional<plan> plan_;
-  bool ready_ = false;
+  region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer
+  bool started_ = false;   ///< the first plan was made
+  bool in_force_ = false;  ///< every worker is ready for the current epoch
   bool failed_ = false;
+  bool stopping_ = false;
+  std::optional<std::chrono::steady_clock::time_point> regroup_since_;
+  std::string regroup_reason_;
+  std::uint32_t regroups_ = 0;
+  std::uint32_t mismatches_ = 0;
+  std::uint64_t heartbeat_timer_ = 0;
+
+  std::optional<update> active_;
+  std::uint64_t delivered_ = 0;
+  std::uint64_t published_ = 0;
+  std::set<std::uint64_t> failed_versions_;
   std::map<std::uint64_t, version_state> versions_;
-  std::map<std::uint64_t, std::vector<std::vector<tensor_digest>>> pending_digests_;
 };
 
 }  // namespace ferry

@@ -75,6 +75,8 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
       result.error = "cannot start node " + std::to_string(id) + ": " + ec.message();
       return nullptr;
     }
+    // Every node reaches the coordinator (node 0) first; the plan tells it the others.
+    if (id != 0) nodes.back()->transport().add_peer(0, nodes.front()->transport().local_address());
     return nodes.back().get();
   };
 
@@ -84,7 +86,10 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
                     job_shape{.trainers = config.trainers,
                               .instance_sizes = std::vector<std::uint32_t>(config.instances, config.workers_per_instance),
                               .chunk_bytes = config.chunk_bytes,
-                              .depth = config.depth});
+                              .depth = config.depth,
+                              // One process: no member can die on its own, and pre-faulting
+                              // staging on the shared loop must not look like a hang.
+                              .heartbeat_timeout = std::chrono::hours(24)});
   bool ready = false;
   std::optional<std::string> failure;
   coord.on_ready = [&](const plan& p) {

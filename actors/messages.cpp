@@ -1,6 +1,7 @@
 #include "actors/messages.hpp"
 
 #include "collectives/host/chain_broadcast.hpp"
+#include "collectives/nccl/nccl_messages.hpp"
 
 namespace ferry {
 
@@ -21,6 +22,11 @@ void register_actor_messages(message_registry& r) {
   r.add<version_delivered>("version_delivered");
   r.add<participant_error>("participant_error");
   r.add<shard_done>("shard_done");
+  r.add<update_go>("update_go");
+  r.add<update_failed>("update_failed");
+  r.add<heartbeat>("heartbeat");
+  r.add<leave_job>("leave_job");
+  r.add<shard_sent>("shard_sent");
 }
 
 const message_registry& protocol() {
@@ -29,6 +35,7 @@ const message_registry& protocol() {
     register_runtime_messages(r);
     register_actor_messages(r);
     register_collective_messages(r);
+    register_nccl_messages(r);
     return r;
   }();
   return registry;

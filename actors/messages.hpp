@@ -62,13 +62,17 @@ struct plan_ready {
   MSGPACK_DEFINE_MAP(plan, peers);
 };
 
-/// Worker -> coordinator: staging is allocated; leaders include their receive slots.
+/// Worker -> coordinator: staging for the plan's epoch is allocated; leaders include their
+/// receive slots. It also says what the worker holds, so a regroup resends only what is missing.
 struct worker_ready {
   static constexpr msg_kind kind{19};
   std::uint32_t instance = 0;
   std::uint32_t rank = 0;
   region_desc slots;  ///< leaders: `shards * depth` receive slots of chunk_bytes; others: empty
-  MSGPACK_DEFINE_MAP(instance, rank, slots);
+  std::uint64_t complete_version = 0;  ///< the newest version fully applied here
+  std::uint64_t partial_version = 0;   ///< a newer version partly applied here, or 0
+  std::vector<std::uint32_t> partial_chunks;  ///< the chunks of partial_version applied here
+  MSGPACK_DEFINE_MAP(instance, rank, slots, complete_version, partial_version, partial_chunks);
 };
 
 /// Where a trainer shard writes the chunks for one instance leader.
@@ -79,11 +83,13 @@ struct leader_route {
   MSGPACK_DEFINE_MAP(instance, leader, slots);
 };
 
-/// Coordinator -> trainers: every leader is ready; updates may start.
+/// Coordinator -> trainers: the plan of this epoch is in force; publishing may go on from
+/// `next_version` (a trainer that rejoined learns where the job stands).
 struct job_ready {
   static constexpr msg_kind kind{20};
   std::vector<leader_route> routes;
-  MSGPACK_DEFINE_MAP(routes);
+  std::uint64_t next_version = 1;
+  MSGPACK_DEFINE_MAP(routes, next_version);
 };
 
 /// Coordinator -> everyone: the job cannot go on; `reason` says why.
@@ -172,7 +178,55 @@ struct participant_error {
   MSGPACK_DEFINE_MAP(reason);
 };
 
-/// Trainer -> coordinator: every chunk of the shard was written; its busy time and digests.
+/// Which chunks one leader still needs in an update.
+struct route_chunks {
+  leader_route route;
+  std::vector<std::uint32_t> chunks;  ///< plan chunk ids, every shard's; each shard sends its own
+  MSGPACK_DEFINE_MAP(route, chunks);
+};
+
+/// Coordinator -> trainers: send these chunks of `version` (all of them for a new version; the
+/// missing ones after a regroup or for a late joiner). One update is in flight at a time.
+struct update_go {
+  static constexpr msg_kind kind{32};
+  std::uint64_t version = 0;
+  std::vector<route_chunks> routes;
+  MSGPACK_DEFINE_MAP(version, routes);
+};
+
+/// Coordinator -> everyone: `version` cannot complete (a trainer shard died); no worker may
+/// report it complete. Publishing resumes once the shard rejoins.
+struct update_failed {
+  static constexpr msg_kind kind{33};
+  std::uint64_t version = 0;
+  std::string reason;
+  MSGPACK_DEFINE_MAP(version, reason);
+};
+
+/// Trainer or worker -> coordinator: still alive (any message counts; this one is sent when idle).
+struct heartbeat {
+  static constexpr msg_kind kind{34};
+  std::uint64_t sent_ns = 0;
+  MSGPACK_DEFINE_MAP(sent_ns);
+};
+
+/// Trainer or worker -> coordinator: leaving the job on purpose.
+struct leave_job {
+  static constexpr msg_kind kind{35};
+  std::string reason;
+  MSGPACK_DEFINE_MAP(reason);
+};
+
+/// Trainer -> coordinator: every chunk of `version` the shard had to send was written.
+struct shard_sent {
+  static constexpr msg_kind kind{36};
+  std::uint32_t shard = 0;
+  std::uint64_t version = 0;
+  double send_seconds = 0;  ///< busy time of the send stage
+  MSGPACK_DEFINE_MAP(shard, version, send_seconds);
+};
+
+/// Trainer -> coordinator: the shard's offload and digests for `version` are done.
 struct shard_done {
   static constexpr msg_kind kind{31};
   std::uint32_t shard = 0;

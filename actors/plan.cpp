@@ -1,6 +1,7 @@
 #include "actors/plan.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 namespace ferry {
@@ -30,6 +31,37 @@ namespace {
 std::uint64_t align_up(std::uint64_t n) { return (n + tensor_alignment - 1) / tensor_alignment * tensor_alignment; }
 }  // namespace
 
+result<void> check_registration(std::span<const tensor_spec> tensors, const job_limits& limits,
+                                std::string& why) {
+  if (tensors.size() > limits.max_tensors) {
+    why = "max_tensors: " + std::to_string(tensors.size()) + " tensors registered, the limit is " +
+          std::to_string(limits.max_tensors);
+    return fail(errc::invalid_argument);
+  }
+  for (const auto& t : tensors) {
+    if (t.name.size() > limits.max_tensor_name_bytes) {
+      why = "max_tensor_name_bytes: a tensor name of " + std::to_string(t.name.size()) +
+            " bytes ('" + t.name.substr(0, 32) + "...'), the limit is " +
+            std::to_string(limits.max_tensor_name_bytes);
+      return fail(errc::invalid_argument);
+    }
+  }
+  return {};
+}
+
+result<void> region_budget::offer(node_id peer, std::uint32_t epoch, const region_desc& region,
+                                  const job_limits& limits, std::string& why) {
+  auto& o = offered_[peer];
+  if (o.epoch != epoch) o = {.epoch = epoch};
+  if (!o.ids.contains(region.id) && o.ids.size() >= limits.max_regions_per_peer) {
+    why = "max_regions_per_peer: node " + std::to_string(peer) + " offered " + std::to_string(o.ids.size() + 1) +
+          " regions in epoch " + std::to_string(epoch) + ", the limit is " + std::to_string(limits.max_regions_per_peer);
+    return fail(errc::invalid_argument);
+  }
+  o.ids.insert(region.id);
+  return {};
+}
+
 result<plan> make_plan(const plan_inputs& in, std::string& why) {
   auto refuse = [&](std::string reason) {
     why = std::move(reason);
@@ -44,6 +76,29 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     return refuse("a plan needs at least one trainer shard");
   }
   if (in.instances.empty()) return refuse("a plan needs at least one rollout instance");
+
+  // Limits first, from sizes alone: nothing is allocated for a plan that would break one.
+  std::uint64_t tensor_count = 0, chunk_count = 0;
+  for (const auto& table : in.shard_tensors) {
+    if (!check_registration(table, in.limits, why)) return fail(errc::invalid_argument);
+    tensor_count += table.size();
+    std::uint64_t stream = 0;
+    for (const auto& t : table) {
+      // Saturates instead of wrapping: a lying nbytes must not make a small chunk count.
+      constexpr auto top = std::numeric_limits<std::uint64_t>::max();
+      const std::uint64_t start = stream > top - tensor_alignment ? top : align_up(stream);
+      stream = t.nbytes > top - start ? top : start + t.nbytes;
+    }
+    chunk_count += stream / in.chunk_bytes + (stream % in.chunk_bytes != 0);
+  }
+  if (tensor_count > in.limits.max_tensors) {
+    return refuse("max_tensors: the plan has " + std::to_string(tensor_count) + " tensors, the limit is " +
+                  std::to_string(in.limits.max_tensors));
+  }
+  if (chunk_count > in.limits.max_chunks) {
+    return refuse("max_chunks: the plan needs " + std::to_string(chunk_count) + " chunks of " +
+                  std::to_string(in.chunk_bytes) + " bytes, the limit is " + std::to_string(in.limits.max_chunks));
+  }
 
   plan p;
   p.epoch = in.epoch;

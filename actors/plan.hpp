@@ -3,10 +3,13 @@
 /// It packs each trainer shard's tensors into chunks, names who sources and who receives each
 /// chunk, and fixes the send order.
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "actors/tensor.hpp"
+#include "transport/transport.hpp"
 
 namespace ferry {
 
@@ -59,6 +62,36 @@ struct plan {
   int find_tensor(const std::string& name) const;
 };
 
+/// Caps on what a job's registrations may announce. The coordinator holds one; every refusal
+/// names the limit and the value that broke it. Defaults are far above real models (Llama-3-405B
+/// has ~1.1k tensors; 1 TB in 64 MiB chunks is 16k chunks) and keep a registration's cost bounded.
+struct job_limits {
+  std::uint32_t max_tensors = 1u << 20;         ///< tensors in one registration and in the plan
+  std::uint32_t max_tensor_name_bytes = 1024;   ///< bytes of one tensor name
+  std::uint32_t max_chunks = 1u << 22;          ///< chunks in one plan
+  std::uint32_t max_regions_per_peer = 64;      ///< distinct regions one node may offer in an epoch
+};
+
+/// Checks one registration's tensor table against `limits` (count and name lengths).
+result<void> check_registration(std::span<const tensor_spec> tensors, const job_limits& limits,
+                                std::string& why);
+
+/// The regions each peer offered in its latest epoch, capped by `job_limits::max_regions_per_peer`
+/// (a worker registers fresh staging for every plan, so earlier epochs do not count).
+class region_budget {
+ public:
+  /// Records `region` offered by `peer` in `epoch`; refuses, saying why, one region too many.
+  result<void> offer(node_id peer, std::uint32_t epoch, const region_desc& region, const job_limits& limits,
+                     std::string& why);
+
+ private:
+  struct offers {
+    std::uint32_t epoch = 0;
+    std::set<std::uint64_t> ids;
+  };
+  std::map<node_id, offers> offered_;
+};
+
 struct plan_inputs {
   std::uint32_t epoch = 1;
   std::uint64_t chunk_bytes = default_chunk_bytes;
@@ -66,10 +99,11 @@ struct plan_inputs {
   std::vector<address> shards;
   std::vector<std::vector<tensor_spec>> shard_tensors;  ///< per shard, in registration order
   std::vector<instance_plan> instances;                 ///< leaders may be empty: rank 0 is chosen
+  job_limits limits;
 };
 
 /// Builds the plan, or says why it cannot: chunk size not a positive multiple of the alignment,
-/// a bad tensor table, a tensor owned by two shards, an empty instance.
+/// a bad tensor table, a tensor owned by two shards, an empty instance, a limit of `in.limits`.
 result<plan> make_plan(const plan_inputs& in, std::string& why);
 
 /// Checks a worker's registration against the plan: same names, dtypes and shapes.

@@ -20,17 +20,24 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       rank_(rank),
       tensors_(std::move(tensors)),
       copies_(copies),
-      options_(options) {
+      options_(std::move(options)) {
   for (auto& t : tensors_) {
     if (t.data) continue;
     owned_.emplace_back(t.spec.nbytes);
     t.data = owned_.back().data();
   }
   on<plan_ready>([this](const envelope_header&, const plan_ready& m) { adopt_plan(m); });
-  on<chunk_sent>([this](const envelope_header&, const chunk_sent& m) { on_chunk_sent(m); });
-  on<chunk_announce>([this](const envelope_header&, const chunk_announce& m) {
-    announcements_.push_back(m);
+  on<chunk_sent>([this](const envelope_header& h, const chunk_sent& m) {
+    if (h.epoch == epoch()) on_chunk_sent(m);
+  });
+  on<chunk_announce>([this](const envelope_header& h, const chunk_announce& m) {
+    if (h.epoch != epoch() || !gen_) return;
+    gen_->announcements.push_back(m);
     changed();
+  });
+  on<update_failed>([this](const envelope_header&, const update_failed& m) {
+    // The version cannot complete anywhere; what arrived of it must not count later.
+    progress_.erase(m.version);
   });
   on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
   on<job_stop>([this](const envelope_header&, const job_stop&) {
@@ -41,15 +48,19 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
 
 rollout_worker::~rollout_worker() {
   stopped_ = true;
+  host().clock().cancel(heartbeat_timer_);
   changed();
-  if (broadcast_credits_) broadcast_credits_->release();
-  if (broadcast_) broadcast_->abort();
+  if (gen_) {
+    gen_->credits->release();
+    gen_->broadcast->abort();
+  }
   if (fibers_ > 0 || in_flight_ > 0) host().loop().run_until([this] { return fibers_ == 0 && in_flight_ == 0; });
-  broadcast_.reset();
+  gen_.reset();
   host().forget_writes(leader_slot_tag);
   if (slots_region_) host().transport().deregister_region(slots_region_->id);
   if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
   if (device_slots_) options_.memory->release(device_slots_);
+  if (options_.memory && digest_bounce_.size() > 0) options_.memory->unpin(digest_bounce_.span());
 }
 
 void rollout_worker::join() {
@@ -57,6 +68,15 @@ void rollout_worker::join() {
   for (const auto& t : tensors_) m.tensors.push_back(t.spec);
   start();
   send(coordinator_, m);
+  beat();
+}
+
+void rollout_worker::beat() {
+  heartbeat_timer_ = host().clock().async_wait(options_.heartbeat_interval, [this](std::error_code ec) {
+    if (ec || stopped_ || failed_) return;
+    send(coordinator_, heartbeat{});
+    beat();
+  });
 }
 
 void rollout_worker::fail(const std::string& reason) {
@@ -64,8 +84,13 @@ void rollout_worker::fail(const std::string& reason) {
   failed_ = true;
   log::error("worker {}.{}: {}", instance_, rank_, reason);
   changed();
-  if (broadcast_credits_) broadcast_credits_->release();
+  if (gen_) gen_->credits->release();
   if (on_failed) on_failed(reason);
+}
+
+void rollout_worker::corrupted(const std::string& reason) {
+  send(coordinator_, participant_error{.reason = reason});
+  fail(reason);
 }
 
 template <class Pred>
@@ -79,6 +104,18 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   for (const auto& p : m.peers) {
     if (p.node != host().id()) host().transport().add_peer(p.node, p.address);
   }
+  const auto it = std::find_if(m.plan.instances.begin(), m.plan.instances.end(),
+                               [&](const instance_plan& i) { return i.id == instance_; });
+  if (it == m.plan.instances.end() || std::find(it->workers.begin(), it->workers.end(), self()) == it->workers.end()) {
+    return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " does not include this worker");
+  }
+  // A new epoch abandons the old one's staging work: its broadcast group is aborted, and chunks
+  // it did not apply are sent again if the coordinator finds some member lacks them.
+  if (gen_) {
+    gen_->broadcast->abort();
+    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) gen_->credits->release();
+  }
+  const bool was_leader = leader_;
   plan_ = m.plan;
   set_epoch(plan_->epoch);
   local_of_.assign(plan_->tensors.size(), -1);
@@ -86,19 +123,27 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     const int index = plan_->find_tensor(tensors_[i].spec.name);
     if (index >= 0) local_of_[index] = static_cast<int>(i);
   }
-  const auto& inst = plan_->instances.at(instance_);
-  leader_ = std::find(inst.leaders.begin(), inst.leaders.end(), rank_) != inst.leaders.end();
+  const auto& inst = *it;
+  leader_ = std::find(inst.leaders.begin(), inst.leaders.end(),
+                      static_cast<std::uint32_t>(std::find(inst.workers.begin(), inst.workers.end(), self()) -
+                                                 inst.workers.begin())) != inst.leaders.end();
+  if (leader_ && !was_leader && gen_) log::info("worker {}.{}: takes over as leader of instance {}", instance_, rank_, instance_);
   followers_.clear();
-  for (std::uint32_t r = 0; r < inst.workers.size(); ++r) {
-    if (r != rank_) followers_.push_back(inst.workers[r]);
+  for (const auto& w : inst.workers) {
+    if (w != self()) followers_.push_back(w);
   }
 
-  // Staging is allocated once per plan: a leader has `depth` receive slots per trainer shard in
-  // host memory; every member has `depth` broadcast slots, on the device when there is one
-  // (a host leader broadcasts straight from its receive slots and needs none).
+  // Staging: a leader has `depth` receive slots per trainer shard in host memory; every member
+  // has `depth` broadcast slots, on the device when there is one (a host leader broadcasts
+  // straight from its receive slots). Kept across epochs while the size fits.
   const std::size_t host_slots = leader_ ? plan_->shards.size() * plan_->depth : (on_device() ? 0 : plan_->depth);
-  if (host_slots > 0) {
-    slots_ = host_buffer(host_slots * plan_->chunk_bytes);
+  const std::size_t host_bytes = host_slots * plan_->chunk_bytes;
+  if (host_bytes > slots_.size()) {
+    if (slots_region_) host().transport().deregister_region(slots_region_->id);
+    if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
+    slots_region_.reset();
+    retired_.push_back(std::move(slots_));  // older work may still read it
+    slots_ = host_buffer(host_bytes);
     auto region = host().transport().register_region(slots_.span());
     if (!region) return fail("cannot register staging slots: " + region.error().message());
     slots_region_ = *region;
@@ -106,53 +151,83 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
       if (auto ec = options_.memory->pin(slots_.span())) return fail("cannot pin the receive slots: " + ec.message());
     }
   }
-  if (on_device()) {
+  if (on_device() && !device_slots_) {
     auto slots = options_.memory->allocate(std::size_t{plan_->depth} * plan_->chunk_bytes);
     if (!slots) return fail("cannot allocate device broadcast slots: " + slots.error().message());
     device_slots_ = *slots;
   }
-  free_slots_.clear();
-  for (std::uint32_t i = 0; i < plan_->depth; ++i) free_slots_.push_back(i);
-  broadcast_credits_ = std::make_unique<slot_counter>(plan_->depth);
-  broadcast_ = options_.make_broadcast ? options_.make_broadcast(*this, inst.workers, plan_->epoch)
-                                       : std::make_unique<chain_broadcast>(*this, inst.workers, plan_->epoch, chain_tag);
+
+  auto g = std::make_shared<generation>();
+  g->id = ++generations_;
+  g->credits = std::make_unique<slot_counter>(plan_->depth);
+  for (std::uint32_t i = 0; i < plan_->depth; ++i) g->free_slots.push_back(i);
+  // Broadcast groups are rooted at rank 0: the leader goes first, the others keep their order.
+  std::vector<address> members{inst.workers.at(inst.leaders.at(0))};
+  for (const auto& w : inst.workers) {
+    if (w != members.front()) members.push_back(w);
+  }
+  g->broadcast = options_.make_broadcast ? options_.make_broadcast(*this, members, plan_->epoch)
+                                         : std::make_unique<chain_broadcast>(*this, members, plan_->epoch, chain_tag);
+  gen_ = g;
+  changed();
 
   ++fibers_;
   if (leader_) {
-    host().on_write(leader_slot_tag, [this](const write_notice& n) { on_slot_landed(imm_value(n.imm)); });
-    host().loop().spawn([this] {
-      lead();
+    host().on_write(leader_slot_tag, [this](const write_notice& n) { on_slot_landed(n.imm); });
+    host().loop().spawn([this, g] {
+      lead(g);
       --fibers_;
     });
   } else {
-    host().loop().spawn([this] {
-      follow();
+    host().forget_writes(leader_slot_tag);
+    host().loop().spawn([this, g] {
+      follow(g);
       --fibers_;
     });
   }
-  send(coordinator_, worker_ready{.instance = instance_, .rank = rank_,
-                                  .slots = leader_ ? *slots_region_ : region_desc{}});
+  auto ready = holdings();
+  ready.slots = leader_ ? *slots_region_ : region_desc{};
+  send(coordinator_, ready);
 }
 
-void rollout_worker::on_slot_landed(std::uint32_t slot) {
-  landed_[slot] = true;
-  if (auto it = announced_.find(slot); it != announced_.end()) {
-    ready_.push_back({slot, it->second});
-    announced_.erase(it);
-    landed_.erase(slot);
+worker_ready rollout_worker::holdings() const {
+  worker_ready m{.instance = instance_, .rank = rank_, .complete_version = complete_version_};
+  for (const auto& [version, p] : progress_) {
+    if (version <= complete_version_ || version < m.partial_version) continue;
+    m.partial_version = version;
+    m.partial_chunks.clear();
+    for (std::uint32_t c = 0; c < p.applied.size(); ++c) {
+      if (p.applied[c]) m.partial_chunks.push_back(c);
+    }
+  }
+  return m;
+}
+
+void rollout_worker::on_slot_landed(write_imm imm) {
+  const auto value = imm_value(imm);
+  if (!gen_ || (value >> 16) != (epoch() & 0xffu)) return;  // a write of an older epoch landing late
+  const std::uint32_t slot = value & 0xffffu;
+  auto& g = *gen_;
+  if (auto it = g.sent.find(slot); it != g.sent.end()) {
+    g.ready.push_back({slot, it->second});
+    g.sent.erase(it);
     changed();
+  } else {
+    g.landed[slot] = true;
   }
 }
 
 void rollout_worker::on_chunk_sent(const chunk_sent& m) {
-  if (!leader_ || m.slot >= plan_->shards.size() * plan_->depth) {
-    return fail("chunk_sent for slot " + std::to_string(m.slot) + ", which this worker does not have");
+  if (!gen_ || !leader_ || m.slot >= plan_->shards.size() * plan_->depth || m.chunk >= plan_->chunks.size()) {
+    log::warn("worker {}.{}: ignored chunk_sent for slot {} chunk {}", instance_, rank_, m.slot, m.chunk);
+    return;
   }
-  announced_[m.slot] = m;
-  if (landed_.erase(m.slot) > 0) {
-    ready_.push_back({m.slot, m});
-    announced_.erase(m.slot);
+  auto& g = *gen_;
+  if (g.landed.erase(m.slot) > 0) {
+    g.ready.push_back({m.slot, m});
     changed();
+  } else {
+    g.sent[m.slot] = m;
   }
 }
 
@@ -163,73 +238,73 @@ bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t
   return actual == expected;
 }
 
-void rollout_worker::lead() {
+void rollout_worker::lead(std::shared_ptr<generation> g) {
   for (;;) {
-    if (!wait_for([&] { return !ready_.empty(); })) return;
-    broadcast_credits_->acquire();
-    if (failed_ || stopped_) return;
-    const received r = ready_.front();
-    ready_.pop_front();
+    if (!wait_for([&] { return g != gen_ || !g->ready.empty(); }) || !current(g)) return;
+    g->credits->acquire();
+    if (!current(g)) return;
+    const received r = g->ready.front();
+    g->ready.pop_front();
     const auto& c = plan_->chunks.at(r.meta.chunk);
     const std::span<std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan_->chunk_bytes, c.bytes);
     if (!checksum_ok(bytes, r.meta.checksum)) {
-      const auto reason = "leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                          ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
-                          std::to_string(r.meta.version) + " from trainer shard " + std::to_string(c.shard) +
-                          " (node " + std::to_string(plan_->shards.at(c.shard).node) + ")";
-      send(coordinator_, participant_error{.reason = reason});
-      fail(reason);
-      return;
+      return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
+                       ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
+                       std::to_string(r.meta.version) + " from trainer shard " + std::to_string(c.shard) + " (node " +
+                       std::to_string(plan_->shards.at(c.shard).node) + ")");
     }
+    if (!current(g)) return;
     for (const auto& f : followers_) {
       send(f, chunk_announce{.version = r.meta.version, .chunk = c.id, .checksum = r.meta.checksum});
     }
     const auto shard = plan_->shards.at(c.shard);
     const auto version = r.meta.version;
     ++in_flight_;
+    auto finish = [this, g, r](bool applied) {
+      if (applied) chunk_applied(r.meta.version, r.meta.chunk);
+      g->credits->release();
+      --in_flight_;
+      changed();
+    };
     if (!on_device()) {
       // The receive slot is the broadcast's source; it is free once broadcast and apply are done.
-      spread(version, c.id,
+      spread(g, version, c.id,
              buffer_ref{.bytes = bytes, .region = *slots_region_, .offset = std::uint64_t{r.slot} * plan_->chunk_bytes},
-             [this, shard, r] {
-               send(shard, slot_free{.slot = r.slot});
-               broadcast_credits_->release();
-               chunk_applied(r.meta.version, r.meta.chunk);
-               --in_flight_;
-               changed();
+             [this, g, shard, r, finish] {
+               if (current(g)) send(shard, slot_free{.slot = r.slot});
+               finish(true);
              });
       continue;
     }
     // UPLOAD: the receive slot is free as soon as its bytes are on the device.
-    const auto dslot = free_slots_.front();
-    free_slots_.pop_front();
+    const auto dslot = g->free_slots.front();
+    g->free_slots.pop_front();
     const buffer_ref target = broadcast_slot(dslot, c.bytes);
     upload_meter_.begin();
     copies_.async_copy({{target.bytes.data(), bytes.data(), c.bytes}}, [=, this](std::error_code ec) {
       upload_meter_.end();
-      send(shard, slot_free{.slot = r.slot});
+      if (current(g)) send(shard, slot_free{.slot = r.slot});
       if (ec) fail("upload of chunk " + std::to_string(c.id) + " failed: " + ec.message());
-      spread(version, c.id, target, [this, dslot, r] {
-        free_slots_.push_back(dslot);
-        broadcast_credits_->release();
-        chunk_applied(r.meta.version, r.meta.chunk);
-        --in_flight_;
-        changed();
+      spread(g, version, c.id, target, [g, dslot, finish] {
+        g->free_slots.push_back(dslot);
+        finish(true);
       });
     });
   }
 }
 
-void rollout_worker::spread(std::uint64_t version, std::uint32_t chunk, buffer_ref source, std::function<void()> done) {
+void rollout_worker::spread(const std::shared_ptr<generation>& g, std::uint64_t version, std::uint32_t chunk,
+                            buffer_ref source, std::function<void()> done) {
   // Broadcast and the local apply read the same bytes at once.
   auto pending = std::make_shared<int>(2);
   auto both = [pending, done = std::move(done)] {
     if (--*pending == 0) done();
   };
   broadcast_meter_.begin();
-  broadcast_->async_broadcast(source, [this, both](std::error_code ec) {
+  g->broadcast->async_broadcast(source, [this, both, g](std::error_code ec) {
     broadcast_meter_.end();
-    if (ec) fail("broadcast failed: " + ec.message());
+    // A member died or the epoch moved on: the regroup resends what the instance lacks.
+    if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
     both();
   });
   apply(version, chunk, source.bytes, both);
@@ -237,59 +312,49 @@ void rollout_worker::spread(std::uint64_t version, std::uint32_t chunk, buffer_r
 
 buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {
   const std::uint64_t offset = std::uint64_t{slot} * plan_->chunk_bytes;
-  if (on_device()) {
-    return {.bytes = {device_slots_ + offset, bytes}, .device = options_.memory->device()};
-  }
+  if (on_device()) return {.bytes = {device_slots_ + offset, bytes}, .device = options_.memory->device()};
   return {.bytes = {slots_.data() + offset, bytes}, .region = *slots_region_, .offset = offset};
 }
 
-void rollout_worker::follow() {
+void rollout_worker::follow(std::shared_ptr<generation> g) {
   for (;;) {
-    if (!wait_for([&] { return !announcements_.empty(); })) return;
-    broadcast_credits_->acquire();
-    if (failed_ || stopped_) return;
-    const chunk_announce a = announcements_.front();
-    announcements_.pop_front();
-    const auto slot = free_slots_.front();
-    free_slots_.pop_front();
-    const auto& c = plan_->chunks.at(a.chunk);
-    const buffer_ref target = broadcast_slot(slot, c.bytes);
+    if (!wait_for([&] { return g != gen_ || !g->announcements.empty(); }) || !current(g)) return;
+    g->credits->acquire();
+    if (!current(g)) return;
+    const chunk_announce a = g->announcements.front();
+    g->announcements.pop_front();
+    const auto slot = g->free_slots.front();
+    g->free_slots.pop_front();
+    const buffer_ref target = broadcast_slot(slot, plan_->chunks.at(a.chunk).bytes);
     const auto bytes = target.bytes;
     ++in_flight_;
     broadcast_meter_.begin();
-    broadcast_->async_broadcast(
-        target,
-        [this, a, slot, bytes](std::error_code ec) {
-          broadcast_meter_.end();
-          auto release = [this, a, slot](bool applied) {
-            free_slots_.push_back(slot);
-            broadcast_credits_->release();
-            if (applied) chunk_applied(a.version, a.chunk);
-            --in_flight_;
-            changed();
-          };
-          if (ec) {
-            fail("broadcast failed: " + ec.message());
-            return release(false);
-          }
-          // Verify off the loop, then apply; the completion must not block the loop. Device slots
-          // are not hashed here: the leader verified the host bytes it uploaded.
-          auto actual = std::make_shared<std::uint64_t>(0);
-          const bool check = options_.checksums && a.checksum != 0 && !on_device();
-          worker_pool::shared().async_run(
-              host().loop(), [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
-              [this, a, check, actual, bytes, release] {
-                if (check && *actual != a.checksum) {
-                  const auto reason = "worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                                      ": checksum mismatch in chunk " + std::to_string(a.chunk) + " of version " +
-                                      std::to_string(a.version) + " from the instance broadcast";
-                  send(coordinator_, participant_error{.reason = reason});
-                  fail(reason);
-                  return release(false);
-                }
-                apply(a.version, a.chunk, bytes, [release] { release(true); });
-              });
-        });
+    g->broadcast->async_broadcast(target, [this, g, a, slot, bytes](std::error_code ec) {
+      broadcast_meter_.end();
+      auto release = [this, g, a, slot](bool applied) {
+        g->free_slots.push_back(slot);
+        g->credits->release();
+        if (applied) chunk_applied(a.version, a.chunk);
+        --in_flight_;
+        changed();
+      };
+      if (ec || !current(g)) return release(false);  // the regroup resends what is missing
+      // Verify off the loop, then apply; the completion must not block the loop. Device slots
+      // are not hashed here: the leader verified the host bytes it uploaded.
+      auto actual = std::make_shared<std::uint64_t>(0);
+      const bool check = options_.checksums && a.checksum != 0 && !on_device();
+      worker_pool::shared().async_run(
+          host().loop(), [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
+          [this, g, a, check, actual, bytes, release] {
+            if (check && *actual != a.checksum) {
+              corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
+                        ": checksum mismatch in chunk " + std::to_string(a.chunk) + " of version " +
+                        std::to_string(a.version) + " from the instance broadcast");
+              return release(false);
+            }
+            apply(a.version, a.chunk, bytes, [release] { release(true); });
+          });
+    });
   }
 }
 
@@ -308,8 +373,14 @@ void rollout_worker::apply(std::uint64_t, std::uint32_t chunk, std::span<const s
 }
 
 void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
+  if (version <= complete_version_) return;  // a resent chunk of a version already complete here
   auto& p = progress_[version];
-  if (p.tensor_bytes.empty()) p.tensor_bytes.assign(plan_->tensors.size(), 0);
+  if (p.applied.empty()) {
+    p.applied.assign(plan_->chunks.size(), false);
+    p.tensor_bytes.assign(plan_->tensors.size(), 0);
+  }
+  if (p.applied[chunk]) return;  // sent again after a regroup: same bytes, counted once
+  p.applied[chunk] = true;
   for (const auto& piece : plan_->chunks[chunk].pieces) {
     auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
     if (got == plan_->tensors[piece.tensor].nbytes && on_tensor) {
@@ -320,7 +391,8 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   if (++p.chunks < plan_->chunks.size()) return;
 
   progress_.erase(version);
-  complete_version_ = std::max(complete_version_, version);
+  complete_version_ = version;
+  std::erase_if(progress_, [&](const auto& e) { return e.first <= version; });
   version_complete m{.instance = instance_, .rank = rank_, .version = version,
                      .busy = {.upload = upload_meter_.seconds(), .broadcast = broadcast_meter_.seconds(),
                               .apply = apply_meter_.seconds()}};
@@ -334,6 +406,19 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   }
   auto report = std::make_shared<version_complete>(std::move(m));
   ++in_flight_;
+  auto finish = [this, report, version] {
+    send(coordinator_, *report);
+    --in_flight_;
+    if (on_version) on_version(version);
+  };
+  if (std::any_of(tensors_.begin(), tensors_.end(), [](const tensor_ref& t) { return t.device >= 0; })) {
+    // Device tensors are hashed from host bytes: each is copied into a pinned bounce buffer first.
+    host().loop().spawn([this, report, finish] {
+      digest_through_host(*report);
+      finish();
+    });
+    return;
+  }
   worker_pool::shared().async_run(
       host().loop(),
       [this, report] {
@@ -343,11 +428,32 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
           report->digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
         }
       },
-      [this, report, version] {
-        send(coordinator_, *report);
-        --in_flight_;
-        if (on_version) on_version(version);
+      finish);
+}
+
+void rollout_worker::digest_through_host(version_complete& report) {
+  std::uint64_t largest = 0;
+  for (const auto& t : tensors_) largest = std::max(largest, t.spec.nbytes);
+  if (digest_bounce_.size() < largest) {
+    if (options_.memory && digest_bounce_.size() > 0) options_.memory->unpin(digest_bounce_.span());
+    digest_bounce_ = host_buffer(largest);
+    // Pinned once and reused; should pinning fail, the copies still work, only slower.
+    if (options_.memory) (void)options_.memory->pin(digest_bounce_.span());
+  }
+  for (std::uint32_t i = 0; i < plan_->tensors.size(); ++i) {
+    const auto& t = tensors_[local_of_[i]];
+    const std::byte* bytes = t.data;
+    if (t.device >= 0) {
+      auto [ec] = await<std::error_code>([&](auto done) {
+        copies_.async_copy({{digest_bounce_.data(), t.data, t.spec.nbytes}}, std::move(done));
       });
+      if (ec) return fail("cannot read tensor '" + t.spec.name + "' for its digest: " + ec.message());
+      bytes = digest_bounce_.data();
+    }
+    XXH128_hash_t h{};
+    worker_pool::shared().run(host().loop(), [&] { h = XXH3_128bits(bytes, t.spec.nbytes); });
+    report.digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
+  }
 }
 
 }  // namespace ferry

@@ -35,6 +35,7 @@ struct worker_options {
   device_memory* memory = nullptr;
   /// The broadcast group; null: the host chain over the transport.
   broadcast_factory make_broadcast;
+  std::chrono::milliseconds heartbeat_interval{250};
 };
 
 /// Owning loop only.
@@ -66,25 +67,45 @@ class rollout_worker final : public actor {
     chunk_sent meta;
   };
   struct version_progress {
-    std::uint32_t chunks = 0;
+    std::vector<bool> applied;                ///< per plan chunk
+    std::uint32_t chunks = 0;                 ///< how many are applied
     std::vector<std::uint64_t> tensor_bytes;  ///< bytes applied per plan tensor
+  };
+  /// The state of one epoch's staging; a new plan starts a new generation and abandons the old
+  /// one's pending work (its completions still run, but touch nothing of the new generation).
+  struct generation {
+    std::uint64_t id = 0;
+    std::unique_ptr<broadcast_group> broadcast;
+    std::unique_ptr<slot_counter> credits;       ///< broadcasts in flight (depth)
+    std::deque<std::uint32_t> free_slots;        ///< broadcast slots not in use
+    std::map<std::uint32_t, bool> landed;        ///< leader: slot -> bytes arrived
+    std::map<std::uint32_t, chunk_sent> sent;    ///< leader: slot -> its chunk_sent
+    std::deque<received> ready;                  ///< leader: complete slots, in arrival order
+    std::deque<chunk_announce> announcements;    ///< follower: in broadcast order
   };
 
   void adopt_plan(const plan_ready& m);
-  void on_slot_landed(std::uint32_t slot);
+  void on_slot_landed(write_imm imm);
   void on_chunk_sent(const chunk_sent& m);
-  void lead();    ///< leader fiber: verify, announce, broadcast and apply each received chunk
-  void follow();  ///< follower fiber: receive each announced chunk, verify and apply it
+  void lead(std::shared_ptr<generation> g);    ///< verify, announce, broadcast and apply received chunks
+  void follow(std::shared_ptr<generation> g);  ///< receive announced chunks, verify and apply them
   /// Broadcasts `source` and applies it locally at once; `done` after both.
-  void spread(std::uint64_t version, std::uint32_t chunk, buffer_ref source, std::function<void()> done);
+  void spread(const std::shared_ptr<generation>& g, std::uint64_t version, std::uint32_t chunk, buffer_ref source,
+              std::function<void()> done);
   /// Broadcast slot `slot`: on the device when there is one, else in the host slots.
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
   bool on_device() const { return options_.memory && options_.memory->device() >= 0; }
+  bool current(const std::shared_ptr<generation>& g) const { return g == gen_ && !failed_ && !stopped_; }
   void apply(std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
              std::function<void()> done);
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
   bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
+  void corrupted(const std::string& reason);
   void chunk_applied(std::uint64_t version, std::uint32_t chunk);
+  /// Fiber: the per-tensor digests of device tensors, hashed from a pinned host bounce buffer.
+  void digest_through_host(version_complete& report);
+  worker_ready holdings() const;
+  void beat();
   void fail(const std::string& reason);
   void changed() { state_cv_.notify_all(); }
   template <class Pred>
@@ -95,24 +116,20 @@ class rollout_worker final : public actor {
   std::uint32_t rank_;
   std::vector<tensor_ref> tensors_;
   std::vector<host_buffer> owned_;
+  host_buffer digest_bounce_;  ///< device tensors: host bytes to hash, the largest tensor's size
   copy_engine& copies_;
   worker_options options_;
 
   std::optional<ferry::plan> plan_;
   std::vector<int> local_of_;
   bool leader_ = false;
-  host_buffer slots_;  ///< leader: receive slots; follower: broadcast slots
-  std::optional<region_desc> slots_region_;
-  std::unique_ptr<broadcast_group> broadcast_;
   std::vector<address> followers_;
-
-  std::map<std::uint32_t, bool> landed_;             ///< leader: slot -> bytes arrived
-  std::map<std::uint32_t, chunk_sent> announced_;     ///< leader: slot -> chunk_sent
-  std::deque<received> ready_;                        ///< leader: complete slots, in arrival order
-  std::deque<chunk_announce> announcements_;          ///< follower: in broadcast order
-  std::unique_ptr<slot_counter> broadcast_credits_;
-  std::byte* device_slots_ = nullptr;                 ///< `depth` broadcast slots on the device
-  std::deque<std::uint32_t> free_slots_;              ///< broadcast slots not in use
+  host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots
+  std::optional<region_desc> slots_region_;
+  std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
+  std::byte* device_slots_ = nullptr;  ///< `depth` broadcast slots on the device
+  std::shared_ptr<generation> gen_;
+  std::uint64_t generations_ = 0;
 
   std::map<std::uint64_t, version_progress> progress_;
   std::uint64_t complete_version_ = 0;
@@ -121,6 +138,7 @@ class rollout_worker final : public actor {
   int fibers_ = 0;
   bool failed_ = false;
   bool stopped_ = false;
+  std::uint64_t heartbeat_timer_ = 0;
   boost::fibers::mutex state_mutex_;
   boost::fibers::condition_variable state_cv_;
 };

@@ -17,28 +17,37 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
       copies_(copies),
       options_(options) {
   on<plan_ready>([this](const envelope_header&, const plan_ready& m) { adopt_plan(m); });
-  on<job_ready>([this](const envelope_header&, const job_ready& m) {
-    routes_.clear();
-    for (const auto& r : m.routes) {
-      route rt{.leader = r.leader, .slots = r.slots, .credits = std::make_unique<slot_counter>(plan_->depth)};
-      for (std::uint32_t i = 0; i < plan_->depth; ++i) rt.free.push_back(shard_ * plan_->depth + i);
-      routes_.push_back(std::move(rt));
-    }
+  on<job_ready>([this](const envelope_header& h, const job_ready& m) {
+    if (h.epoch != epoch()) return;
+    ready_ = true;
+    next_version_ = std::max(next_version_, m.next_version);
     changed();
     if (on_ready) on_ready();
   });
+  on<update_go>([this](const envelope_header& h, const update_go& m) {
+    if (h.epoch == epoch()) start_sending(m);
+  });
   on<slot_free>([this](const envelope_header& h, const slot_free& m) {
+    if (h.epoch != epoch()) return;
     for (auto& r : routes_) {
-      if (r.leader == h.from) {
-        r.free.push_back(m.slot);
-        r.credits->release();
+      if (r->leader == h.from) {
+        r->free.push_back(m.slot);
+        r->credits.release();
       }
     }
   });
   on<version_delivered>([this](const envelope_header&, const version_delivered& m) {
     delivered_ = std::max(delivered_, m.version);
+    settled_ = std::max(settled_, m.version);
+    next_version_ = std::max(next_version_, m.version + 1);
     changed();
     if (on_delivered) on_delivered(m.version, m.verified);
+  });
+  on<update_failed>([this](const envelope_header&, const update_failed& m) {
+    settled_ = std::max(settled_, m.version);
+    ++send_generation_;
+    changed();
+    if (on_update_failed) on_update_failed(m.version, m.reason);
   });
   on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
   on<job_stop>([this](const envelope_header&, const job_stop&) {
@@ -49,13 +58,17 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
 
 trainer_shard::~trainer_shard() {
   stopped_ = true;
+  ++send_generation_;
+  host().clock().cancel(heartbeat_timer_);
   changed();
   for (auto& r : routes_) {
-    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r.credits->release();
+    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
   }
-  if (running_ > 0) host().loop().run_until([this] { return running_ == 0; });
-  if (host_region_) host().transport().deregister_region(host_region_->id);
-  if (options_.memory && host_copy_.size() > 0) options_.memory->unpin(host_copy_.span());
+  if (fibers_ > 0) host().loop().run_until([this] { return fibers_ == 0; });
+  for (auto& c : copies_of_) {
+    if (c.region) host().transport().deregister_region(c.region->id);
+    if (options_.memory && c.bytes.size() > 0) options_.memory->unpin(c.bytes.span());
+  }
 }
 
 void trainer_shard::join() {
@@ -63,15 +76,25 @@ void trainer_shard::join() {
   for (const auto& t : tensors_) m.tensors.push_back(t.spec);
   start();
   send(coordinator_, m);
+  beat();
+}
+
+void trainer_shard::beat() {
+  heartbeat_timer_ = host().clock().async_wait(options_.heartbeat_interval, [this](std::error_code ec) {
+    if (ec || stopped_ || failed_) return;
+    send(coordinator_, heartbeat{});
+    beat();
+  });
 }
 
 void trainer_shard::fail(const std::string& reason) {
   if (failed_) return;
   failed_ = true;
+  ++send_generation_;
   log::error("trainer shard {}: {}", shard_, reason);
   changed();
   for (auto& r : routes_) {
-    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r.credits->release();
+    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
   }
   if (on_failed) on_failed(reason);
 }
@@ -87,6 +110,13 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   for (const auto& p : m.peers) {
     if (p.node != host().id()) host().transport().add_peer(p.node, p.address);
   }
+  // A new epoch: senders of the old one stop; the coordinator says what to send next.
+  ++send_generation_;
+  ready_ = false;
+  for (auto& r : routes_) {
+    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
+  }
+  routes_.clear();
   plan_ = m.plan;
   set_epoch(plan_->epoch);
   local_of_.assign(plan_->tensors.size(), -1);
@@ -95,25 +125,33 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
     const int index = plan_->find_tensor(tensors_[i].spec.name);
     if (index >= 0) local_of_[index] = static_cast<int>(i);
   }
+  my_chunks_ = plan_->chunks_of(shard_);
   for (const auto& c : plan_->chunks) {
     if (c.shard != shard_) continue;
     for (const auto& p : c.pieces) {
       if (p.tensor_offset == 0) stream_offset_[p.tensor] = c.shard_offset + p.chunk_offset;
     }
   }
-  // The host copy is allocated and registered once per plan and reused by every version.
-  if (host_copy_.size() != plan_->shard_bytes[shard_]) {
-    if (host_region_) host().transport().deregister_region(host_region_->id);
-    if (options_.memory && host_copy_.size() > 0) options_.memory->unpin(host_copy_.span());
-    host_copy_ = host_buffer(plan_->shard_bytes[shard_]);
+  // Host copies are allocated and registered once and reused by every version and epoch.
+  for (auto& c : copies_of_) {
+    if (c.bytes.size() == plan_->shard_bytes[shard_]) continue;
+    if (c.region) host().transport().deregister_region(c.region->id);
+    if (options_.memory && c.bytes.size() > 0) options_.memory->unpin(c.bytes.span());
+    c = host_copy{.bytes = host_buffer(plan_->shard_bytes[shard_])};
     if (options_.memory) {
-      if (auto ec = options_.memory->pin(host_copy_.span())) return fail("cannot pin the host copy: " + ec.message());
+      if (auto ec = options_.memory->pin(c.bytes.span())) return fail("cannot pin the host copy: " + ec.message());
     }
-    auto region = host().transport().register_region(host_copy_.span());
+    auto region = host().transport().register_region(c.bytes.span());
     if (!region) return fail("cannot register the host copy: " + region.error().message());
-    host_region_ = *region;
+    c.region = *region;
+    c.checksums.assign(plan_->chunks.size(), 0);
   }
-  checksums_.assign(plan_->chunks.size(), 0);
+  changed();
+}
+
+trainer_shard::host_copy* trainer_shard::copy_of(std::uint64_t version) {
+  auto& c = copies_of_[version % 2];
+  return c.version == version ? &c : nullptr;
 }
 
 result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
@@ -121,8 +159,8 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
     why = "the job failed";
     return ferry::fail(errc::stopped);
   }
-  if (!ready()) {
-    why = "the shard is not ready: the plan is not in force yet";
+  if (!plan_) {
+    why = "the shard is not ready: no plan yet";
     return ferry::fail(errc::invalid_argument);
   }
   if (version <= last_published_) {
@@ -130,81 +168,62 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
           std::to_string(last_published_);
     return ferry::fail(errc::invalid_argument);
   }
-  const auto previous = last_published_;
   last_published_ = version;
-  ++running_;
-  host().loop().spawn([this, version, previous] {
-    if (wait_for([&] { return delivered_ >= previous; })) run_publish(version);
-    --running_;
+  ++fibers_;
+  host().loop().spawn([this, version] {
+    // The host copy of version - 2 is reused: wait until that version is settled.
+    if (wait_for([&] { return version < 2 || settled_ >= version - 2 || delivered_ >= version - 2; })) {
+      run_publish(version);
+    }
+    --fibers_;
+    changed();
   });
   return {};
 }
 
 void trainer_shard::run_publish(std::uint64_t version) {
   const auto started = std::chrono::steady_clock::now();
-  const auto chunks = plan_->chunks_of(shard_);
-  offloaded_chunks_ = 0;
-  writes_done_ = 0;
+  auto& copy = copies_of_[version % 2];
+  copy.version = version;
+  copy.offloaded = 0;
+  copy.complete = false;
   offload_meter_.reset();
-  send_meter_.reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
-  // The send stage: one fiber per leader, each chunk written as soon as it is offloaded.
-  int senders = 0;
-  for (auto& r : routes_) {
-    ++senders;
-    host().loop().spawn([this, &r, version, &chunks, &senders] {
-      send_chunks(r, version, chunks);
-      --senders;
-      changed();
-    });
-  }
-
-  // The offload stage: tensors into the host copy, chunk by chunk, in send order.
-  for (auto id : chunks) {
+  // OFFLOAD: tensors into the host copy, chunk by chunk in send order; senders follow behind.
+  for (auto id : my_chunks_) {
     const auto& c = plan_->chunks[id];
     std::vector<copy_piece> pieces;
     for (const auto& p : c.pieces) {
       const auto& t = tensors_[local_of_[p.tensor]];
-      pieces.push_back({host_copy_.data() + c.shard_offset + p.chunk_offset, t.data + p.tensor_offset, p.bytes});
+      pieces.push_back({copy.bytes.data() + c.shard_offset + p.chunk_offset, t.data + p.tensor_offset, p.bytes});
     }
     offload_meter_.begin();
     auto [ec] = await<std::error_code>([&](auto done) { copies_.async_copy(std::move(pieces), std::move(done)); });
     if (ec) {
       offload_meter_.end();
-      fail("offload of chunk " + std::to_string(id) + " failed: " + ec.message());
-      break;
+      return fail("offload of chunk " + std::to_string(id) + " failed: " + ec.message());
     }
     if (options_.checksums) {
-      const std::byte* bytes = host_copy_.data() + c.shard_offset;
-      worker_pool::shared().run(host().loop(), [&] { checksums_[id] = XXH3_64bits(bytes, c.bytes); });
+      const std::byte* bytes = copy.bytes.data() + c.shard_offset;
+      worker_pool::shared().run(host().loop(), [&] { copy.checksums[id] = XXH3_64bits(bytes, c.bytes); });
     }
     offload_meter_.end();
-    ++offloaded_chunks_;
+    ++copy.offloaded;
     changed();
+    if (stopped_ || failed_) return;
   }
-  if (failed_ || stopped_) {
-    std::unique_lock lock(state_mutex_);
-    state_cv_.wait(lock, [&] { return senders == 0; });
-    return;
-  }
+  copy.complete = true;
   const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   send(coordinator_, shard_offloaded{.shard = shard_, .version = version, .seconds = stall});
   if (on_offloaded) on_offloaded(version, stall);
 
-  {
-    std::unique_lock lock(state_mutex_);
-    state_cv_.wait(lock, [&] { return senders == 0; });
-  }
-  if (failed_ || stopped_) return;
-
-  shard_done done{.shard = shard_, .version = version,
-                  .busy = {.offload = offload_meter_.seconds(), .send = send_meter_.seconds()}};
+  shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_meter_.seconds()}};
   if (options_.digests) {
     worker_pool::shared().run(host().loop(), [&] {
       for (std::uint32_t i = 0; i < plan_->tensors.size(); ++i) {
         if (local_of_[i] < 0 || plan_->owner[i] != shard_) continue;
-        const auto h = XXH3_128bits(host_copy_.data() + stream_offset_[i], plan_->tensors[i].nbytes);
+        const auto h = XXH3_128bits(copy.bytes.data() + stream_offset_[i], plan_->tensors[i].nbytes);
         done.digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
       }
     });
@@ -212,34 +231,80 @@ void trainer_shard::run_publish(std::uint64_t version) {
   send(coordinator_, done);
 }
 
-void trainer_shard::send_chunks(route& r, std::uint64_t version, const std::vector<std::uint32_t>& chunks) {
-  std::size_t in_flight = 0;
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    if (!wait_for([&] { return offloaded_chunks_ > i; })) break;
-    r.credits->acquire();
-    if (failed_ || stopped_) break;
-    const auto slot = r.free.front();
-    r.free.pop_front();
-    const auto& c = plan_->chunks[chunks[i]];
-    const std::span<const std::byte> bytes(host_copy_.data() + c.shard_offset, c.bytes);
-    ++in_flight;
+void trainer_shard::start_sending(const update_go& go) {
+  const auto generation = ++send_generation_;
+  send_meter_.reset();
+  for (auto& r : routes_) {
+    for (std::uint32_t i = 0; i < plan_->depth; ++i) r->credits.release();
+  }
+  routes_.clear();
+  changed();
+  for (const auto& rc : go.routes) {
+    auto r = std::make_shared<route>(rc.route.leader, rc.route.slots, plan_->depth);
+    for (auto id : rc.chunks) {
+      if (plan_->chunks.at(id).shard == shard_) r->chunks.push_back(id);
+    }
+    // This shard's receive slots at the leader: `depth` of them, after the other shards'.
+    for (std::uint32_t i = 0; i < plan_->depth; ++i) r->free.push_back(shard_ * plan_->depth + i);
+    routes_.push_back(r);
+    ++fibers_;
+    host().loop().spawn([this, r, version = go.version, generation] {
+      send_route(r, version, generation);
+      --fibers_;
+      changed();
+    });
+  }
+}
+
+void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation) {
+  auto current = [&] { return generation == send_generation_ && !stopped_ && !failed_; };
+  // SEND: each chunk as soon as it is offloaded (or at once, from the host copy of an older version).
+  while (!r->chunks.empty() && current()) {
+    const auto id = r->chunks.front();
+    const auto position = static_cast<std::size_t>(std::find(my_chunks_.begin(), my_chunks_.end(), id) - my_chunks_.begin());
+    if (!wait_for([&] {
+          const auto* c = copy_of(version);
+          return !current() || (c && c->offloaded > position);
+        }) ||
+        !current()) {
+      break;
+    }
+    r->credits.acquire();
+    if (!current() || r->free.empty()) break;
+    auto* copy = copy_of(version);
+    const auto slot = r->free.front();
+    r->free.pop_front();
+    r->chunks.erase(r->chunks.begin());
+    const auto& c = plan_->chunks[id];
+    ++r->in_flight;
     send_meter_.begin();
     host().transport().async_write(
-        bytes, r.slots, std::uint64_t{slot} * plan_->chunk_bytes, make_imm(leader_slot_tag, slot),
-        [this, &r, &in_flight, version, slot, id = c.id](std::error_code ec) {
+        std::span<const std::byte>(copy->bytes.data() + c.shard_offset, c.bytes), r->slots,
+        std::uint64_t{slot} * plan_->chunk_bytes, make_imm(leader_slot_tag, slot_imm_value(epoch(), slot)),
+        [this, r, version, slot, id, checksum = copy->checksums[id], generation](std::error_code ec) {
           send_meter_.end();
-          --in_flight;
-          if (ec) {
-            fail("write of chunk " + std::to_string(id) + " to node " + std::to_string(r.leader.node) +
-                 " failed: " + ec.message());
-          } else {
-            send(r.leader, chunk_sent{.version = version, .chunk = id, .slot = slot, .checksum = checksums_[id]});
-          }
+          --r->in_flight;
           changed();
+          if (generation != send_generation_) return;
+          if (ec) {
+            // A dead leader is the coordinator's to detect; the regroup resends what is missing.
+            log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, id, r->leader.node,
+                      ec.message());
+            return;
+          }
+          send(r->leader, chunk_sent{.version = version, .chunk = id, .slot = slot, .checksum = checksum});
         });
   }
-  std::unique_lock lock(state_mutex_);
-  state_cv_.wait(lock, [&] { return in_flight == 0; });
+  {
+    std::unique_lock lock(state_mutex_);
+    state_cv_.wait(lock, [&] { return r->in_flight == 0; });
+  }
+  // The last route of this update to finish reports the send stage's busy time.
+  const bool all_sent = std::all_of(routes_.begin(), routes_.end(),
+                                    [](const auto& x) { return x->chunks.empty() && x->in_flight == 0; });
+  if (current() && all_sent && r->chunks.empty()) {
+    send(coordinator_, shard_sent{.shard = shard_, .version = version, .send_seconds = send_meter_.seconds()});
+  }
 }
 
 }  // namespace ferry

@@ -1,8 +1,11 @@
 #pragma once
-/// A trainer shard: offloads its tensors into its host copy and writes the chunks it sources to
-/// every instance leader, as the plan says, with `depth` writes in flight per leader.
+/// A trainer shard: offloads its tensors into a host copy, and writes the chunks it sources to
+/// instance leaders when the coordinator says which (`update_go`), `depth` writes in flight per
+/// leader. Two host copies alternate by version, so a late joiner can be served the delivered
+/// version while the next one is offloaded.
 #include <boost/fiber/condition_variable.hpp>
 #include <boost/fiber/mutex.hpp>
+#include <array>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -20,12 +23,18 @@ namespace ferry {
 /// Imm tags of bulk writes on a worker's node: chunks into leader slots, and the chain broadcast.
 inline constexpr std::uint8_t leader_slot_tag = 1;
 inline constexpr std::uint8_t chain_tag = 2;
+/// The imm value of a chunk written into a leader slot: the epoch's low byte guards against a
+/// write of an older epoch landing late in a slot the new epoch reuses.
+inline constexpr std::uint32_t slot_imm_value(std::uint32_t epoch, std::uint32_t slot) {
+  return ((epoch & 0xffu) << 16) | (slot & 0xffffu);
+}
 
 struct trainer_options {
   bool checksums = true;  ///< xxh3-64 per chunk, verified by every receiver
   bool digests = true;    ///< xxh3-128 per tensor, for the coordinator's end-to-end verdict
   /// The device the shard's tensors live on, whose copies the host copy is pinned for; null: host.
   device_memory* memory = nullptr;
+  std::chrono::milliseconds heartbeat_interval{250};
 };
 
 /// Owning loop only.
@@ -37,30 +46,52 @@ class trainer_shard final : public actor {
 
   /// Registers the shard's tensors with the coordinator.
   void join();
-  /// Starts publishing `version`; it must be newer than every version published before.
-  /// Offloading waits until the previous version is delivered (the host copy is reused).
+  /// Starts publishing `version`, which must be newer than every version published before. The
+  /// offload begins once the host copy it reuses is no longer needed (version - 2 settled).
   result<void> publish(std::uint64_t version, std::string& why);
 
-  bool ready() const { return !routes_.empty(); }
+  /// The plan is in force; `next_version()` is where the job stands.
+  bool ready() const { return ready_; }
+  std::uint64_t next_version() const { return next_version_; }
   bool failed() const { return failed_; }
   std::uint64_t delivered() const { return delivered_; }
 
+  /// The plan is in force (first time, or again after a regroup).
   std::function<void()> on_ready;
   std::function<void(std::uint64_t version, double seconds)> on_offloaded;
   std::function<void(std::uint64_t version, bool verified)> on_delivered;
+  /// An update cannot complete (another shard died); publishing resumes after `on_ready`.
+  std::function<void(std::uint64_t version, const std::string&)> on_update_failed;
+  /// The job failed; this shard stops.
   std::function<void(const std::string&)> on_failed;
 
  private:
+  /// One leader's share of an update.
   struct route {
     address leader;
     region_desc slots;
-    std::unique_ptr<slot_counter> credits;
+    std::vector<std::uint32_t> chunks;  ///< this shard's chunks the leader still needs
+    slot_counter credits;
     std::deque<std::uint32_t> free;
+    std::size_t in_flight = 0;
+    route(address l, region_desc s, std::uint32_t depth) : leader(l), slots(s), credits(depth) {}
+  };
+  /// One host copy and the version it holds.
+  struct host_copy {
+    host_buffer bytes;
+    std::optional<region_desc> region;
+    std::uint64_t version = 0;
+    std::size_t offloaded = 0;  ///< chunks of `version` offloaded so far, in send order
+    bool complete = false;
+    std::vector<std::uint64_t> checksums;  ///< per plan chunk
   };
 
   void adopt_plan(const plan_ready& m);
+  void start_sending(const update_go& go);
   void run_publish(std::uint64_t version);
-  void send_chunks(route& r, std::uint64_t version, const std::vector<std::uint32_t>& chunks);
+  void send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation);
+  host_copy* copy_of(std::uint64_t version);
+  void beat();
   void fail(const std::string& reason);
   void changed() { state_cv_.notify_all(); }
   template <class Pred>
@@ -73,21 +104,23 @@ class trainer_shard final : public actor {
   trainer_options options_;
 
   std::optional<ferry::plan> plan_;
-  std::vector<int> local_of_;                       ///< plan tensor index -> tensors_ index, or -1
-  std::vector<std::uint64_t> stream_offset_;        ///< plan tensor index -> offset in the host copy
-  host_buffer host_copy_;
-  std::optional<region_desc> host_region_;
-  std::vector<route> routes_;
+  std::vector<int> local_of_;                 ///< plan tensor index -> tensors_ index, or -1
+  std::vector<std::uint64_t> stream_offset_;  ///< plan tensor index -> offset in a host copy
+  std::vector<std::uint32_t> my_chunks_;      ///< this shard's chunk ids, in send order
+  std::array<host_copy, 2> copies_of_;        ///< indexed by version parity
 
+  bool ready_ = false;
+  std::uint64_t next_version_ = 1;
   std::uint64_t last_published_ = 0;
   std::uint64_t delivered_ = 0;
-  std::size_t offloaded_chunks_ = 0;
-  std::size_t writes_done_ = 0;
-  std::vector<std::uint64_t> checksums_;  ///< per plan chunk
+  std::uint64_t settled_ = 0;  ///< newest version delivered or failed
+  std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
+  std::vector<std::shared_ptr<route>> routes_;
   stage_meter offload_meter_, send_meter_;
   bool failed_ = false;
   bool stopped_ = false;
-  int running_ = 0;  ///< publish fibers alive
+  int fibers_ = 0;
+  std::uint64_t heartbeat_timer_ = 0;
   boost::fibers::mutex state_mutex_;
   boost::fibers::condition_variable state_cv_;
 };

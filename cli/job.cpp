@@ -1,6 +1,7 @@
 /// Multi-process jobs: `ferry coordinator`, `ferry node` (one actor per process) and the
 /// `ferry local` launcher that starts a whole job of separate processes on this host.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -8,9 +9,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <thread>
@@ -19,11 +22,13 @@
 #include "actors/synthetic_model.hpp"
 #include "actors/trainer_shard.hpp"
 #include "cli/commands.hpp"
+#include "cli/gpu.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
+#include "runtime/worker_pool.hpp"
 #include "transport/factory.hpp"
 #include "transport/tcp/link_auth.hpp"
 
@@ -43,7 +48,11 @@ struct process_flags {
   bool allow_unauthenticated = false;
   double timeout_seconds = 600;
   bool json = false;
+  bool events = false;
   std::string fabric_provider;
+  std::string model = "synthetic";  ///< or "llama3-8b" (then --model-bytes is ignored)
+  bool gpus = false;                ///< local: one GPU per node process, in start order
+  double heartbeat_timeout_s = 10;  ///< coordinator: a member silent this long is dead
 };
 
 void add_process_flags(CLI::App& app, process_flags& f) {
@@ -51,18 +60,31 @@ void add_process_flags(CLI::App& app, process_flags& f) {
   app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
                "run tcp links without a job secret (otherwise FERRY_SECRET or FERRY_SECRET_FILE is required)");
   app.add_option("--fabric-provider", f.fabric_provider, "libfabric provider for --transport fabric (e.g. shm, 'tcp;ofi_rxm')");
+  app.add_option("--model", f.model, "synthetic (sized by --model-bytes) or llama3-8b (bf16, ~16 GB)")
+      ->check(CLI::IsMember({"synthetic", "llama3-8b"}))->capture_default_str();
   app.add_option("--timeout", f.timeout_seconds, "give up after this many seconds")->check(CLI::PositiveNumber)
       ->capture_default_str();
 }
 
 /// The transport environment of a job process: the job secret comes from the environment only.
 std::optional<std::string> prepare_environment(const process_flags& f, transport_environment& env) {
+  // Bad values fail here, at once, rather than as a refused plan after every node registered.
+  if (auto error = check_job_options(f.job); !error.empty()) return error;
   if (f.job.transport == "inproc") return "--transport inproc cannot span processes; use tcp or fabric";
   env.allow_unauthenticated = f.allow_unauthenticated;
   env.fabric_provider = f.fabric_provider;
   if (f.job.transport == "tcp" && !f.allow_unauthenticated) {
     auto secret = load_job_secret();
-    if (!secret) return "no job secret: set FERRY_SECRET_FILE (or FERRY_SECRET): " + secret.error().message();
+    if (!secret) {
+      // Name where the secret was looked for, never its bytes.
+      const char* file = std::getenv("FERRY_SECRET_FILE");
+      const std::string source = file && *file ? fmt::format("FERRY_SECRET_FILE '{}'", file) : "FERRY_SECRET";
+      const bool short_secret = secret.error() == errc::invalid_argument;
+      return fmt::format("{}: {}", source,
+                         short_secret ? fmt::format("the job secret must be at least {} bytes", min_secret_bytes)
+                                      : secret.error().message());
+    }
+    if (secret->empty()) return "no job secret: set FERRY_SECRET_FILE (or FERRY_SECRET), or pass --allow-unauthenticated";
     env.secret = *secret;
   }
   return std::nullopt;
@@ -89,11 +111,13 @@ int run_coordinator(const process_flags& f) {
   node host(loop, coordinator_node, *t, protocol());
   if (auto ec = host.start()) return std::fprintf(stderr, "ferry coordinator: %s\n", ec.message().c_str()), 1;
 
-  coordinator coord(host, job_actor,
-                    job_shape{.trainers = f.job.trainers,
-                              .instance_sizes = std::vector<std::uint32_t>(f.job.instances, f.job.workers_per_instance),
-                              .chunk_bytes = f.job.chunk_bytes,
-                              .depth = f.job.depth});
+  job_shape shape{.trainers = f.job.trainers,
+                  .instance_sizes = std::vector<std::uint32_t>(f.job.instances, f.job.workers_per_instance),
+                  .chunk_bytes = f.job.chunk_bytes,
+                  .depth = f.job.depth};
+  // GPU nodes pin tens of GiB on their loop thread at plan time: give their heartbeats room.
+  shape.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
+  coordinator coord(host, job_actor, shape);
   job_result result;
   result.workers = f.job.instances * f.job.workers_per_instance;
   std::optional<std::string> failure;
@@ -104,11 +128,29 @@ int run_coordinator(const process_flags& f) {
     log::info("coordinator: every leader is ready; updates may start");
   };
   coord.on_failed = [&](const std::string& why) { failure = why; };
+  // --events: one JSON line per update, delivery and regroup on stdout, for `ferry chaos`.
+  auto event = [&](nlohmann::json e) {
+    if (!f.events) return;
+    std::printf("%s\n", e.dump().c_str());
+    std::fflush(stdout);
+  };
+  std::vector<double> regroup_ms;
   coord.on_delivered = [&](const version_report& r) {
     result.versions.push_back(r);
     log::info("version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer stalled {:.3f} s{}", r.version,
               f.job.versions, r.bytes / 1e9, r.workers, r.seconds, r.bytes / r.seconds / 1e9, r.offloaded_seconds,
               r.verified ? ", digests match" : "");
+    event({{"event", "delivered"}, {"version", r.version}, {"seconds", r.seconds}, {"verified", r.verified}});
+  };
+  coord.on_update = [&](std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders) {
+    event({{"event", "update"}, {"version", version}, {"catch_up", catch_up}, {"leaders", leaders}});
+  };
+  coord.on_regroup = [&](const regroup_report& r) {
+    regroup_ms.push_back(r.milliseconds);
+    event({{"event", "regroup"}, {"epoch", r.epoch}, {"ms", r.milliseconds}, {"reason", r.reason}});
+  };
+  coord.on_update_failed = [&](std::uint64_t version, const std::string& why) {
+    event({{"event", "update_failed"}, {"version", version}, {"reason", why}});
   };
   coord.start();
 
@@ -120,7 +162,9 @@ int run_coordinator(const process_flags& f) {
   }
   log::info("coordinator: listening at {}", address);
 
-  const bool finished = run_with_timeout(loop, f, [&] { return failure || result.versions.size() >= f.job.versions; });
+  // Done when enough versions are delivered and no late joiner is still catching up.
+  const bool finished =
+      run_with_timeout(loop, f, [&] { return failure || (result.versions.size() >= f.job.versions && coord.idle()); });
   coord.stop_job();
   run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });  // let job_stop leave
   log::set_level(log::level::error);  // from here on, peers leaving is the plan, not news
@@ -129,8 +173,14 @@ int run_coordinator(const process_flags& f) {
   result.ok = !failure;
   result.verified = result.ok && f.job.verify;
   for (const auto& v : result.versions) result.verified = result.verified && v.verified;
+  result.verified = result.verified && coord.digest_mismatches() == 0;
   if (failure) result.error = *failure;
-  std::printf("%s", f.json ? (summary_json(result).dump() + "\n").c_str() : summary_table(result).c_str());
+  auto summary = summary_json(result);
+  std::sort(regroup_ms.begin(), regroup_ms.end());
+  summary["regroups"] = coord.regroups();
+  summary["regroup_ms_median"] = regroup_ms.empty() ? 0.0 : regroup_ms[regroup_ms.size() / 2];
+  summary["regroup_ms_max"] = regroup_ms.empty() ? 0.0 : regroup_ms.back();
+  std::printf("%s", f.json ? (summary.dump() + "\n").c_str() : summary_table(result).c_str());
   std::fflush(stdout);
   return result.ok && (result.verified || !f.job.verify) ? 0 : 1;
 }
@@ -140,6 +190,7 @@ struct node_flags {
   std::string role;
   node_id id = 1;
   std::uint32_t shard = 0, instance = 0, rank = 0;
+  int device = -1;  ///< the GPU this process's tensors live on; -1: host memory
 };
 
 int run_node(const node_flags& f) {
@@ -155,9 +206,18 @@ int run_node(const node_flags& f) {
                         ec.message().c_str()), 2;
   }
   const address coordinator_address{coordinator_node, job_actor};
-  host_copy_engine copies(loop);
+  host_copy_engine host_copies(loop);
   const auto& job = f.common.job;
-  const auto model = synthetic_transformer(job.model_bytes);
+  const auto model = f.common.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(job.model_bytes);
+  // GPU mode: tensors on the device, the CUDA copy engine, pinned staging, an NCCL instance group.
+  std::unique_ptr<gpu_context> gpu;
+  if (f.device >= 0) {
+    std::string why;
+    gpu = open_gpu(loop, f.device, why);
+    if (!gpu) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 2;
+  }
+  copy_engine& copies = gpu ? *gpu->copies : static_cast<copy_engine&>(host_copies);
+  device_memory* memory = gpu ? gpu->memory.get() : nullptr;
 
   std::optional<std::string> failure;
   bool stopped = false;
@@ -168,39 +228,106 @@ int run_node(const node_flags& f) {
   if (f.role == "trainer") {
     const auto shards = split_over_shards(model, job.trainers);
     if (f.shard >= shards.size()) return std::fprintf(stderr, "ferry node: --shard %u: the job has %u\n", f.shard, job.trainers), 2;
-    std::vector<host_buffer> storage;
+    std::vector<host_buffer> storage;  // the tensors, or on a GPU the host bytes uploaded into them
     std::vector<tensor_ref> tensors;
     for (const auto& s : shards[f.shard]) {
       storage.emplace_back(s.nbytes);
       tensors.push_back({.spec = s, .data = storage.back().data()});
     }
+    if (gpu) {
+      std::string why;
+      tensors = gpu->allocate(shards[f.shard], why);
+      if (tensors.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
+    }
     trainer_shard shard(host, job_actor, coordinator_address, f.shard, tensors, copies,
-                        {.checksums = job.checksums, .digests = job.verify});
+                        {.checksums = job.checksums, .digests = job.verify, .memory = memory});
     watch_stop(shard);
     shard.on_failed = [&](const std::string& why) { failure = why; };
-    // The "training loop": produce version v, publish it, train on once offloaded.
+    // The "training loop": produce version v, publish it, train on once offloaded; one version
+    // at a time, until the coordinator stops the job (a failed version is skipped, not retried).
     std::uint64_t version = 0;
+    bool publishing = false;
+    std::thread uploader;  // GPU mode: host bytes into the device tensors, off the loop
     auto publish_next = [&] {
-      if (version >= job.versions) return;
-      ++version;
-      for (auto& t : tensors) fill_version({t.data, t.spec.nbytes}, t.spec.name, version);
-      std::string why;
-      if (!shard.publish(version, why)) failure = "publish refused: " + why;
+      if (publishing || !shard.ready()) return;
+      publishing = true;
+      version = std::max(version + 1, shard.next_version());
+      auto publish = [&, v = version] {
+        std::string why;
+        if (!shard.publish(v, why)) failure = "publish refused: " + why;
+      };
+      if (!gpu) {
+        for (auto& t : tensors) fill_version({t.data, t.spec.nbytes}, t.spec.name, version);
+        return publish();
+      }
+      // GPU: fill the host bytes on the pool, upload them on a thread of our own, then publish.
+      // A pageable upload blocks its thread for seconds: never the loop's (heartbeats must keep
+      // flowing), and never a pool thread's (CUDA state on a thread that outlives main crashes
+      // the process at exit); the uploader is joined before the tensors go away.
+      auto pending = std::make_shared<std::size_t>(tensors.size());
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        worker_pool::shared().async_run(
+            loop, [&, i, v = version] { fill_version(storage[i].span(), tensors[i].spec.name, v); },
+            [&, pending, publish] {
+              if (--*pending > 0) return;
+              if (uploader.joinable()) uploader.join();
+              uploader = std::thread([&, publish, device = f.device] {
+                std::string error;
+                (void)select_device(device);
+                for (std::size_t k = 0; k < tensors.size() && error.empty(); ++k) {
+                  if (auto ec = copy_blocking(tensors[k].data, storage[k].data(), tensors[k].spec.nbytes)) {
+                    error = "upload of '" + tensors[k].spec.name + "' failed: " + ec.message();
+                  }
+                }
+                loop.post([&, publish, error] {
+                  if (!error.empty()) failure = error;
+                  else publish();
+                });
+              });
+            });
+      }
     };
     shard.on_ready = publish_next;
-    shard.on_delivered = [&](std::uint64_t, bool) { publish_next(); };
+    shard.on_delivered = [&](std::uint64_t v, bool) {
+      if (v >= version) publishing = false;
+      publish_next();
+    };
+    shard.on_update_failed = [&](std::uint64_t v, const std::string& why) {
+      log::warn("trainer shard {}: version {} failed: {}; publishing again once the job regroups", f.shard, v, why);
+      if (v >= version) publishing = false;
+    };
     shard.join();
     run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value() || shard.failed(); });
+    if (uploader.joinable()) uploader.join();
   } else {
     std::vector<tensor_ref> destinations;
     for (const auto& t : model) destinations.push_back({.spec = t});
-    rollout_worker worker(host, job_actor, coordinator_address, f.instance, f.rank, destinations, copies,
-                          {.checksums = job.checksums, .digests = job.verify});
+    if (gpu) {
+      std::string why;
+      destinations = gpu->allocate(model, why);
+      if (destinations.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
+    }
+    worker_options options{.checksums = job.checksums, .digests = job.verify, .memory = memory};
+    if (gpu) options.make_broadcast = gpu->make_broadcast;
+    rollout_worker worker(host, job_actor, coordinator_address, f.instance, f.rank, destinations, copies, options);
     watch_stop(worker);
     worker.on_failed = [&](const std::string& why) { failure = why; };
     worker.on_version = [&](std::uint64_t v) { log::debug("worker {}.{}: version {} applied", f.instance, f.rank, v); };
     worker.join();
     run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value(); });
+    if (gpu && !failure) {
+      // Every byte of the last version on this GPU, against what the trainers published.
+      if (worker.version() != job.versions) {
+        failure = fmt::format("holds version {} of {} at the end", worker.version(), job.versions);
+      } else if (auto error = check_device_tensors(destinations, worker.version()); !error.empty()) {
+        failure = "GPU bytes differ: " + error;
+      } else {
+        std::uint64_t bytes = 0;
+        for (const auto& t : destinations) bytes += t.spec.nbytes;
+        log::info("worker {}.{}: every byte of version {} verified on GPU {} ({} bytes)", f.instance, f.rank,
+                  worker.version(), f.device, bytes);
+      }
+    }
   }
   if (failure) log::error("node {}: {}", f.id, *failure);
   log::set_level(log::level::error);  // peers leaving after job_stop is the plan, not news
@@ -246,10 +373,12 @@ int run_local(const process_flags& f) {
     if (!f.job.verify) args.push_back("--no-verify");
     args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
     if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
+    if (f.model != "synthetic") args.insert(args.end(), {"--model", f.model});
     return args;
   };
   auto coordinator_args = extra(job_args(self, "coordinator", f.job));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file});
+  if (f.gpus) coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout", "30"});
   if (f.json) coordinator_args.push_back("--json");
   const pid_t coordinator_pid = spawn(coordinator_args);
   std::vector<pid_t> children;
@@ -264,6 +393,7 @@ int run_local(const process_flags& f) {
     node_id next = 1;
     auto start_node = [&](std::vector<std::string> role) {
       auto args = extra(job_args(self, "node", f.job));
+      if (f.gpus) args.insert(args.end(), {"--device", std::to_string(next - 1)});  // node k on GPU k-1
       args.insert(args.end(), {"--coordinator", address, "--node-id", std::to_string(next++)});
       args.insert(args.end(), role.begin(), role.end());
       children.push_back(spawn(args));
@@ -283,9 +413,178 @@ int run_local(const process_flags& f) {
     if (coordinator_pid > 0) kill(coordinator_pid, SIGKILL);
   }
   // Nodes leave on job_stop; give them a moment, then make sure none is left behind.
-  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // GPU nodes check every byte on their device after the job, which takes a while.
+  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(f.gpus ? 180 : 10);
   for (pid_t pid : children) {
     int raw = 0;
+    bool killed = false;
+    while (pid > 0 && waitpid(pid, &raw, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > grace) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &raw, 0);
+        killed = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (f.gpus && (killed || !WIFEXITED(raw) || WEXITSTATUS(raw) != 0)) {
+      log::error("local: node process {} failed (its byte check or its role)", pid);
+      status = 1;
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return status;
+}
+
+
+/// Starts `args` with its stdout into a pipe; returns the pid (or -1) and the pipe's read end.
+std::pair<pid_t, FILE*> spawn_reading(const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe(fds) != 0) return {-1, nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return {-1, nullptr};
+  }
+  return {pid, fdopen(fds[0], "r")};
+}
+
+struct chaos_flags {
+  process_flags common;
+  std::uint64_t seed = 1;
+  double kill_rate = 0.5;
+};
+
+/// `ferry chaos`: a real multi-process job on loopback that publishes versions while rollout
+/// processes are SIGKILLed at random moments (leaders among them, some mid-transfer) and
+/// replacements join. Its last line (with --json) is the verdict.
+int run_chaos(const chaos_flags& f) {
+  const auto& job = f.common.job;
+  if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
+  if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp or fabric\n"), 2;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ferry-chaos-{}", getpid());
+  std::filesystem::create_directories(dir);
+  const auto secret_file = dir / "secret";
+  {
+    std::random_device random;
+    std::ofstream out(secret_file, std::ios::binary);
+    for (int i = 0; i < 32; ++i) out.put(static_cast<char>(random()));
+  }
+  std::filesystem::permissions(secret_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  setenv("FERRY_SECRET_FILE", secret_file.c_str(), 1);
+  const auto address_file = (dir / "coordinator").string();
+
+  auto with_common = [&](std::vector<std::string> args) {
+    if (!job.checksums) args.push_back("--no-checksums");
+    if (!job.verify) args.push_back("--no-verify");
+    args.insert(args.end(), {"--timeout", std::to_string(f.common.timeout_seconds)});
+    if (!f.common.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.common.fabric_provider});
+    return args;
+  };
+  auto coordinator_args = with_common(job_args(self, "coordinator", job));
+  coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
+  auto [coordinator_pid, events] = spawn_reading(coordinator_args);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(address_file) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string address;
+  std::ifstream(address_file) >> address;
+  if (coordinator_pid <= 0 || !events || address.empty()) {
+    std::fprintf(stderr, "ferry chaos: the coordinator did not start\n");
+    if (coordinator_pid > 0) kill(coordinator_pid, SIGKILL);
+    return 1;
+  }
+
+  struct worker_process {
+    pid_t pid;
+    std::uint32_t instance, rank;
+  };
+  std::map<node_id, worker_process> workers;
+  std::vector<pid_t> others;
+  std::map<std::uint32_t, std::uint32_t> next_rank;
+  node_id next_node = 1;
+  auto start_node = [&](std::vector<std::string> role) {
+    auto args = with_common(job_args(self, "node", job));
+    args.insert(args.end(), {"--coordinator", address, "--node-id", std::to_string(next_node)});
+    args.insert(args.end(), role.begin(), role.end());
+    return std::pair{next_node++, spawn(args)};
+  };
+  auto start_worker = [&](std::uint32_t instance) {
+    const auto rank = next_rank[instance]++;
+    auto [id, pid] = start_node({"--role", "worker", "--instance", std::to_string(instance), "--rank", std::to_string(rank)});
+    workers[id] = {pid, instance, rank};
+  };
+  for (std::uint32_t s = 0; s < job.trainers; ++s) {
+    others.push_back(start_node({"--role", "trainer", "--shard", std::to_string(s)}).second);
+  }
+  for (std::uint32_t i = 0; i < job.instances; ++i) {
+    for (std::uint32_t r = 0; r < job.workers_per_instance; ++r) start_worker(i);
+  }
+
+  // Kill at random moments of updates, leaders half the time, then start a replacement.
+  std::mt19937_64 rng(f.seed);
+  std::uniform_real_distribution<double> coin(0, 1);
+  std::uint32_t kills = 0, leader_kills = 0, joins = 0;
+  double max_update = 0;
+  nlohmann::json verdict;
+  char* line = nullptr;
+  size_t capacity = 0;
+  while (getline(&line, &capacity, events) > 0) {
+    auto e = nlohmann::json::parse(line, nullptr, false);
+    if (e.is_discarded()) continue;
+    if (e.contains("verified") && !e.contains("event")) {
+      verdict = e;
+      break;
+    }
+    const auto kind = e.value("event", "");
+    if (kind == "delivered") max_update = std::max(max_update, e.value("seconds", 0.0));
+    if (kind != "update" || e.value("catch_up", false) || e.value("version", 0ull) >= job.versions) continue;
+    if (coin(rng) >= f.kill_rate || workers.empty()) continue;
+    const auto leaders = e.value("leaders", std::vector<node_id>{});
+    node_id victim = 0;
+    if (!leaders.empty() && coin(rng) < 0.5) {
+      victim = leaders[std::uniform_int_distribution<std::size_t>(0, leaders.size() - 1)(rng)];
+    } else {
+      auto it = workers.begin();
+      std::advance(it, std::uniform_int_distribution<std::size_t>(0, workers.size() - 1)(rng));
+      victim = it->first;
+    }
+    auto it = workers.find(victim);
+    if (it == workers.end()) continue;
+    // Some kills land mid-transfer: the update just started.
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 30000)(rng)));
+    kill(it->second.pid, SIGKILL);
+    waitpid(it->second.pid, nullptr, 0);
+    const bool was_leader = std::find(leaders.begin(), leaders.end(), victim) != leaders.end();
+    log::info("chaos: killed worker {}.{} (node {}{})", it->second.instance, it->second.rank, victim,
+              was_leader ? ", a leader" : "");
+    ++kills;
+    leader_kills += was_leader;
+    const auto instance = it->second.instance;
+    workers.erase(it);
+    start_worker(instance);
+    ++joins;
+  }
+  free(line);
+  fclose(events);
+  int raw = 0;
+  waitpid(coordinator_pid, &raw, 0);
+  const bool coordinator_ok = WIFEXITED(raw) && WEXITSTATUS(raw) == 0;
+  for (const auto& [id, w] : workers) others.push_back(w.pid);
+  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (pid_t pid : others) {
     while (pid > 0 && waitpid(pid, &raw, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > grace) {
         kill(pid, SIGKILL);
@@ -296,9 +595,30 @@ int run_local(const process_flags& f) {
     }
   }
   std::filesystem::remove_all(dir);
-  return status;
-}
 
+  const bool verified = coordinator_ok && verdict.value("verified", false);
+  nlohmann::json out{{"verified", verified},
+                     {"versions", verdict.value("versions", 0)},
+                     {"kills", kills},
+                     {"leader_kills", leader_kills},
+                     {"joins", joins},
+                     {"regroups", verdict.value("regroups", 0)},
+                     {"regroup_ms_median", verdict.value("regroup_ms_median", 0.0)},
+                     {"regroup_ms_max", verdict.value("regroup_ms_max", 0.0)},
+                     {"update_seconds_max", max_update},
+                     {"seed", f.seed}};
+  if (verdict.contains("error")) out["error"] = verdict["error"];
+  if (f.common.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("chaos: %s versions, %u kills (%u leaders), %u joins, %d regroups: median %.1f ms, worst %.1f ms; "
+                "slowest update %.3f s; %s\n",
+                out["versions"].dump().c_str(), kills, leader_kills, joins, out["regroups"].get<int>(),
+                out["regroup_ms_median"].get<double>(), out["regroup_ms_max"].get<double>(), max_update,
+                verified ? "verified" : "NOT verified");
+  }
+  return verified ? 0 : 1;
+}
 }  // namespace
 
 void add_jobs(CLI::App& app, command_table& commands) {
@@ -307,7 +627,10 @@ void add_jobs(CLI::App& app, command_table& commands) {
   cf->job.transport = "tcp";
   add_process_flags(*coord, *cf);
   coord->add_option("--address-file", cf->address_file, "write the coordinator's transport address here");
+  coord->add_option("--heartbeat-timeout", cf->heartbeat_timeout_s, "seconds of silence after which a member is dead")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   coord->add_flag("--json", cf->json, "print one JSON object instead of the table");
+  coord->add_flag("--events", cf->events, "print a JSON line per update, delivery and regroup");
   commands[coord] = [cf] { return run_coordinator(*cf); };
 
   auto* node_cmd = app.add_subcommand("node", "one trainer shard or rollout worker of a multi-process job");
@@ -321,6 +644,8 @@ void add_jobs(CLI::App& app, command_table& commands) {
   node_cmd->add_option("--shard", nf->shard, "trainer: the shard this process owns");
   node_cmd->add_option("--instance", nf->instance, "worker: its instance");
   node_cmd->add_option("--rank", nf->rank, "worker: its rank in the instance");
+  node_cmd->add_option("--device", nf->device, "the GPU of this process's tensors (CUDA builds); -1: host memory")
+      ->capture_default_str();
   commands[node_cmd] = [nf] { return run_node(*nf); };
 
   auto* local = app.add_subcommand("local", "a whole job of separate processes on this host");
@@ -328,7 +653,19 @@ void add_jobs(CLI::App& app, command_table& commands) {
   lf->job.transport = "tcp";
   add_process_flags(*local, *lf);
   local->add_flag("--json", lf->json, "print one JSON object instead of the table");
+  local->add_flag("--gpus", lf->gpus, "one GPU per node process: trainers on GPUs 0.., then the workers");
   commands[local] = [lf] { return run_local(*lf); };
+
+  auto* chaos = app.add_subcommand("chaos", "a multi-process job whose rollout processes are killed and replaced");
+  auto xf = std::make_shared<chaos_flags>();
+  xf->common.job = {.trainers = 2, .instances = 2, .workers_per_instance = 3, .model_bytes = 64ull << 20,
+                    .chunk_bytes = 2ull << 20, .depth = 2, .versions = 20, .transport = "tcp"};
+  add_process_flags(*chaos, xf->common);
+  chaos->add_option("--seed", xf->seed, "seed of the kill schedule")->capture_default_str();
+  chaos->add_option("--kill-rate", xf->kill_rate, "chance of a kill per update")->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
+  commands[chaos] = [xf] { return run_chaos(*xf); };
 }
 
 }  // namespace ferry::cli

@@ -20,7 +20,11 @@ endif()
 # CUDA and NCCL live in /usr/local/cuda when present; without them the build is CPU-only.
 set(FERRY_WITH_CUDA OFF)
 if(NOT FERRY_CUDA STREQUAL "OFF")
-  find_package(CUDAToolkit QUIET HINTS /usr/local/cuda)
+  # FindCUDAToolkit takes its hint as CUDAToolkit_ROOT (HINTS would switch to config mode and miss).
+  if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
   find_library(FERRY_NCCL_LIBRARY nccl HINTS /usr/local/cuda/lib64 ${CUDAToolkit_LIBRARY_DIR})
   find_path(FERRY_NCCL_INCLUDE nccl.h HINTS /usr/local/cuda/include ${CUDAToolkit_INCLUDE_DIRS})
   if(CUDAToolkit_FOUND AND FERRY_NCCL_LIBRARY AND FERRY_NCCL_INCLUDE)

@@ -48,7 +48,9 @@ struct inbox {
 
 /// What a writer learns when the peer's provider refuses its key or range: tcp;ofi_rxm's target
 /// drops the connection (rxm reconnects on the next operation).
-std::error_code remote_refusal(const std::string&) { return transport_errc::connection_lost; }
+std::error_code remote_refusal(const std::string&) {
+  return transport_errc::connection_lost;
+}
 
 /// shm 1.17 never answers a refused RMA: the target logs "error processing command" and its
 /// command queue stalls, so every later operation to it hangs. Not testable there.
@@ -263,17 +265,25 @@ TEST_P(fabric_pair, oversize_frames_are_refused_at_both_ends) {
   b.reset();
   open_pair({.max_frame = 64 << 10}, {.max_frame = 4096});
   if (!a) return;
-  std::optional<std::error_code> too_big_here, too_big_there;
+  std::optional<std::error_code> too_big_here;
   a->async_send(2, text_frame(std::string(70 << 10, 'x')),
                 [&](std::error_code ec) { too_big_here = ec; });
-  a->async_send(2, text_frame(std::string(8192, 'y')),
-                [&](std::error_code ec) { too_big_there = ec; });
-  a->async_send(2, text_frame("small"), [](std::error_code) {});
-  ASSERT_TRUE(run_for(loop, [&] { return too_big_here && !in_b.frames.empty(); }));
+  ASSERT_TRUE(run_for(loop, [&] { return too_big_here.has_value(); }));
   EXPECT_EQ(*too_big_here, make_error_code(errc::oversize_frame));
-  ASSERT_EQ(in_b.frames.size(), 1u);
-  EXPECT_EQ(in_b.frames[0].second, "small");
-  EXPECT_EQ(b->stats().frames_rejected, 1u);
+  if (GetParam() == "shm")
+    GTEST_SKIP() << "shm 1.17 spins forever inside fi_cq_read on a message larger than the "
+                    "posted buffer: all nodes must share max_frame (the sender-side cap is tested)";
+  // Within the sender's limit but over the receiver's buffers: dropped and counted there.
+  a->async_send(2, text_frame(std::string(8192, 'y')), [](std::error_code) {});
+  ASSERT_TRUE(run_for(loop, [&] { return b->stats().frames_rejected == 1; }));
+  EXPECT_TRUE(in_b.frames.empty());
+  // tcp;ofi_rxm resets the connection on truncation and keeps it failed: what follows fails
+  // loudly at the sender instead of vanishing.
+  std::optional<std::error_code> sent;
+  a->async_send(2, text_frame("small"), [&](std::error_code ec) { sent = ec; });
+  ASSERT_TRUE(run_for(loop, [&] { return sent.has_value(); }));
+  EXPECT_EQ(*sent, make_error_code(transport_errc::connection_lost));
+  EXPECT_TRUE(in_b.frames.empty());
 }
 
 TEST_P(fabric_pair, large_writes_are_split_with_one_completion_and_one_notice) {
@@ -309,6 +319,9 @@ TEST_P(fabric_pair, close_fails_pending_operations_once) {
                      ++calls;
                      last = ec;
                    });
+  // The target goes first: shm 1.17 crashes a same-process peer that still processes commands
+  // of an endpoint closed under it.
+  b->close();
   a->close();
   ASSERT_TRUE(run_for(loop, [&] { return calls == 4; }));
   run_for(

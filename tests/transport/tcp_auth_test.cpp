@@ -49,12 +49,12 @@ struct tcp_auth : ::testing::Test {
     return t;
   }
   void run_until(const std::function<bool()>& done) {
-    bool expired = false;
-    const auto timer =
-        b.clock().async_wait(std::chrono::seconds(30), [&](std::error_code ec) { expired = !ec; });
-    loop.run_until([&] { return done() || expired; });
+    auto expired = std::make_shared<bool>(false);
+    const auto timer = b.clock().async_wait(std::chrono::seconds(30),
+                                            [expired](std::error_code ec) { *expired = !ec; });
+    loop.run_until([&] { return done() || *expired; });
     b.clock().cancel(timer);
-    ASSERT_FALSE(expired) << "timed out";
+    ASSERT_FALSE(*expired) << "timed out";
   }
   /// One write and one control frame from `t`; their errors.
   std::pair<std::error_code, std::error_code> try_write_and_send(tcp_transport& t) {

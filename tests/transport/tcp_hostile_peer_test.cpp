@@ -133,16 +133,16 @@ TEST(tcp_hostile_peer, garbage_peers_are_dropped_while_a_good_peer_is_served) {
     loop.post([&] { attack_over = true; });
   });
 
-  bool expired = false;
-  const auto timer =
-      a.clock().async_wait(std::chrono::seconds(60), [&](std::error_code ec) { expired = !ec; });
+  auto expired = std::make_shared<bool>(false);
+  const auto timer = a.clock().async_wait(std::chrono::seconds(60),
+                                          [expired](std::error_code ec) { *expired = !ec; });
   loop.run_until([&] {
-    return expired || (attack_over && after_attack >= 20 && b.stats().rejected_total() >= 2 &&
-                       tb->stats().links_lost >= 5);
+    return *expired || (attack_over && after_attack >= 20 && b.stats().rejected_total() >= 2 &&
+                        tb->stats().links_lost >= 5);
   });
   a.clock().cancel(timer);
   attacker.join();
-  ASSERT_FALSE(expired) << "timed out";
+  ASSERT_FALSE(*expired) << "timed out";
 
   EXPECT_TRUE(log.garbage_before_handshake_dropped);
   EXPECT_TRUE(log.handshakes_ok);

@@ -46,12 +46,12 @@ struct tcp_pair : ::testing::Test {
   }
   /// Runs the loop until `done`, or fails the test after 30 s instead of hanging.
   void run_until(const std::function<bool()>& done) {
-    bool expired = false;
-    const auto timer =
-        a.clock().async_wait(std::chrono::seconds(30), [&](std::error_code ec) { expired = !ec; });
-    loop.run_until([&] { return done() || expired; });
+    auto expired = std::make_shared<bool>(false);
+    const auto timer = a.clock().async_wait(std::chrono::seconds(30),
+                                            [expired](std::error_code ec) { *expired = !ec; });
+    loop.run_until([&] { return done() || *expired; });
     a.clock().cancel(timer);
-    ASSERT_FALSE(expired) << "timed out";
+    ASSERT_FALSE(*expired) << "timed out";
   }
 };
 

@@ -53,6 +53,10 @@ TEST(tcp_two_processes, messages_and_a_256_mib_write_verified_by_the_child) {
       {FERRY_TCP_TEST_PEER, transport->local_address(), "1", "2", std::to_string(bytes)});
   ASSERT_GT(child, 0);
 
+  // Declared before the actor: its destructor may still turn the loop, and the watch with it.
+  int status = 0;
+  bool exited = false, expired = false;
+  std::function<void()> watch;
   actor driver(n, 1);
   std::optional<region_desc> remote;
   std::vector<std::uint64_t> pongs;
@@ -92,10 +96,8 @@ TEST(tcp_two_processes, messages_and_a_256_mib_write_verified_by_the_child) {
   driver.start();
 
   // Wake up now and then to notice a child that died early; give up after a deadline.
-  int status = 0;
-  bool exited = false, expired = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  std::function<void()> watch = [&] {
+  watch = [&] {
     if (!exited && ::waitpid(child, &status, WNOHANG) == child) exited = true;
     expired = std::chrono::steady_clock::now() > deadline;
     if (!exited && !expired)

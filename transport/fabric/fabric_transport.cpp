@@ -34,6 +34,8 @@ constexpr auto busy_interval = 20us;
 constexpr auto idle_interval = 2ms;
 /// Completions handled per turn, so one busy transport cannot starve the loop.
 constexpr int drain_budget = 256;
+/// Each control message is [sender node id, BE32][payload][payload length, BE32].
+constexpr std::size_t trailer_bytes = 4;
 
 enum class op_kind : std::uint8_t { recv, send, write };
 
@@ -97,11 +99,12 @@ std::error_code map_op_error(int err) {
     case FI_EOPNOTSUPP:
       // One-sided writes learn only that the peer's provider refused the key or the range.
       return transport_errc::key_mismatch;
+    case FI_ETRUNC:
+    case FI_EMSGSIZE:
+      return transport_errc::limit_exceeded;
     // We never fi_cancel and fail our own ops on close, so a cancel is the provider dropping
     // the link (tcp;ofi_rxm does so when the target refuses an RMA key or range).
     case FI_ECANCELED:
-    case FI_ETRUNC:
-    case FI_EMSGSIZE: return transport_errc::limit_exceeded;
     case FI_ECONNREFUSED:
     case FI_ECONNRESET:
     case FI_ECONNABORTED:
@@ -110,14 +113,20 @@ std::error_code map_op_error(int err) {
     case FI_ENETUNREACH:
     case FI_ETIMEDOUT:
     case FI_EIO:
-    case FI_ESHUTDOWN: return transport_errc::connection_lost;
-    default: return transport_errc::provider_error;
+    case FI_ESHUTDOWN:
+      return transport_errc::connection_lost;
+    default:
+      return transport_errc::provider_error;
   }
 }
 
-bool is_link_error(std::error_code ec) { return ec == transport_errc::connection_lost; }
+bool is_link_error(std::error_code ec) {
+  return ec == transport_errc::connection_lost;
+}
 
-std::string fi_error_text(int rc) { return fi_strerror(rc < 0 ? -rc : rc); }
+std::string fi_error_text(int rc) {
+  return fi_strerror(rc < 0 ? -rc : rc);
+}
 
 }  // namespace
 
@@ -189,8 +198,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   fabric_stats counters;
 
   std::unordered_map<node_id, fi_addr_t> peers;
-  std::map<std::uint64_t, region> regions;              // by id
-  std::map<const std::byte*, std::uint64_t> by_base;    // region base -> id
+  std::unordered_map<node_id, std::vector<std::byte>> peer_names;  ///< fi_getname blobs
+  std::map<std::uint64_t, region> regions;                         // by id
+  std::map<const std::byte*, std::uint64_t> by_base;               // region base -> id
   std::uint64_t next_region = 1;
   std::mt19937_64 keys{std::random_device{}()};
 
@@ -247,10 +257,12 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     provider_name = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "";
     mr_mode = info->domain_attr->mr_mode;
     max_piece = info->ep_attr->max_msg_size;
-    if (options.max_write_piece != 0) max_piece = std::min<std::uint64_t>(max_piece, options.max_write_piece);
+    if (options.max_write_piece != 0)
+      max_piece = std::min<std::uint64_t>(max_piece, options.max_write_piece);
     if (max_piece == 0) max_piece = 1u << 30;
 
-    if ((rc = fi_fabric(info->fabric_attr, &fabric, nullptr))) return provider_failed("fi_fabric", rc);
+    if ((rc = fi_fabric(info->fabric_attr, &fabric, nullptr)))
+      return provider_failed("fi_fabric", rc);
     if ((rc = fi_domain(fabric, info, &domain, nullptr))) return provider_failed("fi_domain", rc);
 
     fi_cq_attr cq_attr{};
@@ -269,7 +281,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     }
     if (!cq) {
       cq_attr.wait_obj = FI_WAIT_NONE;
-      if ((rc = fi_cq_open(domain, &cq_attr, &cq, nullptr))) return provider_failed("fi_cq_open", rc);
+      if ((rc = fi_cq_open(domain, &cq_attr, &cq, nullptr)))
+        return provider_failed("fi_cq_open", rc);
     }
 
     fi_av_attr av_attr{};
@@ -277,7 +290,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     if ((rc = fi_av_open(domain, &av_attr, &av, nullptr))) return provider_failed("fi_av_open", rc);
     if ((rc = fi_endpoint(domain, info, &ep, nullptr))) return provider_failed("fi_endpoint", rc);
     if ((rc = fi_ep_bind(ep, &av->fid, 0))) return provider_failed("fi_ep_bind(av)", rc);
-    if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV))) return provider_failed("fi_ep_bind(cq)", rc);
+    if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)))
+      return provider_failed("fi_ep_bind(cq)", rc);
     if ((rc = fi_enable(ep))) return provider_failed("fi_enable", rc);
 
     std::byte name[256];
@@ -285,19 +299,23 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     if ((rc = fi_getname(&ep->fid, name, &len))) return provider_failed("fi_getname", rc);
     name_hex = hex_encode(name, len);
 
-    const std::size_t slot = options.max_frame;
+    const std::size_t slot = rx_slot();
     rx_slab = std::make_unique<std::byte[]>(slot * options.rx_buffers);
     if (mr_mode & FI_MR_LOCAL) {
-      if (auto ec = register_memory(rx_slab.get(), slot * options.rx_buffers, FI_RECV, rx_mr)) return ec;
+      if (auto ec = register_memory(rx_slab.get(), slot * options.rx_buffers, FI_RECV, rx_mr))
+        return ec;
     }
     for (std::size_t i = 0; i < options.rx_buffers; ++i) {
       op* o = take_op(op_kind::recv, i);
       rx_ops.push_back(o);
     }
-    log::debug("fabric: node {} opened provider {} (mr_mode {:#x}, max piece {}, progress {})", self,
-               provider_name, mr_mode, max_piece, wait_fd ? "wait-fd" : "timer");
+    log::debug("fabric: node {} opened provider {} (mr_mode {:#x}, max piece {}, progress {})",
+               self, provider_name, mr_mode, max_piece, wait_fd ? "wait-fd" : "timer");
     return {};
   }
+
+  /// A receive buffer holds the largest frame plus its length trailer.
+  std::size_t rx_slot() const { return options.max_frame + trailer_bytes; }
 
   std::error_code provider_failed(const char* what, int rc) {
     log::warn("fabric: {} failed: {}", what, fi_error_text(rc));
@@ -398,8 +416,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     op* o = rx_ops[i];
     std::memset(&o->ctx, 0, sizeof(o->ctx));
     void* desc = rx_mr ? fi_mr_desc(rx_mr) : nullptr;
-    const ssize_t rc = fi_recv(ep, rx_slab.get() + i * options.max_frame, options.max_frame, desc,
-                               FI_ADDR_UNSPEC, o);
+    const ssize_t rc =
+        fi_recv(ep, rx_slab.get() + i * rx_slot(), rx_slot(), desc, FI_ADDR_UNSPEC, o);
     if (rc == -FI_EAGAIN) return false;
     if (rc) log::error("fabric: fi_recv failed: {}", fi_error_text(static_cast<int>(rc)));
     return true;
@@ -409,20 +427,27 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   }
 
   void on_frame(std::uint64_t slot, std::size_t len) {
-    const std::byte* buf = rx_slab.get() + slot * options.max_frame;
-    if (len < frame_prefix_bytes) {
+    const std::byte* buf = rx_slab.get() + slot * rx_slot();
+    // Some providers (shm) truncate an oversize message silently: the trailer must match.
+    if (len < frame_prefix_bytes + trailer_bytes ||
+        get_be32(buf + len - trailer_bytes) != len - frame_prefix_bytes - trailer_bytes) {
       ++counters.frames_rejected;
-      log::warn("fabric: dropped a {}-byte control frame (no sender prefix)", len);
+      log::warn("fabric: dropped a {}-byte control frame (truncated or malformed)", len);
       return;
     }
     ++counters.frames_received;
     const node_id from = get_be32(buf);
-    if (events.on_frame) events.on_frame(from, std::span(buf + frame_prefix_bytes, len - frame_prefix_bytes));
+    if (events.on_frame)
+      events.on_frame(
+          from, std::span(buf + frame_prefix_bytes, len - frame_prefix_bytes - trailer_bytes));
   }
 
   void on_remote_write(const fi_cq_data_entry& e) {
     ++counters.writes_received;
-    write_notice n{.from = 0, .region = 0, .offset = 0, .length = e.len,
+    write_notice n{.from = 0,
+                   .region = 0,
+                   .offset = 0,
+                   .length = e.len,
                    .imm = static_cast<write_imm>(e.data)};
     if (e.buf) {
       // Where the provider says where bytes landed, check it is inside a region we gave out.
@@ -452,6 +477,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// Issues send `id`; false on -FI_EAGAIN.
   bool issue_send(std::uint64_t id) {
     auto& s = sends.at(id);
+    if (auto p = peers.find(s.peer); p != peers.end()) s.addr = p->second;  // after a reconnect
     op* o = take_op(op_kind::send, id);
     void* desc = s.mr ? fi_mr_desc(s.mr) : nullptr;
     const ssize_t rc = fi_send(ep, s.bytes.data(), s.bytes.size(), desc, s.addr, o);
@@ -461,7 +487,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     }
     if (rc) {
       give_op(o);
-      log::warn("fabric: fi_send to node {} failed: {}", s.peer, fi_error_text(static_cast<int>(rc)));
+      log::warn("fabric: fi_send to node {} failed: {}", s.peer,
+                fi_error_text(static_cast<int>(rc)));
       finish_send(id, map_op_error(static_cast<int>(-rc)));
       return true;
     }
@@ -509,7 +536,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     return true;
   }
 
-  ssize_t issue_piece(write_state& w, std::uint64_t id, std::uint64_t at, std::uint64_t n, bool final) {
+  ssize_t issue_piece(write_state& w, std::uint64_t id, std::uint64_t at, std::uint64_t n,
+                      bool final) {
     op* o = take_op(op_kind::write, id, n);
     iovec iov{const_cast<std::byte*>(w.src + at), n};
     void* desc = w.desc;
@@ -524,12 +552,14 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     msg.context = o;
     msg.data = final ? w.imm : 0;
     // Delivery complete: the writer's completion means the bytes are at the target.
-    const std::uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE | (final ? FI_REMOTE_CQ_DATA : 0);
+    const std::uint64_t flags =
+        FI_COMPLETION | FI_DELIVERY_COMPLETE | (final ? FI_REMOTE_CQ_DATA : 0);
     const ssize_t rc = fi_writemsg(ep, &msg, flags);
     if (rc) {
       give_op(o);
       if (rc != -FI_EAGAIN)
-        log::warn("fabric: fi_writemsg to node {} failed: {}", w.peer, fi_error_text(static_cast<int>(rc)));
+        log::warn("fabric: fi_writemsg to node {} failed: {}", w.peer,
+                  fi_error_text(static_cast<int>(rc)));
       return rc;
     }
     ++w.in_flight;
@@ -584,7 +614,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       const blocked b = queue.front();
       bool accepted = true;
       switch (b.kind) {
-        case op_kind::recv: accepted = post_rx(b.id); break;
+        case op_kind::recv:
+          accepted = post_rx(b.id);
+          break;
         case op_kind::send:
           if (auto it = sends.find(b.id); it != sends.end()) {
             if (it->second.orphaned)
@@ -627,7 +659,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
         finish_send(id, {});
         break;
       }
-      case op_kind::write: on_piece_done(o, {}); break;
+      case op_kind::write:
+        on_piece_done(o, {});
+        break;
     }
   }
 
@@ -656,7 +690,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
         break;
       }
       case op_kind::write:
-        log::warn("fabric: write failed: {} (provider errno {})", fi_error_text(e.err), e.prov_errno);
+        log::warn("fabric: write failed: {} (provider errno {})", fi_error_text(e.err),
+                  e.prov_errno);
         on_piece_done(o, ec);
         break;
     }
@@ -681,7 +716,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
         ++handled;
         continue;
       }
-      if (n != -FI_EAGAIN) log::error("fabric: fi_cq_read failed: {}", fi_error_text(static_cast<int>(n)));
+      if (n != -FI_EAGAIN)
+        log::error("fabric: fi_cq_read failed: {}", fi_error_text(static_cast<int>(n)));
       break;
     }
     if (running) retry_queue();
@@ -708,7 +744,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     if (wait_fd) {
       if (fd_armed) {
         fd_ok = true;
-      } else if (fid* fids[1] = {&cq->fid}; fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
+      } else if (fid * fids[1] = {&cq->fid}; fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
         fd_armed = true;
         fd_ok = true;
         wait_fd->async_wait(asio::posix::stream_descriptor::wait_read,
@@ -724,7 +760,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     // poll on a timer that backs off as the transport goes idle.
     if (fd_ok && !busy() && idle_streak > 0) return;
     auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(busy_interval);
-    if (!busy()) interval = std::min<std::chrono::steady_clock::duration>(interval * (1u << std::min(idle_streak, 8u)), idle_interval);
+    if (!busy())
+      interval = std::min<std::chrono::steady_clock::duration>(
+          interval * (1u << std::min(idle_streak, 8u)), idle_interval);
     arm_timer(interval);
   }
 
@@ -762,14 +800,22 @@ result<std::shared_ptr<fabric_transport>> fabric_transport::make(event_loop& loo
 
 fabric_transport::fabric_transport(std::shared_ptr<impl> state) : impl_(std::move(state)) {}
 
-fabric_transport::~fabric_transport() { close(); }
+fabric_transport::~fabric_transport() {
+  close();
+}
 
-std::string fabric_transport::local_address() const { return impl_->name_hex; }
-std::string fabric_transport::provider() const { return impl_->provider_name; }
+std::string fabric_transport::local_address() const {
+  return impl_->name_hex;
+}
+std::string fabric_transport::provider() const {
+  return impl_->provider_name;
+}
 std::string_view fabric_transport::progress_mode() const {
   return impl_->wait_fd ? "wait-fd" : "timer";
 }
-const fabric_stats& fabric_transport::stats() const { return impl_->counters; }
+const fabric_stats& fabric_transport::stats() const {
+  return impl_->counters;
+}
 
 std::error_code fabric_transport::start(transport_events events) {
   auto& s = *impl_;
@@ -782,7 +828,9 @@ std::error_code fabric_transport::start(transport_events events) {
   return {};
 }
 
-void fabric_transport::close() { impl_->shutdown(); }
+void fabric_transport::close() {
+  impl_->shutdown();
+}
 
 std::error_code fabric_transport::add_peer(node_id peer, std::string_view address) {
   auto& s = *impl_;
@@ -800,6 +848,7 @@ std::error_code fabric_transport::add_peer(node_id peer, std::string_view addres
     return transport_errc::bad_address;
   }
   s.peers[peer] = addr;
+  s.peer_names[peer] = std::move(*blob);
   return {};
 }
 
@@ -821,6 +870,7 @@ void fabric_transport::remove_peer(node_id peer) {
     }
   fi_av_remove(s.av, &it->second, 1, 0);
   s.peers.erase(it);
+  s.peer_names.erase(peer);
 }
 
 void fabric_transport::async_send(node_id to, frame f, completion done) {
@@ -830,8 +880,12 @@ void fabric_transport::async_send(node_id to, frame f, completion done) {
   if (peer == s.peers.end()) return s.post_done(std::move(done), transport_errc::peer_unreachable);
   if (f.size() < frame_prefix_bytes) return s.post_done(std::move(done), errc::invalid_argument);
   if (f.size() > s.options.max_frame) return s.post_done(std::move(done), errc::oversize_frame);
-  // The length prefix is redundant here (the CQ entry has the length): it carries our node id.
+  // The CQ entry has the length, so the prefix carries our node id instead; the length moves
+  // to a trailer, which exposes a truncated message.
+  const auto payload = static_cast<std::uint32_t>(f.size() - frame_prefix_bytes);
   put_be32(f.data(), s.self);
+  f.resize(f.size() + trailer_bytes);
+  put_be32(f.data() + f.size() - trailer_bytes, payload);
   const auto id = s.next_op_id++;
   auto& st = s.sends[id];
   st.bytes = std::move(f);
@@ -870,11 +924,12 @@ result<region_desc> fabric_transport::register_region(std::span<std::byte> memor
   if (ec) return fail(ec);
   r.desc = fi_mr_desc(r.mr);
   r.key = fi_mr_key(r.mr);
-  const region_desc desc{.owner = s.self,
-                         .id = r.id,
-                         .addr = (s.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uint64_t>(memory.data()) : 0,
-                         .key = r.key,
-                         .length = memory.size()};
+  const region_desc desc{
+      .owner = s.self,
+      .id = r.id,
+      .addr = (s.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uint64_t>(memory.data()) : 0,
+      .key = r.key,
+      .length = memory.size()};
   s.by_base[memory.data()] = r.id;
   s.regions.emplace(r.id, r);
   return desc;

@@ -33,8 +33,8 @@ struct fabric_stats {
   std::uint64_t frames_received = 0;
   std::uint64_t frames_rejected = 0;  ///< truncated, too short, or from an unknown sender
   std::uint64_t writes_received = 0;
-  std::uint64_t writes_refused = 0;   ///< refused by the local checks or by the peer's provider
-  std::uint64_t eagain_retries = 0;   ///< operations queued because the provider was busy
+  std::uint64_t writes_refused = 0;  ///< refused by the local checks or by the peer's provider
+  std::uint64_t eagain_retries = 0;  ///< operations queued because the provider was busy
 };
 
 /// Create with `make`; every member runs on the owning loop's thread, completions run there.
