@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "actors/rollout_worker.hpp"
@@ -537,6 +538,7 @@ int run_chaos(const chaos_flags& f) {
   std::mt19937_64 rng(f.seed);
   std::uniform_real_distribution<double> coin(0, 1);
   std::uint32_t kills = 0, leader_kills = 0, joins = 0;
+  std::set<std::uint64_t> chanced;
   double max_update = 0;
   nlohmann::json verdict;
   char* line = nullptr;
@@ -551,6 +553,8 @@ int run_chaos(const chaos_flags& f) {
     const auto kind = e.value("event", "");
     if (kind == "delivered") max_update = std::max(max_update, e.value("seconds", 0.0));
     if (kind != "update" || e.value("catch_up", false) || e.value("version", 0ull) >= job.versions) continue;
+    // A regroup resends the same version: one chance of a kill per version, not per resend.
+    if (!chanced.insert(e.value("version", 0ull)).second) continue;
     if (coin(rng) >= f.kill_rate || workers.empty()) continue;
     const auto leaders = e.value("leaders", std::vector<node_id>{});
     node_id victim = 0;
