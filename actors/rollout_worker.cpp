@@ -57,6 +57,7 @@ rollout_worker::~rollout_worker() {
   if (fibers_ > 0 || in_flight_ > 0) host().loop().run_until([this] { return fibers_ == 0 && in_flight_ == 0; });
   gen_.reset();
   host().forget_writes(leader_slot_tag);
+  host().forget_writes(chain_tag);
   if (slots_region_) host().transport().deregister_region(slots_region_->id);
   if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
   if (device_slots_) options_.memory->release(device_slots_);

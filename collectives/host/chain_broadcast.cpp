@@ -16,10 +16,9 @@ chain_broadcast::chain_broadcast(actor& owner, std::vector<address> members, std
   owner_.host().on_write(tag_, [this](const write_notice& n) { on_landed(imm_value(n.imm)); });
 }
 
-chain_broadcast::~chain_broadcast() {
-  abort();
-  owner_.host().forget_writes(tag_);
-}
+// The write observer stays: a chain of the next epoch has replaced it by now, and the owner
+// forgets the tag when it stops for good.
+chain_broadcast::~chain_broadcast() { abort(); }
 
 void chain_broadcast::async_broadcast(buffer_ref data, completion done) {
   const auto seq = next_seq_++;

@@ -25,7 +25,8 @@ struct chain_ready {
 void register_collective_messages(message_registry& registry);
 
 /// Owning loop only. Installs a `chain_ready` handler on `owner` and a write observer on its node
-/// for `imm_tag`, so one chain per actor, one actor per tag.
+/// for `imm_tag`, so one chain per actor, one actor per tag; a newer chain replaces both, and the
+/// owner calls `forget_writes(imm_tag)` when it stops.
 class chain_broadcast final : public broadcast_group {
  public:
   chain_broadcast(actor& owner, std::vector<address> members, std::uint32_t epoch, std::uint8_t imm_tag);
