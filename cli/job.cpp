@@ -352,13 +352,11 @@ std::vector<std::string> job_args(const std::string& self, const std::string& co
           std::to_string(j.versions), "--transport", j.transport};
 }
 
-int run_local(const process_flags& f) {
-  if (auto error = check_job_options(f.job); !error.empty()) return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
-  if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp or fabric\n"), 2;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ferry-local-{}", getpid());
+/// A private folder for a launched job, holding a fresh job secret (readable by this user only)
+/// that the children find through FERRY_SECRET_FILE, never on their command line.
+std::filesystem::path make_job_directory(const std::string& purpose) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ferry-{}-{}", purpose, getpid());
   std::filesystem::create_directories(dir);
-  // A fresh job secret, readable by this user only, handed to the children through the environment.
   const auto secret_file = dir / "secret";
   {
     std::random_device random;
@@ -367,16 +365,27 @@ int run_local(const process_flags& f) {
   }
   std::filesystem::permissions(secret_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   setenv("FERRY_SECRET_FILE", secret_file.c_str(), 1);
+  return dir;
+}
+
+/// `args` plus the flags every process of a launched job shares.
+std::vector<std::string> with_process_flags(const process_flags& f, std::vector<std::string> args) {
+  if (!f.job.checksums) args.push_back("--no-checksums");
+  if (!f.job.verify) args.push_back("--no-verify");
+  args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
+  if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
+  if (f.model != "synthetic") args.insert(args.end(), {"--model", f.model});
+  return args;
+}
+
+int run_local(const process_flags& f) {
+  if (auto error = check_job_options(f.job); !error.empty()) return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
+  if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp or fabric\n"), 2;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const auto dir = make_job_directory("local");
   const auto address_file = (dir / "coordinator").string();
 
-  auto extra = [&](std::vector<std::string> args) {
-    if (!f.job.checksums) args.push_back("--no-checksums");
-    if (!f.job.verify) args.push_back("--no-verify");
-    args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
-    if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
-    if (f.model != "synthetic") args.insert(args.end(), {"--model", f.model});
-    return args;
-  };
+  auto extra = [&](std::vector<std::string> args) { return with_process_flags(f, std::move(args)); };
   auto coordinator_args = extra(job_args(self, "coordinator", f.job));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file});
   if (f.gpus) coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout", "30"});
@@ -474,25 +483,10 @@ int run_chaos(const chaos_flags& f) {
   if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
   if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp or fabric\n"), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ferry-chaos-{}", getpid());
-  std::filesystem::create_directories(dir);
-  const auto secret_file = dir / "secret";
-  {
-    std::random_device random;
-    std::ofstream out(secret_file, std::ios::binary);
-    for (int i = 0; i < 32; ++i) out.put(static_cast<char>(random()));
-  }
-  std::filesystem::permissions(secret_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  setenv("FERRY_SECRET_FILE", secret_file.c_str(), 1);
+  const auto dir = make_job_directory("chaos");
   const auto address_file = (dir / "coordinator").string();
 
-  auto with_common = [&](std::vector<std::string> args) {
-    if (!job.checksums) args.push_back("--no-checksums");
-    if (!job.verify) args.push_back("--no-verify");
-    args.insert(args.end(), {"--timeout", std::to_string(f.common.timeout_seconds)});
-    if (!f.common.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.common.fabric_provider});
-    return args;
-  };
+  auto with_common = [&](std::vector<std::string> args) { return with_process_flags(f.common, std::move(args)); };
   auto coordinator_args = with_common(job_args(self, "coordinator", job));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
   auto [coordinator_pid, events] = spawn_reading(coordinator_args);
