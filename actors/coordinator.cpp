@@ -172,10 +172,25 @@ void coordinator::lost(node_id node, const std::string& why) {
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto [instance, rank] = it->first;
+    if (active_ && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
     workers_.erase(it);
     host().transport().remove_peer(node);
     return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
   }
+}
+
+std::vector<node_id> coordinator::leader_nodes() const {
+  std::vector<node_id> nodes;
+  for (const auto& inst : plan_->instances) {
+    for (auto rank : inst.leaders) nodes.push_back(inst.workers.at(rank).node);
+  }
+  return nodes;
+}
+
+bool coordinator::leads(const address& worker) const {
+  return std::any_of(plan_->instances.begin(), plan_->instances.end(), [&](const instance_plan& inst) {
+    return std::any_of(inst.leaders.begin(), inst.leaders.end(), [&](auto rank) { return inst.workers.at(rank) == worker; });
+  });
 }
 
 void coordinator::regroup(const std::string& reason) {
@@ -260,7 +275,11 @@ void coordinator::plan_in_force() {
   in_force_ = true;
   for (const auto& [rank, t] : trainers_) send(t.who, ready);
   if (regroup_since_) {
-    const regroup_report r{.epoch = epoch(), .milliseconds = ms_since(*regroup_since_), .reason = regroup_reason_};
+    const regroup_report r{.epoch = epoch(),
+                           .milliseconds = ms_since(*regroup_since_),
+                           .reason = regroup_reason_,
+                           .leaders_lost_mid_update = std::exchange(leaders_lost_mid_update_, 0),
+                           .leaders = leader_nodes()};
     regroup_since_.reset();
     if (epoch() > 1) {
       ++regroups_;
@@ -292,7 +311,6 @@ void coordinator::resume() {
 void coordinator::start_update(std::uint64_t version, bool catch_up) {
   active_ = update{.version = version, .catch_up = catch_up};
   update_go go{.version = version};
-  std::vector<node_id> leaders;
   for (const auto& inst : plan_->instances) {
     route_chunks r;
     const auto leader = inst.workers.at(inst.leaders.at(0));
@@ -308,15 +326,12 @@ void coordinator::start_update(std::uint64_t version, bool catch_up) {
         }
       }
     }
-    if (!r.chunks.empty()) {
-      leaders.push_back(leader.node);
-      go.routes.push_back(std::move(r));
-    }
+    if (!r.chunks.empty()) go.routes.push_back(std::move(r));
   }
   log::debug("coordinator: epoch {}: {} version {} to {} instance(s)", epoch(), catch_up ? "catch-up of" : "update",
              version, go.routes.size());
   for (const auto& [rank, t] : trainers_) send(t.who, go);
-  if (on_update) on_update(version, catch_up, leaders);
+  if (on_update) on_update(version, catch_up, leader_nodes());
   check_complete();
 }
 

@@ -42,6 +42,8 @@ struct regroup_report {
   std::uint32_t epoch = 0;
   double milliseconds = 0;
   std::string reason;
+  std::uint32_t leaders_lost_mid_update = 0;  ///< leaders lost while an update was in flight
+  std::vector<node_id> leaders;               ///< the nodes leading an instance in the new plan
 };
 
 /// Owning loop only.
@@ -107,6 +109,9 @@ class coordinator final : public actor {
   void add_peer(address who, const std::string& transport_address);
   void watch_heartbeats();
   void lost(node_id node, const std::string& why);
+  /// Whether `worker` is a leader of its instance in the current plan.
+  bool leads(const address& worker) const;
+  std::vector<node_id> leader_nodes() const;
   void regroup(const std::string& reason);
   void plan_in_force();
   void resume();
@@ -129,6 +134,7 @@ class coordinator final : public actor {
   bool stopping_ = false;
   std::optional<std::chrono::steady_clock::time_point> regroup_since_;
   std::string regroup_reason_;
+  std::uint32_t leaders_lost_mid_update_ = 0;  ///< since the regroup began
   std::uint32_t regroups_ = 0;
   std::uint32_t mismatches_ = 0;
   std::uint64_t heartbeat_timer_ = 0;

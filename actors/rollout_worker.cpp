@@ -117,13 +117,14 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) gen_->credits->release();
   }
   const bool was_leader = leader_;
-  plan_ = m.plan;
-  set_epoch(plan_->epoch);
-  local_of_.assign(plan_->tensors.size(), -1);
+  auto next = std::make_shared<worker_plan>(worker_plan{m.plan, {}});
+  next->local_of.assign(next->tensors.size(), -1);
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    const int index = plan_->find_tensor(tensors_[i].spec.name);
-    if (index >= 0) local_of_[index] = static_cast<int>(i);
+    const int index = next->find_tensor(tensors_[i].spec.name);
+    if (index >= 0) next->local_of[index] = static_cast<int>(i);
   }
+  plan_ = std::move(next);
+  set_epoch(plan_->epoch);
   const auto& inst = *it;
   leader_ = std::find(inst.leaders.begin(), inst.leaders.end(),
                       static_cast<std::uint32_t>(std::find(inst.workers.begin(), inst.workers.end(), self()) -
@@ -186,9 +187,17 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
       --fibers_;
     });
   }
-  auto ready = holdings();
-  ready.slots = leader_ ? *slots_region_ : region_desc{};
-  send(coordinator_, ready);
+  // The old epoch's readers of the staging (apply, upload) finish first, so that no write of the
+  // new epoch lands under them; then the worker says what it holds.
+  ++fibers_;
+  host().loop().spawn([this, g] {
+    if (wait_for([&] { return g != gen_ || in_flight_ == 0; }) && g == gen_) {
+      auto ready = holdings();
+      ready.slots = leader_ ? *slots_region_ : region_desc{};
+      send(coordinator_, ready);
+    }
+    --fibers_;
+  });
 }
 
 worker_ready rollout_worker::holdings() const {
@@ -206,8 +215,8 @@ worker_ready rollout_worker::holdings() const {
 
 void rollout_worker::on_slot_landed(write_imm imm) {
   const auto value = imm_value(imm);
-  if (!gen_ || (value >> 16) != (epoch() & 0xffu)) return;  // a write of an older epoch landing late
-  const std::uint32_t slot = value & 0xffffu;
+  if (!gen_ || !imm_of_epoch(value, epoch())) return;  // a write of an older epoch landing late
+  const std::uint32_t slot = imm_number(value);
   auto& g = *gen_;
   if (auto it = g.sent.find(slot); it != g.sent.end()) {
     g.ready.push_back({slot, it->second});
@@ -240,25 +249,27 @@ bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t
 }
 
 void rollout_worker::lead(std::shared_ptr<generation> g) {
+  const auto plan = plan_;  // chunk references below outlive suspensions
   for (;;) {
     if (!wait_for([&] { return g != gen_ || !g->ready.empty(); }) || !current(g)) return;
     g->credits->acquire();
     if (!current(g)) return;
     const received r = g->ready.front();
     g->ready.pop_front();
-    const auto& c = plan_->chunks.at(r.meta.chunk);
-    const std::span<std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan_->chunk_bytes, c.bytes);
+    const auto& c = plan->chunks.at(r.meta.chunk);
+    const std::span<std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan->chunk_bytes, c.bytes);
     if (!checksum_ok(bytes, r.meta.checksum)) {
+      if (!current(g)) return;  // the new epoch may already be writing this slot
       return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
                        ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
                        std::to_string(r.meta.version) + " from trainer shard " + std::to_string(c.shard) + " (node " +
-                       std::to_string(plan_->shards.at(c.shard).node) + ")");
+                       std::to_string(plan->shards.at(c.shard).node) + ")");
     }
     if (!current(g)) return;
     for (const auto& f : followers_) {
       send(f, chunk_announce{.version = r.meta.version, .chunk = c.id, .checksum = r.meta.checksum});
     }
-    const auto shard = plan_->shards.at(c.shard);
+    const auto shard = plan->shards.at(c.shard);
     const auto version = r.meta.version;
     ++in_flight_;
     auto finish = [this, g, r](bool applied) {
@@ -270,7 +281,7 @@ void rollout_worker::lead(std::shared_ptr<generation> g) {
     if (!on_device()) {
       // The receive slot is the broadcast's source; it is free once broadcast and apply are done.
       spread(g, version, c.id,
-             buffer_ref{.bytes = bytes, .region = *slots_region_, .offset = std::uint64_t{r.slot} * plan_->chunk_bytes},
+             buffer_ref{.bytes = bytes, .region = *slots_region_, .offset = std::uint64_t{r.slot} * plan->chunk_bytes},
              [this, g, shard, r, finish] {
                if (current(g)) send(shard, slot_free{.slot = r.slot});
                finish(true);
@@ -347,6 +358,7 @@ void rollout_worker::follow(std::shared_ptr<generation> g) {
       worker_pool::shared().async_run(
           host().loop(), [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
           [this, g, a, check, actual, bytes, release] {
+            if (!current(g)) return release(false);  // the new epoch may already be writing this slot
             if (check && *actual != a.checksum) {
               corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
                         ": checksum mismatch in chunk " + std::to_string(a.chunk) + " of version " +
@@ -363,7 +375,7 @@ void rollout_worker::apply(std::uint64_t, std::uint32_t chunk, std::span<const s
                            std::function<void()> done) {
   std::vector<copy_piece> pieces;
   for (const auto& p : plan_->chunks[chunk].pieces) {
-    pieces.push_back({tensors_[local_of_[p.tensor]].data + p.tensor_offset, bytes.data() + p.chunk_offset, p.bytes});
+    pieces.push_back({tensors_[plan_->local_of[p.tensor]].data + p.tensor_offset, bytes.data() + p.chunk_offset, p.bytes});
   }
   apply_meter_.begin();
   copies_.async_copy(std::move(pieces), [this, chunk, done = std::move(done)](std::error_code ec) {
@@ -385,7 +397,7 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   for (const auto& piece : plan_->chunks[chunk].pieces) {
     auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
     if (got == plan_->tensors[piece.tensor].nbytes && on_tensor) {
-      const auto& t = tensors_[local_of_[piece.tensor]];
+      const auto& t = tensors_[plan_->local_of[piece.tensor]];
       on_tensor(version, t.spec, std::span<const std::byte>(t.data, t.spec.nbytes));
     }
   }
@@ -410,6 +422,7 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   auto finish = [this, report, version] {
     send(coordinator_, *report);
     --in_flight_;
+    changed();
     if (on_version) on_version(version);
   };
   if (std::any_of(tensors_.begin(), tensors_.end(), [](const tensor_ref& t) { return t.device >= 0; })) {
@@ -422,9 +435,9 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   }
   worker_pool::shared().async_run(
       host().loop(),
-      [this, report] {
-        for (std::uint32_t i = 0; i < plan_->tensors.size(); ++i) {
-          const auto& t = tensors_[local_of_[i]];
+      [this, report, plan = plan_] {
+        for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
+          const auto& t = tensors_[plan->local_of[i]];
           const auto h = XXH3_128bits(t.data, t.spec.nbytes);
           report->digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
         }
@@ -433,6 +446,7 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
 }
 
 void rollout_worker::digest_through_host(version_complete& report) {
+  const auto plan = plan_;
   std::uint64_t largest = 0;
   for (const auto& t : tensors_) largest = std::max(largest, t.spec.nbytes);
   if (digest_bounce_.size() < largest) {
@@ -441,8 +455,8 @@ void rollout_worker::digest_through_host(version_complete& report) {
     // Pinned once and reused; should pinning fail, the copies still work, only slower.
     if (options_.memory) (void)options_.memory->pin(digest_bounce_.span());
   }
-  for (std::uint32_t i = 0; i < plan_->tensors.size(); ++i) {
-    const auto& t = tensors_[local_of_[i]];
+  for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
+    const auto& t = tensors_[plan->local_of[i]];
     const std::byte* bytes = t.data;
     if (t.device >= 0) {
       auto [ec] = await<std::error_code>([&](auto done) {

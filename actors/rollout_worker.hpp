@@ -71,6 +71,11 @@ class rollout_worker final : public actor {
     std::uint32_t chunks = 0;                 ///< how many are applied
     std::vector<std::uint64_t> tensor_bytes;  ///< bytes applied per plan tensor
   };
+  /// The plan and where this worker's tensors sit in it. A regroup replaces it and never changes
+  /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
+  struct worker_plan : ferry::plan {
+    std::vector<int> local_of;  ///< plan tensor index -> tensors_ index, or -1
+  };
   /// The state of one epoch's staging; a new plan starts a new generation and abandons the old
   /// one's pending work (its completions still run, but touch nothing of the new generation).
   struct generation {
@@ -120,8 +125,7 @@ class rollout_worker final : public actor {
   copy_engine& copies_;
   worker_options options_;
 
-  std::optional<ferry::plan> plan_;
-  std::vector<int> local_of_;
+  std::shared_ptr<const worker_plan> plan_;
   bool leader_ = false;
   std::vector<address> followers_;
   host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots

@@ -117,21 +117,22 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
     for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
   }
   routes_.clear();
-  plan_ = m.plan;
-  set_epoch(plan_->epoch);
-  local_of_.assign(plan_->tensors.size(), -1);
-  stream_offset_.assign(plan_->tensors.size(), 0);
+  auto next = std::make_shared<shard_plan>(shard_plan{m.plan, {}, {}, {}});
+  set_epoch(next->epoch);
+  next->local_of.assign(next->tensors.size(), -1);
+  next->stream_offset.assign(next->tensors.size(), 0);
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    const int index = plan_->find_tensor(tensors_[i].spec.name);
-    if (index >= 0) local_of_[index] = static_cast<int>(i);
+    const int index = next->find_tensor(tensors_[i].spec.name);
+    if (index >= 0) next->local_of[index] = static_cast<int>(i);
   }
-  my_chunks_ = plan_->chunks_of(shard_);
-  for (const auto& c : plan_->chunks) {
+  next->my_chunks = next->chunks_of(shard_);
+  for (const auto& c : next->chunks) {
     if (c.shard != shard_) continue;
     for (const auto& p : c.pieces) {
-      if (p.tensor_offset == 0) stream_offset_[p.tensor] = c.shard_offset + p.chunk_offset;
+      if (p.tensor_offset == 0) next->stream_offset[p.tensor] = c.shard_offset + p.chunk_offset;
     }
   }
+  plan_ = std::move(next);
   // Host copies are allocated and registered once and reused by every version and epoch.
   for (auto& c : copies_of_) {
     if (c.bytes.size() == plan_->shard_bytes[shard_]) continue;
@@ -183,6 +184,7 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
 
 void trainer_shard::run_publish(std::uint64_t version) {
   const auto started = std::chrono::steady_clock::now();
+  const auto plan = plan_;  // a regroup during the offload must not pull the chunk table away
   auto& copy = copies_of_[version % 2];
   copy.version = version;
   copy.offloaded = 0;
@@ -191,11 +193,11 @@ void trainer_shard::run_publish(std::uint64_t version) {
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
   // OFFLOAD: tensors into the host copy, chunk by chunk in send order; senders follow behind.
-  for (auto id : my_chunks_) {
-    const auto& c = plan_->chunks[id];
+  for (auto id : plan->my_chunks) {
+    const auto& c = plan->chunks[id];
     std::vector<copy_piece> pieces;
     for (const auto& p : c.pieces) {
-      const auto& t = tensors_[local_of_[p.tensor]];
+      const auto& t = tensors_[plan->local_of[p.tensor]];
       pieces.push_back({copy.bytes.data() + c.shard_offset + p.chunk_offset, t.data + p.tensor_offset, p.bytes});
     }
     offload_meter_.begin();
@@ -221,9 +223,9 @@ void trainer_shard::run_publish(std::uint64_t version) {
   shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_meter_.seconds()}};
   if (options_.digests) {
     worker_pool::shared().run(host().loop(), [&] {
-      for (std::uint32_t i = 0; i < plan_->tensors.size(); ++i) {
-        if (local_of_[i] < 0 || plan_->owner[i] != shard_) continue;
-        const auto h = XXH3_128bits(copy.bytes.data() + stream_offset_[i], plan_->tensors[i].nbytes);
+      for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
+        if (plan->local_of[i] < 0 || plan->owner[i] != shard_) continue;
+        const auto h = XXH3_128bits(copy.bytes.data() + plan->stream_offset[i], plan->tensors[i].nbytes);
         done.digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
       }
     });
@@ -257,11 +259,12 @@ void trainer_shard::start_sending(const update_go& go) {
 }
 
 void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation) {
+  const auto plan = plan_;
   auto current = [&] { return generation == send_generation_ && !stopped_ && !failed_; };
   // SEND: each chunk as soon as it is offloaded (or at once, from the host copy of an older version).
   while (!r->chunks.empty() && current()) {
     const auto id = r->chunks.front();
-    const auto position = static_cast<std::size_t>(std::find(my_chunks_.begin(), my_chunks_.end(), id) - my_chunks_.begin());
+    const auto position = static_cast<std::size_t>(std::find(plan->my_chunks.begin(), plan->my_chunks.end(), id) - plan->my_chunks.begin());
     if (!wait_for([&] {
           const auto* c = copy_of(version);
           return !current() || (c && c->offloaded > position);
@@ -275,12 +278,12 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     const auto slot = r->free.front();
     r->free.pop_front();
     r->chunks.erase(r->chunks.begin());
-    const auto& c = plan_->chunks[id];
+    const auto& c = plan->chunks[id];
     ++r->in_flight;
     send_meter_.begin();
     host().transport().async_write(
         std::span<const std::byte>(copy->bytes.data() + c.shard_offset, c.bytes), r->slots,
-        std::uint64_t{slot} * plan_->chunk_bytes, make_imm(leader_slot_tag, slot_imm_value(epoch(), slot)),
+        std::uint64_t{slot} * plan->chunk_bytes, make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)),
         [this, r, version, slot, id, checksum = copy->checksums[id], generation](std::error_code ec) {
           send_meter_.end();
           --r->in_flight;

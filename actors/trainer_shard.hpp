@@ -8,6 +8,7 @@
 #include <array>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 
 #include "actors/messages.hpp"
@@ -23,11 +24,6 @@ namespace ferry {
 /// Imm tags of bulk writes on a worker's node: chunks into leader slots, and the chain broadcast.
 inline constexpr std::uint8_t leader_slot_tag = 1;
 inline constexpr std::uint8_t chain_tag = 2;
-/// The imm value of a chunk written into a leader slot: the epoch's low byte guards against a
-/// write of an older epoch landing late in a slot the new epoch reuses.
-inline constexpr std::uint32_t slot_imm_value(std::uint32_t epoch, std::uint32_t slot) {
-  return ((epoch & 0xffu) << 16) | (slot & 0xffffu);
-}
 
 struct trainer_options {
   bool checksums = true;  ///< xxh3-64 per chunk, verified by every receiver
@@ -76,6 +72,13 @@ class trainer_shard final : public actor {
     std::size_t in_flight = 0;
     route(address l, region_desc s, std::uint32_t depth) : leader(l), slots(s), credits(depth) {}
   };
+  /// The plan and what this shard derives from it. A regroup replaces it and never changes it, so
+  /// a fiber holding one across a suspension keeps a consistent view.
+  struct shard_plan : ferry::plan {
+    std::vector<int> local_of;                 ///< plan tensor index -> tensors_ index, or -1
+    std::vector<std::uint64_t> stream_offset;  ///< plan tensor index -> offset in a host copy
+    std::vector<std::uint32_t> my_chunks;      ///< this shard's chunk ids, in send order
+  };
   /// One host copy and the version it holds.
   struct host_copy {
     host_buffer bytes;
@@ -103,10 +106,7 @@ class trainer_shard final : public actor {
   copy_engine& copies_;
   trainer_options options_;
 
-  std::optional<ferry::plan> plan_;
-  std::vector<int> local_of_;                 ///< plan tensor index -> tensors_ index, or -1
-  std::vector<std::uint64_t> stream_offset_;  ///< plan tensor index -> offset in a host copy
-  std::vector<std::uint32_t> my_chunks_;      ///< this shard's chunk ids, in send order
+  std::shared_ptr<const shard_plan> plan_;
   std::array<host_copy, 2> copies_of_;        ///< indexed by version parity
 
   bool ready_ = false;

@@ -6,6 +6,7 @@ command_table add_commands(CLI::App& app) {
   command_table commands;
   add_demo(app, commands);
   add_jobs(app, commands);
+  add_chaos(app, commands);
   add_bench(app, commands);
   return commands;
 }

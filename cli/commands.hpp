@@ -15,6 +15,7 @@ int run_selected(CLI::App& app, const command_table& commands);
 
 void add_demo(CLI::App& app, command_table& commands);
 void add_jobs(CLI::App& app, command_table& commands);
+void add_chaos(CLI::App& app, command_table& commands);
 void add_bench(CLI::App& app, command_table& commands);
 
 }  // namespace ferry::cli

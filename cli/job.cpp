@@ -1,9 +1,9 @@
 /// Multi-process jobs: `ferry coordinator`, `ferry node` (one actor per process) and the
-/// `ferry local` launcher that starts a whole job of separate processes on this host.
+/// `ferry local` launcher that starts a whole job of separate processes on this host
+/// (`ferry chaos`, which kills some of them, is in chaos.cpp).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,8 +15,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <random>
-#include <set>
 #include <thread>
 
 #include "actors/rollout_worker.hpp"
@@ -24,6 +22,8 @@
 #include "actors/trainer_shard.hpp"
 #include "cli/commands.hpp"
 #include "cli/gpu.hpp"
+#include "cli/job.hpp"
+#include "cli/launch.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
 #include "runtime/host_buffer.hpp"
@@ -33,39 +33,11 @@
 #include "transport/factory.hpp"
 #include "transport/tcp/link_auth.hpp"
 
-extern char** environ;
-
 namespace ferry::cli {
 namespace {
 
 constexpr node_id coordinator_node = 0;
 constexpr actor_id job_actor = 1;
-
-/// Flags every process of a multi-process job shares.
-struct process_flags {
-  job_config job;
-  std::string coordinator_address;
-  std::string address_file;
-  bool allow_unauthenticated = false;
-  double timeout_seconds = 600;
-  bool json = false;
-  bool events = false;
-  std::string fabric_provider;
-  std::string model = "synthetic";  ///< or "llama3-8b" (then --model-bytes is ignored)
-  bool gpus = false;                ///< local: one GPU per node process, in start order
-  double heartbeat_timeout_s = 10;  ///< coordinator: a member silent this long is dead
-};
-
-void add_process_flags(CLI::App& app, process_flags& f) {
-  add_job_options(app, f.job);
-  app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
-               "run tcp links without a job secret (otherwise FERRY_SECRET or FERRY_SECRET_FILE is required)");
-  app.add_option("--fabric-provider", f.fabric_provider, "libfabric provider for --transport fabric (e.g. shm, 'tcp;ofi_rxm')");
-  app.add_option("--model", f.model, "synthetic (sized by --model-bytes) or llama3-8b (bf16, ~16 GB)")
-      ->check(CLI::IsMember({"synthetic", "llama3-8b"}))->capture_default_str();
-  app.add_option("--timeout", f.timeout_seconds, "give up after this many seconds")->check(CLI::PositiveNumber)
-      ->capture_default_str();
-}
 
 /// The transport environment of a job process: the job secret comes from the environment only.
 std::optional<std::string> prepare_environment(const process_flags& f, transport_environment& env) {
@@ -148,7 +120,8 @@ int run_coordinator(const process_flags& f) {
   };
   coord.on_regroup = [&](const regroup_report& r) {
     regroup_ms.push_back(r.milliseconds);
-    event({{"event", "regroup"}, {"epoch", r.epoch}, {"ms", r.milliseconds}, {"reason", r.reason}});
+    event({{"event", "regroup"}, {"epoch", r.epoch}, {"ms", r.milliseconds}, {"reason", r.reason},
+           {"leaders_lost_mid_update", r.leaders_lost_mid_update}, {"leaders", r.leaders}});
   };
   coord.on_update_failed = [&](std::uint64_t version, const std::string& why) {
     event({{"event", "update_failed"}, {"version", version}, {"reason", why}});
@@ -335,49 +308,6 @@ int run_node(const node_flags& f) {
   return failure ? 1 : 0;
 }
 
-/// Starts `args` as a child process with `env_extra` added; returns its pid or -1.
-pid_t spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
-  return pid;
-}
-
-std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j) {
-  return {self, command, "--trainers", std::to_string(j.trainers), "--instances", std::to_string(j.instances),
-          "--workers", std::to_string(j.workers_per_instance), "--model-bytes", std::to_string(j.model_bytes),
-          "--chunk-bytes", std::to_string(j.chunk_bytes), "--depth", std::to_string(j.depth), "--versions",
-          std::to_string(j.versions), "--transport", j.transport};
-}
-
-/// A private folder for a launched job, holding a fresh job secret (readable by this user only)
-/// that the children find through FERRY_SECRET_FILE, never on their command line.
-std::filesystem::path make_job_directory(const std::string& purpose) {
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ferry-{}-{}", purpose, getpid());
-  std::filesystem::create_directories(dir);
-  const auto secret_file = dir / "secret";
-  {
-    std::random_device random;
-    std::ofstream out(secret_file, std::ios::binary);
-    for (int i = 0; i < 32; ++i) out.put(static_cast<char>(random()));
-  }
-  std::filesystem::permissions(secret_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  setenv("FERRY_SECRET_FILE", secret_file.c_str(), 1);
-  return dir;
-}
-
-/// `args` plus the flags every process of a launched job shares.
-std::vector<std::string> with_process_flags(const process_flags& f, std::vector<std::string> args) {
-  if (!f.job.checksums) args.push_back("--no-checksums");
-  if (!f.job.verify) args.push_back("--no-verify");
-  args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
-  if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
-  if (f.model != "synthetic") args.insert(args.end(), {"--model", f.model});
-  return args;
-}
-
 int run_local(const process_flags& f) {
   if (auto error = check_job_options(f.job); !error.empty()) return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
   if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp or fabric\n"), 2;
@@ -391,15 +321,10 @@ int run_local(const process_flags& f) {
   if (f.gpus) coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout", "30"});
   if (f.json) coordinator_args.push_back("--json");
   const pid_t coordinator_pid = spawn(coordinator_args);
+  const auto address = coordinator_pid > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
   std::vector<pid_t> children;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!std::filesystem::exists(address_file) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::string address;
-  std::ifstream(address_file) >> address;
   int status = 1;
-  if (coordinator_pid > 0 && !address.empty()) {
+  if (!address.empty()) {
     node_id next = 1;
     auto start_node = [&](std::vector<std::string> role) {
       auto args = extra(job_args(self, "node", f.job));
@@ -424,200 +349,47 @@ int run_local(const process_flags& f) {
   }
   // Nodes leave on job_stop; give them a moment, then make sure none is left behind.
   // GPU nodes check every byte on their device after the job, which takes a while.
-  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(f.gpus ? 180 : 10);
-  for (pid_t pid : children) {
-    int raw = 0;
-    bool killed = false;
-    while (pid > 0 && waitpid(pid, &raw, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > grace) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &raw, 0);
-        killed = true;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (f.gpus && (killed || !WIFEXITED(raw) || WEXITSTATUS(raw) != 0)) {
-      log::error("local: node process {} failed (its byte check or its role)", pid);
-      status = 1;
-    }
+  // Every node must exit 0: a failure at a node's exit (a sanitizer report in a destructor)
+  // aborts only that node, after the job was delivered.
+  const auto ok = reap(children, std::chrono::seconds(f.gpus ? 180 : 10));
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    if (ok[i]) continue;
+    log::error("local: node process {} failed (its byte check, its role or its exit)", children[i]);
+    status = 1;
   }
   std::filesystem::remove_all(dir);
   return status;
 }
 
-
-/// Starts `args` with its stdout into a pipe; returns the pid (or -1) and the pipe's read end.
-std::pair<pid_t, FILE*> spawn_reading(const std::vector<std::string>& args) {
-  int fds[2];
-  if (pipe(fds) != 0) return {-1, nullptr};
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  if (rc != 0) {
-    close(fds[0]);
-    return {-1, nullptr};
-  }
-  return {pid, fdopen(fds[0], "r")};
-}
-
-struct chaos_flags {
-  process_flags common;
-  std::uint64_t seed = 1;
-  double kill_rate = 0.5;
-};
-
-/// `ferry chaos`: a real multi-process job on loopback that publishes versions while rollout
-/// processes are SIGKILLed at random moments (leaders among them, some mid-transfer) and
-/// replacements join. Its last line (with --json) is the verdict.
-int run_chaos(const chaos_flags& f) {
-  const auto& job = f.common.job;
-  if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
-  if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp or fabric\n"), 2;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const auto dir = make_job_directory("chaos");
-  const auto address_file = (dir / "coordinator").string();
-
-  auto with_common = [&](std::vector<std::string> args) { return with_process_flags(f.common, std::move(args)); };
-  auto coordinator_args = with_common(job_args(self, "coordinator", job));
-  coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
-  auto [coordinator_pid, events] = spawn_reading(coordinator_args);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!std::filesystem::exists(address_file) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::string address;
-  std::ifstream(address_file) >> address;
-  if (coordinator_pid <= 0 || !events || address.empty()) {
-    std::fprintf(stderr, "ferry chaos: the coordinator did not start\n");
-    if (coordinator_pid > 0) kill(coordinator_pid, SIGKILL);
-    return 1;
-  }
-
-  struct worker_process {
-    pid_t pid;
-    std::uint32_t instance, rank;
-  };
-  std::map<node_id, worker_process> workers;
-  std::vector<pid_t> others;
-  std::map<std::uint32_t, std::uint32_t> next_rank;
-  node_id next_node = 1;
-  auto start_node = [&](std::vector<std::string> role) {
-    auto args = with_common(job_args(self, "node", job));
-    args.insert(args.end(), {"--coordinator", address, "--node-id", std::to_string(next_node)});
-    args.insert(args.end(), role.begin(), role.end());
-    return std::pair{next_node++, spawn(args)};
-  };
-  auto start_worker = [&](std::uint32_t instance) {
-    const auto rank = next_rank[instance]++;
-    auto [id, pid] = start_node({"--role", "worker", "--instance", std::to_string(instance), "--rank", std::to_string(rank)});
-    workers[id] = {pid, instance, rank};
-  };
-  for (std::uint32_t s = 0; s < job.trainers; ++s) {
-    others.push_back(start_node({"--role", "trainer", "--shard", std::to_string(s)}).second);
-  }
-  for (std::uint32_t i = 0; i < job.instances; ++i) {
-    for (std::uint32_t r = 0; r < job.workers_per_instance; ++r) start_worker(i);
-  }
-
-  // Kill at random moments of updates, leaders half the time, then start a replacement.
-  std::mt19937_64 rng(f.seed);
-  std::uniform_real_distribution<double> coin(0, 1);
-  std::uint32_t kills = 0, leader_kills = 0, joins = 0;
-  std::set<std::uint64_t> chanced;
-  double max_update = 0;
-  nlohmann::json verdict;
-  char* line = nullptr;
-  size_t capacity = 0;
-  while (getline(&line, &capacity, events) > 0) {
-    auto e = nlohmann::json::parse(line, nullptr, false);
-    if (e.is_discarded()) continue;
-    if (e.contains("verified") && !e.contains("event")) {
-      verdict = e;
-      break;
-    }
-    const auto kind = e.value("event", "");
-    if (kind == "delivered") max_update = std::max(max_update, e.value("seconds", 0.0));
-    if (kind != "update" || e.value("catch_up", false) || e.value("version", 0ull) >= job.versions) continue;
-    // A regroup resends the same version: one chance of a kill per version, not per resend.
-    if (!chanced.insert(e.value("version", 0ull)).second) continue;
-    if (coin(rng) >= f.kill_rate || workers.empty()) continue;
-    const auto leaders = e.value("leaders", std::vector<node_id>{});
-    node_id victim = 0;
-    if (!leaders.empty() && coin(rng) < 0.5) {
-      victim = leaders[std::uniform_int_distribution<std::size_t>(0, leaders.size() - 1)(rng)];
-    } else {
-      auto it = workers.begin();
-      std::advance(it, std::uniform_int_distribution<std::size_t>(0, workers.size() - 1)(rng));
-      victim = it->first;
-    }
-    auto it = workers.find(victim);
-    if (it == workers.end()) continue;
-    // Some kills land mid-transfer: the update just started.
-    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 30000)(rng)));
-    kill(it->second.pid, SIGKILL);
-    waitpid(it->second.pid, nullptr, 0);
-    const bool was_leader = std::find(leaders.begin(), leaders.end(), victim) != leaders.end();
-    log::info("chaos: killed worker {}.{} (node {}{})", it->second.instance, it->second.rank, victim,
-              was_leader ? ", a leader" : "");
-    ++kills;
-    leader_kills += was_leader;
-    const auto instance = it->second.instance;
-    workers.erase(it);
-    start_worker(instance);
-    ++joins;
-  }
-  free(line);
-  fclose(events);
-  int raw = 0;
-  waitpid(coordinator_pid, &raw, 0);
-  const bool coordinator_ok = WIFEXITED(raw) && WEXITSTATUS(raw) == 0;
-  for (const auto& [id, w] : workers) others.push_back(w.pid);
-  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (pid_t pid : others) {
-    while (pid > 0 && waitpid(pid, &raw, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > grace) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &raw, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  std::filesystem::remove_all(dir);
-
-  const bool verified = coordinator_ok && verdict.value("verified", false);
-  nlohmann::json out{{"verified", verified},
-                     {"versions", verdict.value("versions", 0)},
-                     {"kills", kills},
-                     {"leader_kills", leader_kills},
-                     {"joins", joins},
-                     {"regroups", verdict.value("regroups", 0)},
-                     {"regroup_ms_median", verdict.value("regroup_ms_median", 0.0)},
-                     {"regroup_ms_max", verdict.value("regroup_ms_max", 0.0)},
-                     {"update_seconds_max", max_update},
-                     {"seed", f.seed}};
-  if (verdict.contains("error")) out["error"] = verdict["error"];
-  if (f.common.json) {
-    std::printf("%s\n", out.dump().c_str());
-  } else {
-    std::printf("chaos: %s versions, %u kills (%u leaders), %u joins, %d regroups: median %.1f ms, worst %.1f ms; "
-                "slowest update %.3f s; %s\n",
-                out["versions"].dump().c_str(), kills, leader_kills, joins, out["regroups"].get<int>(),
-                out["regroup_ms_median"].get<double>(), out["regroup_ms_max"].get<double>(), max_update,
-                verified ? "verified" : "NOT verified");
-  }
-  return verified ? 0 : 1;
-}
 }  // namespace
+
+void add_process_flags(CLI::App& app, process_flags& f) {
+  add_job_options(app, f.job);
+  app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
+               "run tcp links without a job secret (otherwise FERRY_SECRET or FERRY_SECRET_FILE is required)");
+  app.add_option("--fabric-provider", f.fabric_provider, "libfabric provider for --transport fabric (e.g. shm, 'tcp;ofi_rxm')");
+  app.add_option("--model", f.model, "synthetic (sized by --model-bytes) or llama3-8b (bf16, ~16 GB)")
+      ->check(CLI::IsMember({"synthetic", "llama3-8b"}))->capture_default_str();
+  app.add_option("--timeout", f.timeout_seconds, "give up after this many seconds")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j) {
+  return {self, command, "--trainers", std::to_string(j.trainers), "--instances", std::to_string(j.instances),
+          "--workers", std::to_string(j.workers_per_instance), "--model-bytes", std::to_string(j.model_bytes),
+          "--chunk-bytes", std::to_string(j.chunk_bytes), "--depth", std::to_string(j.depth), "--versions",
+          std::to_string(j.versions), "--transport", j.transport};
+}
+
+/// `args` plus the flags every process of a launched job shares.
+std::vector<std::string> with_process_flags(const process_flags& f, std::vector<std::string> args) {
+  if (!f.job.checksums) args.push_back("--no-checksums");
+  if (!f.job.verify) args.push_back("--no-verify");
+  args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
+  if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
+  if (f.model != "synthetic") args.insert(args.end(), {"--model", f.model});
+  return args;
+}
 
 void add_jobs(CLI::App& app, command_table& commands) {
   auto* coord = app.add_subcommand("coordinator", "the coordinator of a multi-process job");
@@ -653,17 +425,6 @@ void add_jobs(CLI::App& app, command_table& commands) {
   local->add_flag("--json", lf->json, "print one JSON object instead of the table");
   local->add_flag("--gpus", lf->gpus, "one GPU per node process: trainers on GPUs 0.., then the workers");
   commands[local] = [lf] { return run_local(*lf); };
-
-  auto* chaos = app.add_subcommand("chaos", "a multi-process job whose rollout processes are killed and replaced");
-  auto xf = std::make_shared<chaos_flags>();
-  xf->common.job = {.trainers = 2, .instances = 2, .workers_per_instance = 3, .model_bytes = 64ull << 20,
-                    .chunk_bytes = 2ull << 20, .depth = 2, .versions = 20, .transport = "tcp"};
-  add_process_flags(*chaos, xf->common);
-  chaos->add_option("--seed", xf->seed, "seed of the kill schedule")->capture_default_str();
-  chaos->add_option("--kill-rate", xf->kill_rate, "chance of a kill per update")->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
-  commands[chaos] = [xf] { return run_chaos(*xf); };
 }
 
 }  // namespace ferry::cli

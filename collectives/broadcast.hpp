@@ -34,7 +34,9 @@ class broadcast_group {
   /// no longer reads the buffer. Up to `depth` calls may be outstanding.
   virtual void async_broadcast(buffer_ref data, completion done) = 0;
 
-  /// Fails every pending operation with `errc::stopped`; the group is unusable afterwards.
+  /// Ends every pending operation; the group is unusable afterwards. An operation still reading
+  /// its buffer (a send on the wire) completes once it no longer does; the others complete at
+  /// once with `errc::stopped`.
   virtual void abort() = 0;
 };
 

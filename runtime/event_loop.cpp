@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "runtime/errc.hpp"
 #include "runtime/log.hpp"
@@ -75,6 +76,8 @@ event_loop::~event_loop() {
   work_.reset();
   // Let fibers that wait on completions see them fail rather than outlive their state.
   io_.stop();
+  // A thread whose handler already ran may still be signalling the io_context (see `posting_`).
+  while (posting_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
 void event_loop::spawn(std::function<void()> fn) {
@@ -119,7 +122,7 @@ void event_loop::run() {
 }
 
 void event_loop::stop() {
-  asio::post(io_, [this] { stopping_ = true; });
+  post([this] { stopping_ = true; });
 }
 
 }  // namespace ferry

@@ -1,6 +1,7 @@
 #pragma once
 /// One event loop per thread: an `asio::io_context` with Boost.Fiber scheduled on the same thread,
 /// so actor code runs as straight-line fibers that wait on I/O without blocking the thread.
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -44,9 +45,13 @@ class event_loop {
   void stop();
 
   /// Queues `fn` to run on the loop; thread-safe. The way other threads hand results back.
+  /// The destructor waits for posts still inside Asio, so a thread may post the completion that
+  /// lets the owner destroy the loop (see `posting_`).
   template <class F>
   void post(F&& fn) {
+    posting_.fetch_add(1, std::memory_order_relaxed);
     asio::post(io_, std::forward<F>(fn));
+    posting_.fetch_sub(1, std::memory_order_release);
   }
 
  private:
@@ -57,6 +62,10 @@ class event_loop {
   fiber_scheduler* scheduler_ = nullptr;
   bool stopping_ = false;
   std::exception_ptr failure_;
+  /// Calls of `post` not yet returned. Asio queues the handler, unlocks, and only then signals
+  /// its condition variable: the loop may already run the handler (and its owner destroy the
+  /// loop) while the posting thread is still in pthread_cond_signal on the io_context's memory.
+  std::atomic<unsigned> posting_{0};
   friend class fiber_scheduler;
 };
 

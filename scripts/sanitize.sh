@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Builds ferry with sanitizers and runs its tests there:
 #   scripts/sanitize.sh address [LABELS]   ASan + UBSan (build-asan); every test unless LABELS
-#   scripts/sanitize.sh thread  [LABELS]   TSan (build-tsan); LABELS default 'runtime|protocol|transport'
+#   scripts/sanitize.sh thread  [LABELS]   TSan (build-tsan); LABELS default
+#                                          'runtime|protocol|transport|fabric'
 # LABELS is a ctest label regex; with one, only the test folders that hold such tests are built
-# (tests/runtime, tests/transport, tests/hostile). BUILD_DIR and CXX override the build folder
-# and the compiler. docs/hardening.md explains the sanitizer options below.
+# (tests/runtime, tests/transport, tests/hostile), so tests labelled `integration` (they run the
+# ferry binary, which is not built then) are left out. BUILD_DIR and CXX override the build
+# folder and the compiler. docs/hardening.md explains the sanitizer options below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 labels=${2:-}
 case "$mode" in
   address) sanitizers='address;undefined'; build_dir=${BUILD_DIR:-build-asan} ;;
-  thread) sanitizers='thread'; build_dir=${BUILD_DIR:-build-tsan}; labels=${labels:-runtime|protocol|transport} ;;
+  thread) sanitizers='thread'; build_dir=${BUILD_DIR:-build-tsan}; labels=${labels:-runtime|protocol|transport|fabric} ;;
   *) echo "usage: $0 address|thread [ctest label regex]" >&2; exit 2 ;;
 esac
 
@@ -32,4 +34,4 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=0:detect_leaks
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 cd "$build_dir"
-ctest --output-on-failure --timeout 600 -j"$(nproc)" ${labels:+-L "$labels"}
+ctest --output-on-failure --timeout 600 -j"$(nproc)" ${labels:+-L "$labels" -LE integration}

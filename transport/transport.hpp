@@ -38,6 +38,13 @@ inline constexpr write_imm make_imm(std::uint8_t tag, std::uint32_t value) {
 }
 inline constexpr std::uint8_t imm_tag(write_imm imm) { return static_cast<std::uint8_t>(imm >> 24); }
 inline constexpr std::uint32_t imm_value(write_imm imm) { return imm & 0xffffffu; }
+/// An imm value stamped with an epoch's low byte, for writes into memory reused across epochs: the
+/// receiver drops a write of an older epoch that lands late instead of taking it for a new one.
+inline constexpr std::uint32_t epoch_imm_value(std::uint32_t epoch, std::uint32_t number) {
+  return ((epoch & 0xffu) << 16) | (number & 0xffffu);
+}
+inline constexpr bool imm_of_epoch(std::uint32_t value, std::uint32_t epoch) { return (value >> 16) == (epoch & 0xffu); }
+inline constexpr std::uint32_t imm_number(std::uint32_t value) { return value & 0xffffu; }
 
 /// What the receiver of a bulk write learns when the bytes have landed. Only `imm` is
 /// guaranteed by every transport; the others are filled where the provider reports them

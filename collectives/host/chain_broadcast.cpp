@@ -1,6 +1,7 @@
 #include "collectives/host/chain_broadcast.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "runtime/node.hpp"
 
@@ -17,7 +18,7 @@ chain_broadcast::chain_broadcast(actor& owner, std::vector<address> members, std
 }
 
 // The write observer stays: a chain of the next epoch has replaced it by now, and the owner
-// forgets the tag when it stops for good.
+// forgets the tag when it stops for good. Forwards still on the wire complete into nothing.
 chain_broadcast::~chain_broadcast() { abort(); }
 
 void chain_broadcast::async_broadcast(buffer_ref data, completion done) {
@@ -29,7 +30,7 @@ void chain_broadcast::async_broadcast(buffer_ref data, completion done) {
   auto& c = calls_[seq];
   c.data = data;
   c.done = std::move(done);
-  c.received = rank_ == 0 || landed_early_.erase(seq & 0xffffff) > 0;
+  c.received = rank_ == 0 || landed_early_.erase(imm_number(static_cast<std::uint32_t>(seq))) > 0;
   if (rank_ > 0) {
     owner_.send(members_[rank_ - 1], chain_ready{.epoch = epoch_, .seq = seq, .region = data.region, .offset = data.offset});
   }
@@ -42,16 +43,19 @@ void chain_broadcast::on_ready(const chain_ready& m) {
   progress(m.seq);
 }
 
-void chain_broadcast::on_landed(std::uint64_t seq24) {
-  // The imm carries the low 24 bits of seq; the oldest unreceived call with those bits is it.
+void chain_broadcast::on_landed(std::uint32_t stamp) {
+  // A write of an older epoch's chain may land after this chain replaced it: not ours.
+  if (!imm_of_epoch(stamp, epoch_)) return;
+  // The imm carries the low 16 bits of seq; the oldest unreceived call with those bits is it.
+  const auto seq16 = imm_number(stamp);
   for (auto& [seq, c] : calls_) {
-    if ((seq & 0xffffff) == seq24 && !c.received) {
+    if (imm_number(static_cast<std::uint32_t>(seq)) == seq16 && !c.received) {
       c.received = true;
       progress(seq);
       return;
     }
   }
-  landed_early_[seq24] = true;
+  landed_early_[seq16] = true;
 }
 
 void chain_broadcast::progress(std::uint64_t seq) {
@@ -64,8 +68,11 @@ void chain_broadcast::progress(std::uint64_t seq) {
   c.forwarding = true;
   const auto t = target->second;
   targets_.erase(target);
-  owner_.host().transport().async_write(c.data.bytes, t.region, t.offset, make_imm(tag_, seq & 0xffffff),
-                                        [this, seq](std::error_code ec) { finish(seq, ec); });
+  owner_.host().transport().async_write(
+      c.data.bytes, t.region, t.offset, make_imm(tag_, epoch_imm_value(epoch_, static_cast<std::uint32_t>(seq))),
+      [this, seq, alive = std::weak_ptr<int>(alive_)](std::error_code ec) {
+        if (!alive.expired()) finish(seq, ec);
+      });
 }
 
 void chain_broadcast::finish(std::uint64_t seq, std::error_code ec) {
@@ -78,10 +85,19 @@ void chain_broadcast::finish(std::uint64_t seq, std::error_code ec) {
 
 void chain_broadcast::abort() {
   aborted_ = true;
-  auto calls = std::move(calls_);
-  calls_.clear();
   targets_.clear();
-  for (auto& [seq, c] : calls) c.done(errc::stopped);
+  // A call whose forward is on the wire still reads its buffer: it ends when that write does, so
+  // the owner cannot hand the buffer to a new epoch under it.
+  std::vector<completion> stopped;
+  for (auto it = calls_.begin(); it != calls_.end();) {
+    if (it->second.forwarding) {
+      ++it;
+      continue;
+    }
+    stopped.push_back(std::move(it->second.done));
+    it = calls_.erase(it);
+  }
+  for (auto& done : stopped) done(errc::stopped);
 }
 
 }  // namespace ferry

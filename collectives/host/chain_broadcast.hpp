@@ -3,6 +3,7 @@
 /// tells its predecessor where to write (a `chain_ready`), receives by one-sided write, and
 /// forwards to its successor; consecutive chunks overlap along the chain.
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -45,7 +46,7 @@ class chain_broadcast final : public broadcast_group {
     bool forwarding = false;
   };
   void on_ready(const chain_ready& m);
-  void on_landed(std::uint64_t seq);
+  void on_landed(std::uint32_t stamp);  ///< stamp: the imm value, epoch_imm_value(epoch, seq)
   void progress(std::uint64_t seq);
   void finish(std::uint64_t seq, std::error_code ec);
 
@@ -57,8 +58,9 @@ class chain_broadcast final : public broadcast_group {
   std::uint64_t next_seq_ = 0;
   std::map<std::uint64_t, call> calls_;
   std::map<std::uint64_t, chain_ready> targets_;  ///< successor's slots, possibly ahead of our calls
-  std::map<std::uint64_t, bool> landed_early_;
+  std::map<std::uint32_t, bool> landed_early_;  ///< seq's low 16 bits, landed before their call
   bool aborted_ = false;
+  std::shared_ptr<int> alive_ = std::make_shared<int>();  ///< write completions check it: expired once destroyed
 };
 
 }  // namespace ferry

@@ -65,6 +65,24 @@ TEST(event_loop, work_from_another_thread_completes_on_the_loop) {
   EXPECT_EQ(completion_thread, loop_thread);
 }
 
+// The pool thread's `post` may still be inside Asio (signalling the io_context) when its
+// completion has run and the loop is destroyed; the destructor must wait for it. ThreadSanitizer
+// reported this race in ~scheduler before the fix; without a sanitizer it was a rare crash.
+TEST(event_loop, loop_may_be_destroyed_right_after_a_cross_thread_completion) {
+  worker_pool pool(1);
+  constexpr int rounds = 300;
+  int completed = 0;
+  for (int i = 0; i < rounds; ++i) {
+    event_loop loop;
+    bool done = false;
+    pool.async_run(
+        loop, [] {}, [&] { done = true; });
+    loop.run_until([&] { return done; });
+    completed += done;
+  }
+  EXPECT_EQ(completed, rounds);
+}
+
 TEST(event_loop, slot_counter_bounds_concurrency) {
   event_loop loop;
   real_clock clock(loop.io());

@@ -277,13 +277,20 @@ TEST_P(fabric_pair, oversize_frames_are_refused_at_both_ends) {
   a->async_send(2, text_frame(std::string(8192, 'y')), [](std::error_code) {});
   ASSERT_TRUE(run_for(loop, [&] { return b->stats().frames_rejected == 1; }));
   EXPECT_TRUE(in_b.frames.empty());
-  // tcp;ofi_rxm resets the connection on truncation and keeps it failed: what follows fails
-  // loudly at the sender instead of vanishing.
+  // tcp;ofi_rxm's receiver closes the connection after the truncation. A frame sent next either
+  // fails loudly at the sender (EPIPE: the close came first) or, when the receiver still read it
+  // before closing, arrives whole; which one is up to timing (a sanitizer build sees both). It
+  // must never complete at the sender and vanish.
   std::optional<std::error_code> sent;
   a->async_send(2, text_frame("small"), [&](std::error_code ec) { sent = ec; });
   ASSERT_TRUE(run_for(loop, [&] { return sent.has_value(); }));
-  EXPECT_EQ(*sent, make_error_code(transport_errc::connection_lost));
-  EXPECT_TRUE(in_b.frames.empty());
+  if (*sent) {
+    EXPECT_EQ(*sent, make_error_code(transport_errc::connection_lost));
+    EXPECT_TRUE(in_b.frames.empty());
+  } else {
+    ASSERT_TRUE(run_for(loop, [&] { return !in_b.frames.empty(); }));
+    EXPECT_EQ(in_b.frames, (std::vector<std::pair<node_id, std::string>>{{1, "small"}}));
+  }
 }
 
 TEST_P(fabric_pair, large_writes_are_split_with_one_completion_and_one_notice) {

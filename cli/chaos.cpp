@@ -1,0 +1,228 @@
+/// `ferry chaos`: a real multi-process job on loopback that publishes versions while rollout
+/// processes are SIGKILLed at random moments (leaders among them, some mid-transfer) and
+/// replacements join. It reads the coordinator's events to choose its moments, and its last
+/// line (with --json) is the verdict.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "cli/commands.hpp"
+#include "cli/job.hpp"
+#include "cli/launch.hpp"
+#include "runtime/log.hpp"
+#include "runtime/message.hpp"
+
+namespace ferry::cli {
+namespace {
+
+struct chaos_flags {
+  process_flags common;
+  std::uint64_t seed = 1;
+  double kill_rate = 0.5;
+  double update_bound_s = 30;  ///< an update, or the job's silence, longer than this is a hang
+};
+
+/// The tally of a run, and its verdict.
+struct chaos_tally {
+  std::uint32_t kills = 0, leader_kills = 0, leader_kills_mid_update = 0, joins = 0;
+  double slowest_update_s = 0;
+  std::string hang;   ///< why the run was given up, if it was
+  std::string crash;  ///< the first node that died without being killed
+};
+
+int run_chaos(const chaos_flags& f) {
+  const auto& job = f.common.job;
+  if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
+  if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp or fabric\n"), 2;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const auto dir = make_job_directory("chaos");
+  const auto address_file = (dir / "coordinator").string();
+
+  auto with_common = [&](std::vector<std::string> args) { return with_process_flags(f.common, std::move(args)); };
+  auto coordinator_args = with_common(job_args(self, "coordinator", job));
+  coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
+  const auto [coordinator_pid, events_fd] = spawn_reading(coordinator_args);
+  line_reader events(events_fd);
+  const auto address = coordinator_pid > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
+  if (address.empty()) {
+    std::fprintf(stderr, "ferry chaos: the coordinator did not start\n");
+    if (coordinator_pid > 0) kill(coordinator_pid, SIGKILL);
+    std::filesystem::remove_all(dir);
+    return 1;
+  }
+
+  struct worker_process {
+    pid_t pid;
+    std::uint32_t instance, rank;
+  };
+  std::map<node_id, worker_process> workers;
+  std::set<node_id> joining;  // replacements the coordinator has not reported as joined yet
+  std::vector<pid_t> trainers;
+  std::map<pid_t, std::string> names;  // every node process not killed on purpose
+  std::map<std::uint32_t, std::uint32_t> next_rank;
+  node_id next_node = 1;
+  auto start_node = [&](std::vector<std::string> role) {
+    auto args = with_common(job_args(self, "node", job));
+    args.insert(args.end(), {"--coordinator", address, "--node-id", std::to_string(next_node)});
+    args.insert(args.end(), role.begin(), role.end());
+    return std::pair{next_node++, spawn(args)};
+  };
+  auto start_worker = [&](std::uint32_t instance) {
+    const auto rank = next_rank[instance]++;
+    auto [id, pid] = start_node({"--role", "worker", "--instance", std::to_string(instance), "--rank", std::to_string(rank)});
+    workers[id] = {pid, instance, rank};
+    names[pid] = fmt::format("worker {}.{} (node {})", instance, rank, id);
+    return id;
+  };
+  for (std::uint32_t s = 0; s < job.trainers; ++s) {
+    auto [id, pid] = start_node({"--role", "trainer", "--shard", std::to_string(s)});
+    trainers.push_back(pid);
+    names[pid] = fmt::format("trainer shard {} (node {})", s, id);
+  }
+  for (std::uint32_t i = 0; i < job.instances; ++i) {
+    for (std::uint32_t r = 0; r < job.workers_per_instance; ++r) start_worker(i);
+  }
+
+  // One kill chance per version, at a random moment of its update, a leader half the time; a
+  // replacement joins at once. The coordinator's events say when an update starts and ends.
+  std::mt19937_64 rng(f.seed);
+  std::uniform_real_distribution<double> coin(0, 1);
+  const auto bound = std::chrono::milliseconds(static_cast<long>(f.update_bound_s * 1000));
+  chaos_tally tally;
+  std::set<std::uint64_t> chanced;
+  std::vector<node_id> leaders;  // as the coordinator's last update or regroup named them
+  nlohmann::json verdict;
+  // A node that dies without being killed here is a crash: the run fails, even if the job recovers.
+  auto check_for_crashes = [&] {
+    for (auto it = names.begin(); it != names.end(); ++it) {
+      int raw = 0;
+      if (waitpid(it->first, &raw, WNOHANG) != it->first) continue;  // alive
+      if (WIFEXITED(raw) && WEXITSTATUS(raw) == 0) continue;         // left after job_stop
+      const auto how = WIFSIGNALED(raw) ? fmt::format("signal {}", WTERMSIG(raw)) : fmt::format("exit {}", WEXITSTATUS(raw));
+      if (tally.crash.empty()) tally.crash = fmt::format("{} died without being killed ({})", it->second, how);
+    }
+  };
+  while (auto line = events.next(bound)) {
+    check_for_crashes();
+    auto e = nlohmann::json::parse(*line, nullptr, false);
+    if (e.is_discarded()) continue;
+    if (e.contains("verified") && !e.contains("event")) {
+      verdict = e;
+      break;
+    }
+    const auto kind = e.value("event", "");
+    if (kind == "delivered") tally.slowest_update_s = std::max(tally.slowest_update_s, e.value("seconds", 0.0));
+    if (kind == "regroup") {
+      tally.leader_kills_mid_update += e.value("leaders_lost_mid_update", 0u);
+      const auto reason = e.value("reason", std::string{});
+      std::erase_if(joining, [&](node_id n) { return reason.find(fmt::format("joined (node {})", n)) != std::string::npos; });
+    }
+    if (kind == "regroup" || kind == "update") leaders = e.value("leaders", std::vector<node_id>{});
+    if (kind != "update" || e.value("catch_up", false) || e.value("version", 0ull) >= job.versions) continue;
+    // A regroup resends the same version: one chance per version, not per resend.
+    if (!chanced.insert(e.value("version", 0ull)).second) continue;
+    if (coin(rng) >= f.kill_rate || workers.empty()) continue;
+    node_id victim = 0;
+    if (!leaders.empty() && coin(rng) < 0.5) {
+      victim = leaders[std::uniform_int_distribution<std::size_t>(0, leaders.size() - 1)(rng)];
+    } else {
+      // Members only: a replacement killed before it joined leaves no trace in the job.
+      std::vector<node_id> members;
+      for (const auto& [id, w] : workers) {
+        if (!joining.contains(id)) members.push_back(id);
+      }
+      if (members.empty()) continue;
+      victim = members[std::uniform_int_distribution<std::size_t>(0, members.size() - 1)(rng)];
+    }
+    auto it = workers.find(victim);
+    if (it == workers.end()) continue;
+    // A random moment in the first 30 ms of the update: most land mid-transfer.
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 30000)(rng)));
+    kill(it->second.pid, SIGKILL);
+    waitpid(it->second.pid, nullptr, 0);
+    names.erase(it->second.pid);
+    const bool was_leader = std::find(leaders.begin(), leaders.end(), victim) != leaders.end();
+    log::info("chaos: killed worker {}.{} (node {}{})", it->second.instance, it->second.rank, victim,
+              was_leader ? ", a leader" : "");
+    ++tally.kills;
+    tally.leader_kills += was_leader;
+    const auto instance = it->second.instance;
+    workers.erase(it);
+    joining.insert(start_worker(instance));
+    ++tally.joins;
+  }
+  if (events.timed_out()) {
+    tally.hang = fmt::format("no progress for {} s (--update-bound): the job hung", f.update_bound_s);
+    kill(coordinator_pid, SIGKILL);
+  } else if (tally.slowest_update_s > f.update_bound_s) {
+    tally.hang = fmt::format("an update took {:.1f} s, over the bound of {} s", tally.slowest_update_s, f.update_bound_s);
+  }
+  if (verdict.is_null()) check_for_crashes();  // the coordinator's own exit is reaped below
+  const bool coordinator_ok = reap({coordinator_pid}, std::chrono::seconds(10)).front();
+  std::vector<pid_t> nodes = trainers;
+  for (const auto& [id, w] : workers) nodes.push_back(w.pid);
+  reap(nodes, std::chrono::seconds(10));
+  std::filesystem::remove_all(dir);
+
+  const bool verified = coordinator_ok && tally.hang.empty() && tally.crash.empty() && verdict.value("verified", false);
+  nlohmann::json out{{"verified", verified},
+                     {"versions", verdict.value("versions", 0)},
+                     {"kills", tally.kills},
+                     {"leader_kills", tally.leader_kills},
+                     {"leader_kills_mid_update", tally.leader_kills_mid_update},
+                     {"joins", tally.joins},
+                     {"regroups", verdict.value("regroups", 0)},
+                     {"regroup_ms_median", verdict.value("regroup_ms_median", 0.0)},
+                     {"regroup_ms_max", verdict.value("regroup_ms_max", 0.0)},
+                     {"update_seconds_max", tally.slowest_update_s},
+                     {"update_bound_seconds", f.update_bound_s},
+                     {"seed", f.seed}};
+  if (!tally.crash.empty()) {
+    out["error"] = tally.crash;
+  } else if (!tally.hang.empty()) {
+    out["error"] = tally.hang;
+  } else if (verdict.contains("error")) {
+    out["error"] = verdict["error"];
+  }
+  if (f.common.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("chaos: %s versions, %u kills (%u leaders, %u of them mid-update), %u joins, %d regroups: median "
+                "%.1f ms, worst %.1f ms; slowest update %.3f s (bound %.0f s); %s\n",
+                out["versions"].dump().c_str(), tally.kills, tally.leader_kills, tally.leader_kills_mid_update,
+                tally.joins, out["regroups"].get<int>(), out["regroup_ms_median"].get<double>(),
+                out["regroup_ms_max"].get<double>(), tally.slowest_update_s, f.update_bound_s,
+                verified ? "verified" : "NOT verified");
+    if (out.contains("error")) std::printf("chaos: %s\n", out["error"].get<std::string>().c_str());
+  }
+  return verified ? 0 : 1;
+}
+
+}  // namespace
+
+void add_chaos(CLI::App& app, command_table& commands) {
+  auto* chaos = app.add_subcommand("chaos", "a multi-process job whose rollout processes are killed and replaced");
+  auto xf = std::make_shared<chaos_flags>();
+  xf->common.job = {.trainers = 2, .instances = 2, .workers_per_instance = 3, .model_bytes = 64ull << 20,
+                    .chunk_bytes = 2ull << 20, .depth = 2, .versions = 20, .transport = "tcp"};
+  add_process_flags(*chaos, xf->common);
+  chaos->add_option("--seed", xf->seed, "seed of the kill schedule")->capture_default_str();
+  chaos->add_option("--kill-rate", xf->kill_rate, "chance of a kill per update")->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  chaos->add_option("--update-bound", xf->update_bound_s,
+                    "seconds an update (or the job's silence) may last before the run counts as hung")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
+  commands[chaos] = [xf] { return run_chaos(*xf); };
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,35 @@
+#pragma once
+/// What the processes of a multi-process job share: their flags, and the command line that
+/// starts one of them (for the launchers `ferry local` and `ferry chaos`).
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/options.hpp"
+
+namespace ferry::cli {
+
+/// Flags every process of a multi-process job shares.
+struct process_flags {
+  job_config job;
+  std::string coordinator_address;
+  std::string address_file;
+  bool allow_unauthenticated = false;
+  double timeout_seconds = 600;
+  bool json = false;
+  bool events = false;
+  std::string fabric_provider;
+  std::string model = "synthetic";  ///< or "llama3-8b" (then --model-bytes is ignored)
+  bool gpus = false;                ///< local: one GPU per node process, in start order
+  double heartbeat_timeout_s = 10;  ///< coordinator: a member silent this long is dead
+};
+
+void add_process_flags(CLI::App& app, process_flags& f);
+
+/// The command line of `ferry <command>` for a process of job `j`; `self` is this executable.
+std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j);
+
+/// `args` plus the flags every process of a launched job shares.
+std::vector<std::string> with_process_flags(const process_flags& f, std::vector<std::string> args);
+
+}  // namespace ferry::cli

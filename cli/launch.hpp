@@ -1,0 +1,51 @@
+#pragma once
+/// Launching the processes of a job on this host: spawning, the job directory and its secret,
+/// waiting for the coordinator's address, reading a child's output, reaping children.
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ferry::cli {
+
+/// Starts `args` (argv[0] an executable path) as a child process; returns its pid or -1.
+pid_t spawn(const std::vector<std::string>& args);
+
+/// Starts `args` with its stdout into a pipe; returns the pid (or -1) and the pipe's read end.
+std::pair<pid_t, int> spawn_reading(const std::vector<std::string>& args);
+
+/// A private folder for a launched job, holding a fresh job secret (readable by this user only)
+/// that the children find through FERRY_SECRET_FILE, never on their command line. Sets the rest
+/// of the children's environment too.
+std::filesystem::path make_job_directory(const std::string& purpose);
+
+/// The coordinator's transport address, once it has written `file`; empty after `patience`.
+std::string wait_for_address(const std::filesystem::path& file, std::chrono::seconds patience);
+
+/// Waits up to `grace` for each child to exit, then SIGKILLs it. True for a child that exited
+/// on its own with status 0.
+std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::seconds grace);
+
+/// Lines from a pipe, with a limit on silence.
+class line_reader {
+ public:
+  explicit line_reader(int fd) : fd_(fd) {}
+  ~line_reader();
+  line_reader(const line_reader&) = delete;
+  line_reader& operator=(const line_reader&) = delete;
+
+  /// The next line; nothing at the end of the stream or after `patience` without a whole line
+  /// (then `timed_out()`).
+  std::optional<std::string> next(std::chrono::milliseconds patience);
+  bool timed_out() const { return timed_out_; }
+
+ private:
+  int fd_;
+  std::string buffered_;
+  bool timed_out_ = false;
+};
+
+}  // namespace ferry::cli
