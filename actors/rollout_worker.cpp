@@ -37,6 +37,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
   });
   on<update_failed>([this](const envelope_header&, const update_failed& m) {
     // The version cannot complete anywhere; what arrived of it must not count later.
+    log::warn("worker {}.{}: update of version {} failed: {}", instance_, rank_, m.version, m.reason);
     progress_.erase(m.version);
   });
   on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });

@@ -172,8 +172,12 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
   last_published_ = version;
   ++fibers_;
   host().loop().spawn([this, version] {
-    // The host copy of version - 2 is reused: wait until that version is settled.
-    if (wait_for([&] { return version < 2 || settled_ >= version - 2 || delivered_ >= version - 2; })) {
+    // The host copy of version - 2 is reused: wait until the version it holds is settled. A
+    // shard that rejoined holds none yet (it never hears of versions settled before it came).
+    if (wait_for([&] {
+          const auto held = copies_of_[version % 2].version;
+          return held == 0 || settled_ >= held || delivered_ >= held;
+        })) {
       run_publish(version);
     }
     --fibers_;

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""A trainer shard's process is SIGKILLed while its update is in flight: the update must fail on
+every participant within a bound (no worker completes it), and once a new process of that shard
+joins, the job must publish again and end verified. Real processes over tcp on loopback.
+Usage: trainer_failure.py FERRY"""
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ferry = sys.argv[1]
+BOUND_S = 15  # from the kill to update_failed; the link drop is seen at once, heartbeats in 10 s
+job = ["--trainers", "2", "--instances", "1", "--workers", "2", "--model-bytes", "64MiB", "--chunk-bytes", "1MiB",
+       "--depth", "2", "--versions", "4", "--transport", "tcp", "--timeout", "120"]
+failures = []
+with tempfile.TemporaryDirectory() as scratch:
+    secret = os.path.join(scratch, "secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(32))
+    os.chmod(secret, 0o600)
+    env = dict(os.environ, FERRY_SECRET_FILE=secret, IPATH_NO_BACKTRACE="1")
+    address_file = os.path.join(scratch, "coordinator")
+    coordinator = subprocess.Popen([ferry, "coordinator", *job, "--address-file", address_file, "--events", "--json"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 30
+    while not os.path.exists(address_file) and time.time() < deadline:
+        time.sleep(0.02)
+    address = open(address_file).read().strip()
+    logs = {}
+
+    def start(node_id, *role):
+        log = open(os.path.join(scratch, f"node{node_id}.log"), "w+")
+        logs[node_id] = log
+        return subprocess.Popen([ferry, "node", *job, "--coordinator", address, "--node-id", str(node_id), *role],
+                                stdout=log, stderr=log, env=env)
+
+    trainers = {0: start(1, "--role", "trainer", "--shard", "0"), 1: start(2, "--role", "trainer", "--shard", "1")}
+    workers = [start(3, "--role", "worker", "--instance", "0", "--rank", "0"),
+               start(4, "--role", "worker", "--instance", "0", "--rank", "1")]
+    events, verdict, killed_at, failed_version = [], None, None, None
+    selector = selectors.DefaultSelector()
+    selector.register(coordinator.stdout, selectors.EVENT_READ)
+    end = time.time() + 150
+    while time.time() < end and verdict is None:
+        if not selector.select(timeout=1):
+            continue
+        line = coordinator.stdout.readline()
+        if not line:
+            break
+        e = json.loads(line)
+        if "event" not in e:
+            verdict = e
+            break
+        events.append(e)
+        if e["event"] == "update" and e["version"] == 2 and killed_at is None:
+            trainers[1].send_signal(signal.SIGKILL)
+            trainers[1].wait()
+            killed_at = time.time()
+        if e["event"] == "update_failed" and failed_version is None:
+            failed_version = e["version"]
+            if time.time() - killed_at > BOUND_S:
+                failures.append(f"update_failed came {time.time() - killed_at:.1f} s after the kill (bound {BOUND_S} s)")
+            trainers[1] = start(5, "--role", "trainer", "--shard", "1")  # the shard rejoins
+    coordinator.wait(timeout=30)
+    for p in [trainers[0], trainers[1], *workers]:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    if killed_at is None:
+        failures.append("no update of version 2 was seen: nothing was killed")
+    if failed_version != 2:
+        failures.append(f"expected update_failed for version 2, got {failed_version}")
+    delivered = [e["version"] for e in events if e["event"] == "delivered"]
+    if 2 in delivered:
+        failures.append("version 2 was delivered although its trainer died mid-update")
+    if not verdict or verdict.get("verified") is not True:
+        failures.append(f"the job did not end verified: {verdict}")
+    if not delivered or max(delivered) <= 2:
+        failures.append(f"nothing was published after the shard rejoined: delivered {delivered}")
+    # A clear error on every participant: the surviving trainer and both workers say so.
+    for node_id in (1, 3, 4):
+        logs[node_id].seek(0)
+        text = logs[node_id].read()
+        if "version 2 failed" not in text:
+            failures.append(f"node {node_id} logged no failure of version 2")
+    if failures:
+        print("FAILED:", "; ".join(failures))
+        print("events:", events, "\nverdict:", verdict)
+        for node_id, log in logs.items():
+            log.seek(0)
+            print(f"--- node {node_id} ---\n" + log.read()[-3000:])
+        print("--- coordinator stderr ---\n" + coordinator.stderr.read()[-4000:])
+        sys.exit(1)
+    print(f"ok: version 2 failed on every participant after its trainer was killed; "
+          f"delivered {delivered} after the shard rejoined, verified")
