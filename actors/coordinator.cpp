@@ -33,7 +33,7 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
     }
     add_peer(h.from, m.transport_address);
     const bool replacing = trainers_.contains(m.shard);
-    trainers_[m.shard] = {h.from, m.transport_address, m.tensors};
+    trainers_[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? std::max(published_, delivered_) + 1 : 1};
     if (started_) {
       regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") + " (node " +
               std::to_string(h.from.node) + ")");
@@ -297,8 +297,11 @@ void coordinator::resume() {
   // One update at a time; an active one is resent (what is missing) only by a new plan, whose
   // epoch keeps stale writes of the old sends out of the slots.
   if (!in_force_ || failed_ || active_) return;
-  // A late joiner first catches up with the delivered version, from the trainers' host copy.
-  if (delivered_ > 0) {
+  // A late joiner first catches up with the delivered version, from the trainers' host copy;
+  // unless a shard rejoined since, with no copy of it: then the next update brings it every chunk.
+  const bool copies_hold_delivered = std::all_of(trainers_.begin(), trainers_.end(),
+                                                 [&](const auto& t) { return t.second.first_version <= delivered_; });
+  if (delivered_ > 0 && copies_hold_delivered) {
     for (const auto& [key, w] : workers_) {
       if (w.complete_version < delivered_) return start_update(delivered_, true);
     }

@@ -77,6 +77,7 @@ class coordinator final : public actor {
     address who;
     std::string transport_address;
     std::vector<tensor_spec> tensors;
+    std::uint64_t first_version = 1;  ///< the oldest version its host copies can hold (it joined then)
   };
   struct worker_entry {
     address who;

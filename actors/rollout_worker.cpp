@@ -73,6 +73,12 @@ void rollout_worker::join() {
   beat();
 }
 
+void rollout_worker::leave(const std::string& reason) {
+  send(coordinator_, leave_job{.reason = reason});
+  stopped_ = true;
+  changed();
+}
+
 void rollout_worker::beat() {
   heartbeat_timer_ = host().clock().async_wait(options_.heartbeat_interval, [this](std::error_code ec) {
     if (ec || stopped_ || failed_) return;

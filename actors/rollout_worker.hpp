@@ -49,6 +49,8 @@ class rollout_worker final : public actor {
 
   /// Registers with the coordinator.
   void join();
+  /// Tells the coordinator this member leaves (the job regroups without it), and stops.
+  void leave(const std::string& reason);
 
   bool is_leader() const { return leader_; }
   bool failed() const { return failed_; }

@@ -79,6 +79,13 @@ void trainer_shard::join() {
   beat();
 }
 
+void trainer_shard::leave(const std::string& reason) {
+  send(coordinator_, leave_job{.reason = reason});
+  stopped_ = true;
+  ++send_generation_;
+  changed();
+}
+
 void trainer_shard::beat() {
   heartbeat_timer_ = host().clock().async_wait(options_.heartbeat_interval, [this](std::error_code ec) {
     if (ec || stopped_ || failed_) return;

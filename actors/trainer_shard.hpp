@@ -42,6 +42,8 @@ class trainer_shard final : public actor {
 
   /// Registers the shard's tensors with the coordinator.
   void join();
+  /// Tells the coordinator this member leaves (the job regroups without it), and stops.
+  void leave(const std::string& reason);
   /// Starts publishing `version`, which must be newer than every version published before. The
   /// offload begins once the host copy it reuses is no longer needed (version - 2 settled).
   result<void> publish(std::uint64_t version, std::string& why);

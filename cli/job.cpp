@@ -1,6 +1,7 @@
 /// Multi-process jobs: `ferry coordinator`, `ferry node` (one actor per process) and the
 /// `ferry local` launcher that starts a whole job of separate processes on this host
 /// (`ferry chaos`, which kills some of them, is in chaos.cpp).
+#include <boost/asio/signal_set.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -198,6 +199,19 @@ int run_node(const node_flags& f) {
   auto watch_stop = [&](actor& a) {
     a.on<job_stop>([&](const envelope_header&, const job_stop&) { stopped = true; });
   };
+  // SIGTERM or SIGINT: leave the job, which regroups without this node, rather than vanish.
+  boost::asio::signal_set signals(loop.io(), SIGTERM, SIGINT);
+  bool left = false;
+  auto leave_on_signal = [&](auto& member) {
+    signals.async_wait([&](const boost::system::error_code& ec, int signal) {
+      if (ec) return;
+      member.leave(signal == SIGTERM ? "SIGTERM" : "SIGINT");
+      left = stopped = true;
+    });
+  };
+  auto let_leave_go_out = [&] {
+    if (left) run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });
+  };
 
   if (f.role == "trainer") {
     const auto shards = split_over_shards(model, job.trainers);
@@ -271,7 +285,9 @@ int run_node(const node_flags& f) {
       if (v >= version) publishing = false;
     };
     shard.join();
+    leave_on_signal(shard);
     run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value() || shard.failed(); });
+    let_leave_go_out();
     if (uploader.joinable()) uploader.join();
   } else {
     std::vector<tensor_ref> destinations;
@@ -288,8 +304,10 @@ int run_node(const node_flags& f) {
     worker.on_failed = [&](const std::string& why) { failure = why; };
     worker.on_version = [&](std::uint64_t v) { log::debug("worker {}.{}: version {} applied", f.instance, f.rank, v); };
     worker.join();
+    leave_on_signal(worker);
     run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value(); });
-    if (gpu && !failure) {
+    let_leave_go_out();
+    if (gpu && !failure && !left) {
       // Every byte of the last version on this GPU, against what the trainers published.
       if (worker.version() != job.versions) {
         failure = fmt::format("holds version {} of {} at the end", worker.version(), job.versions);

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""A trainer shard's process is SIGKILLed while its update is in flight: the update must fail on
-every participant within a bound (no worker completes it), and once a new process of that shard
-joins, the job must publish again and end verified. Real processes over tcp on loopback.
-Usage: trainer_failure.py FERRY"""
+"""Membership changes of a real job (processes over tcp on loopback):
+- after version 1, a worker gets SIGTERM: it leaves (the job regroups, "left: SIGTERM") and exits 0,
+  and a new worker joins in its place and catches up;
+- a trainer shard's process is SIGKILLed while version 2 is in flight: the update fails on every
+  participant within a bound (no worker completes it);
+- a new process of that shard joins: the job publishes again and ends verified.
+Usage: membership.py FERRY"""
 import json
 import os
 import selectors
@@ -56,6 +59,9 @@ with tempfile.TemporaryDirectory() as scratch:
             verdict = e
             break
         events.append(e)
+        if e["event"] == "delivered" and e["version"] == 1 and 6 not in logs:
+            workers[1].send_signal(signal.SIGTERM)
+            workers.append(start(6, "--role", "worker", "--instance", "0", "--rank", "2"))
         if e["event"] == "update" and e["version"] == 2 and killed_at is None:
             trainers[1].send_signal(signal.SIGKILL)
             trainers[1].wait()
@@ -71,6 +77,11 @@ with tempfile.TemporaryDirectory() as scratch:
             p.wait(timeout=15)
         except subprocess.TimeoutExpired:
             p.kill()
+    if workers[1].returncode != 0:
+        failures.append(f"the worker that got SIGTERM exited {workers[1].returncode}, not 0")
+    regroups = " ".join(e.get("reason", "") for e in events if e["event"] == "regroup")
+    if "worker 0.1 (node 4) left: SIGTERM" not in regroups or "worker 0.2 joined (node 6)" not in regroups:
+        failures.append(f"no regroup for the leave and the join: {regroups}")
     if killed_at is None:
         failures.append("no update of version 2 was seen: nothing was killed")
     if failed_version != 2:
@@ -82,8 +93,8 @@ with tempfile.TemporaryDirectory() as scratch:
         failures.append(f"the job did not end verified: {verdict}")
     if not delivered or max(delivered) <= 2:
         failures.append(f"nothing was published after the shard rejoined: delivered {delivered}")
-    # A clear error on every participant: the surviving trainer and both workers say so.
-    for node_id in (1, 3, 4):
+    # A clear error on every participant: the surviving trainer and the worker there all along say so.
+    for node_id in (1, 3):
         logs[node_id].seek(0)
         text = logs[node_id].read()
         if "version 2 failed" not in text:
@@ -96,5 +107,5 @@ with tempfile.TemporaryDirectory() as scratch:
             print(f"--- node {node_id} ---\n" + log.read()[-3000:])
         print("--- coordinator stderr ---\n" + coordinator.stderr.read()[-4000:])
         sys.exit(1)
-    print(f"ok: version 2 failed on every participant after its trainer was killed; "
+    print(f"ok: a worker left on SIGTERM and another joined; version 2 failed on every participant after its trainer was killed; "
           f"delivered {delivered} after the shard rejoined, verified")
