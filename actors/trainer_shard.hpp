@@ -45,7 +45,7 @@ class trainer_shard final : public actor {
   /// Tells the coordinator this member leaves (the job regroups without it), and stops.
   void leave(const std::string& reason);
   /// Starts publishing `version`, which must be newer than every version published before. The
-  /// offload begins once the host copy it reuses is no longer needed (version - 2 settled).
+  /// offload begins once the host copy it reuses is no longer needed (the version it holds settled).
   result<void> publish(std::uint64_t version, std::string& why);
 
   /// The plan is in force; `next_version()` is where the job stands.
