@@ -236,6 +236,7 @@ int run_node(const node_flags& f) {
     std::uint64_t version = 0;
     bool publishing = false;
     std::thread uploader;  // GPU mode: host bytes into the device tensors, off the loop
+    std::size_t fills = 0;  // GPU mode: fill tasks of the next version still on the pool
     auto publish_next = [&] {
       if (publishing || !shard.ready()) return;
       publishing = true;
@@ -254,10 +255,12 @@ int run_node(const node_flags& f) {
       // the process at exit); the uploader is joined before the tensors go away.
       auto pending = std::make_shared<std::size_t>(tensors.size());
       for (std::size_t i = 0; i < tensors.size(); ++i) {
+        ++fills;
         worker_pool::shared().async_run(
             loop, [&, i, v = version] { fill_version(storage[i].span(), tensors[i].spec.name, v); },
             [&, pending, publish] {
-              if (--*pending > 0) return;
+              --fills;
+              if (--*pending > 0 || stopped) return;
               if (uploader.joinable()) uploader.join();
               uploader = std::thread([&, publish, device = f.device] {
                 std::string error;
@@ -269,7 +272,7 @@ int run_node(const node_flags& f) {
                 }
                 loop.post([&, publish, error] {
                   if (!error.empty()) failure = error;
-                  else publish();
+                  else if (!stopped) publish();
                 });
               });
             });
@@ -288,6 +291,9 @@ int run_node(const node_flags& f) {
     leave_on_signal(shard);
     run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value() || shard.failed(); });
     let_leave_go_out();
+    // No upload may start, or read `storage`, once this block begins to unwind.
+    stopped = true;
+    run_with_timeout(loop, {.timeout_seconds = 60}, [&] { return fills == 0; });
     if (uploader.joinable()) uploader.join();
   } else {
     std::vector<tensor_ref> destinations;
