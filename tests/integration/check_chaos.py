@@ -2,27 +2,15 @@
 """Runs `ferry chaos ... --json` and checks its verdict: exit 0, verified, every version delivered,
 rollout processes really killed (leaders among them) and replaced, a regroup for each kill. Prints
 the command's output on failure."""
-import json
-import subprocess
 import sys
+
+from job_verdict import exit_on_failures, run_job
 
 command = sys.argv[1:]
 versions = int(command[command.index("--versions") + 1])
 
-run = subprocess.run(command, capture_output=True, text=True, timeout=280)
-failures = []
-try:
-    verdict = json.loads(run.stdout.strip().splitlines()[-1])
-except (IndexError, json.JSONDecodeError) as e:
-    verdict = {}
-    failures.append(f"no JSON verdict on stdout's last line ({e})")
-if run.returncode != 0:
-    failures.append(f"exit code {run.returncode}")
+run, verdict, failures = run_job(command, timeout=280)
 if verdict:
-    if verdict.get("verified") is not True:
-        failures.append(f"not verified: {verdict.get('error', '')}")
-    if verdict.get("versions") != versions:
-        failures.append(f"versions {verdict.get('versions')} != {versions}")
     kills = verdict.get("kills", 0)
     if kills < 2 or verdict.get("leader_kills", 0) < 1:
         failures.append(f"too few kills to mean anything: {kills} ({verdict.get('leader_kills')} leaders)")
@@ -32,10 +20,7 @@ if verdict:
     if verdict.get("regroups", 0) < kills:
         failures.append(f"regroups {verdict.get('regroups')} < kills {kills}")
 
-if failures:
-    print("FAILED:", "; ".join(failures))
-    print("--- stdout ---\n" + run.stdout + "\n--- stderr (tail) ---\n" + run.stderr[-8000:])
-    sys.exit(1)
+exit_on_failures(failures, run, stderr_tail=8000)
 print(f"ok: {versions} versions verified across {verdict['kills']} kills ({verdict['leader_kills']} leaders, "
       f"{verdict['leader_kills_mid_update']} mid-update), {verdict['regroups']} regroups, "
       f"regroup median {verdict['regroup_ms_median']:.1f} ms, worst {verdict['regroup_ms_max']:.1f} ms")

@@ -2,9 +2,8 @@
 """Runs a ferry job command and checks its JSON verdict: exit 0, verified, the expected workers,
 every version delivered with matching digests. Prints the command's output on failure."""
 import argparse
-import json
-import subprocess
-import sys
+
+from job_verdict import exit_on_failures, run_job
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--workers", type=int, required=True)
@@ -13,22 +12,10 @@ args = parser.parse_args()
 command = args.command[1:] if args.command and args.command[0] == "--" else args.command
 versions = int(command[command.index("--versions") + 1])
 
-run = subprocess.run(command, capture_output=True, text=True, timeout=170)
-failures = []
-try:
-    verdict = json.loads(run.stdout.strip().splitlines()[-1])
-except (IndexError, json.JSONDecodeError) as e:
-    verdict = {}
-    failures.append(f"no JSON verdict on stdout's last line ({e})")
-if run.returncode != 0:
-    failures.append(f"exit code {run.returncode}")
+run, verdict, failures = run_job(command, timeout=170)
 if verdict:
-    if verdict.get("verified") is not True:
-        failures.append(f"not verified: {verdict.get('error', '')}")
     if verdict.get("workers") != args.workers:
         failures.append(f"workers {verdict.get('workers')} != {args.workers}")
-    if verdict.get("versions") != versions:
-        failures.append(f"versions {verdict.get('versions')} != {versions}")
     per_version = verdict.get("per_version", [])
     if [v["version"] for v in per_version] != list(range(1, versions + 1)):
         failures.append(f"versions delivered out of order or missing: {per_version}")
@@ -37,9 +24,6 @@ if verdict:
     if verdict.get("bytes") != verdict.get("model_bytes", 0) * versions or verdict.get("bytes", 0) <= 0:
         failures.append(f"bytes {verdict.get('bytes')} inconsistent with model_bytes and versions")
 
-if failures:
-    print("FAILED:", "; ".join(failures))
-    print("--- stdout ---\n" + run.stdout + "\n--- stderr (tail) ---\n" + run.stderr[-6000:])
-    sys.exit(1)
+exit_on_failures(failures, run, stderr_tail=6000)
 print(f"ok: {versions} versions of {verdict['model_bytes']} bytes to {verdict['workers']} workers, "
       f"digests match ({verdict['gbps']:.2f} GB/s)")
