@@ -49,7 +49,8 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
       return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
     }
     add_peer(h.from, m.transport_address);
-    workers_[{m.instance, m.rank}] = {h.from, m.transport_address, m.tensors};
+    workers_[{m.instance, m.rank}] = {.who = h.from, .transport_address = m.transport_address, .tensors = m.tensors,
+                                      .on_device = m.on_device};
     if (started_) {
       regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")");
     } else if (trainers_.size() == shape_.trainers && workers_.size() >= initial_workers()) {
@@ -221,17 +222,7 @@ void coordinator::regroup(const std::string& reason) {
       if (key.first == i) inst.workers.push_back(w.who);
     }
     if (inst.workers.empty()) continue;
-    // A leader keeps its role while it lives; otherwise the lowest live rank takes over.
-    std::uint32_t leader = 0;
-    if (plan_) {
-      for (const auto& old : plan_->instances) {
-        if (old.id != i) continue;
-        const auto previous = old.workers.at(old.leaders.at(0));
-        const auto at = std::find(inst.workers.begin(), inst.workers.end(), previous);
-        if (at != inst.workers.end()) leader = static_cast<std::uint32_t>(at - inst.workers.begin());
-      }
-    }
-    inst.leaders = {leader};
+    inst.leaders = choose_leaders(inst.workers, i);
     in.instances.push_back(std::move(inst));
   }
   if (in.instances.empty()) {
@@ -253,24 +244,64 @@ void coordinator::regroup(const std::string& reason) {
     peers.push_back({w.who.node, w.transport_address});
     w.ready = false;
   }
-  log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} instance(s), {} worker(s)",
+  log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} instance(s), {} worker(s), "
+            "{} leader(s) in instance {}",
             epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
-            plan_->instances.size(), workers_.size());
+            plan_->instances.size(), workers_.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id);
   broadcast_all([&] { return plan_ready{.plan = *plan_, .peers = peers}; });
+}
+
+std::vector<std::uint32_t> coordinator::choose_leaders(const std::vector<address>& workers,
+                                                      std::uint32_t instance) const {
+  const auto size = static_cast<std::uint32_t>(workers.size());
+  std::uint32_t k = shape_.stripes;
+  if (k == 0) {
+    const bool on_devices = std::all_of(workers_.begin(), workers_.end(), [&](const auto& e) {
+      return e.first.first != instance || e.second.on_device;
+    });
+    k = on_devices ? size : 1;
+  }
+  k = std::clamp(k, 1u, size);
+  // The first leader keeps its role while it lives (it orders the instance's chunks); otherwise
+  // the lowest live rank takes over. The other leaders are the lowest ranks besides it.
+  std::uint32_t first = 0;
+  if (plan_) {
+    for (const auto& old : plan_->instances) {
+      if (old.id != instance) continue;
+      const auto at = std::find(workers.begin(), workers.end(), old.workers.at(old.leaders.at(0)));
+      if (at != workers.end()) first = static_cast<std::uint32_t>(at - workers.begin());
+    }
+  }
+  std::vector<std::uint32_t> leaders{first};
+  for (std::uint32_t r = 0; r < size && leaders.size() < k; ++r) {
+    if (r != first) leaders.push_back(r);
+  }
+  return leaders;
+}
+
+std::optional<std::vector<leader_route>> coordinator::leader_routes(const instance_plan& inst) {
+  std::vector<leader_route> routes;
+  const auto stripes = static_cast<std::uint32_t>(inst.leaders.size());
+  for (std::uint32_t s = 0; s < stripes; ++s) {
+    const auto leader = inst.workers.at(inst.leaders[s]);
+    const auto w = std::find_if(workers_.begin(), workers_.end(), [&](const auto& e) { return e.second.who == leader; });
+    if (w == workers_.end() || !w->second.slots) {
+      fail_job("leader " + std::to_string(leader.node) + " of instance " + std::to_string(inst.id) +
+               " offered no receive slots");
+      return std::nullopt;
+    }
+    routes.push_back({.instance = inst.id, .leader = leader, .slots = *w->second.slots, .stripe = s, .stripes = stripes});
+  }
+  return routes;
 }
 
 void coordinator::plan_in_force() {
   if (in_force_ || !plan_ || plan_->epoch != epoch()) return;
   job_ready ready{.next_version = std::max(published_, delivered_) + 1};
   for (const auto& inst : plan_->instances) {
-    for (auto leader_rank : inst.leaders) {
-      const auto leader = inst.workers.at(leader_rank);
-      for (const auto& [key, w] : workers_) {
-        if (w.who != leader) continue;
-        if (!w.slots) return fail_job("leader " + worker_name(key.first, key.second) + " offered no receive slots");
-        ready.routes.push_back({.instance = inst.id, .leader = leader, .slots = *w.slots});
-      }
-    }
+    auto routes = leader_routes(inst);
+    if (!routes) return;
+    ready.routes.insert(ready.routes.end(), routes->begin(), routes->end());
   }
   in_force_ = true;
   for (const auto& [rank, t] : trainers_) send(t.who, ready);
@@ -315,21 +346,20 @@ void coordinator::start_update(std::uint64_t version, bool catch_up) {
   active_ = update{.version = version, .catch_up = catch_up};
   update_go go{.version = version};
   for (const auto& inst : plan_->instances) {
-    route_chunks r;
-    const auto leader = inst.workers.at(inst.leaders.at(0));
-    for (const auto& [key, w] : workers_) {
-      if (w.who == leader) r.route = {.instance = inst.id, .leader = leader, .slots = *w.slots};
-    }
-    // Only what some member of the instance lacks travels (again).
+    // Only what some member of the instance lacks travels (again), to each of its leaders.
+    std::vector<std::uint32_t> chunks;
     for (const auto& c : plan_->chunks) {
       for (const auto& [key, w] : workers_) {
         if (key.first == inst.id && !w.holds(version, c.id)) {
-          r.chunks.push_back(c.id);
+          chunks.push_back(c.id);
           break;
         }
       }
     }
-    if (!r.chunks.empty()) go.routes.push_back(std::move(r));
+    auto routes = leader_routes(inst);
+    if (!routes) return;
+    if (chunks.empty()) continue;
+    for (const auto& route : *routes) go.routes.push_back({.route = route, .chunks = chunks});
   }
   log::debug("coordinator: epoch {}: {} version {} to {} instance(s)", epoch(), catch_up ? "catch-up of" : "update",
              version, go.routes.size());

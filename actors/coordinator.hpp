@@ -19,6 +19,10 @@ struct job_shape {
   std::vector<std::uint32_t> instance_sizes{3, 3};
   std::uint64_t chunk_bytes = default_chunk_bytes;
   std::uint32_t depth = 2;
+  /// Leaders per instance (k), each receiving one stripe of every chunk; at most the instance's
+  /// size. 0: every member leads when the workers hold their tensors on GPUs (each leader then
+  /// uploads through its own PCIe link), one leader otherwise.
+  std::uint32_t stripes = 0;
   /// A member silent for this long is declared dead (a lost link declares it at once, so this
   /// only catches hung processes; generous, since a loaded host can stall a loop for seconds).
   std::chrono::milliseconds heartbeat_timeout{10000};
@@ -83,6 +87,7 @@ class coordinator final : public actor {
     address who;
     std::string transport_address;
     std::vector<tensor_spec> tensors;
+    bool on_device = false;
     bool ready = false;
     std::optional<region_desc> slots;
     std::uint64_t complete_version = 0;
@@ -122,6 +127,10 @@ class coordinator final : public actor {
   template <class F>
   void broadcast_all(F make);
   std::uint32_t initial_workers() const;
+  /// The leaders of instance `instance` (of these `workers`) in stripe order.
+  std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t instance) const;
+  /// Where the trainers write for each leader of `inst`; fails the job when one offered no slots.
+  std::optional<std::vector<leader_route>> leader_routes(const instance_plan& inst);
 
   job_shape shape_;
   std::map<std::uint32_t, trainer_entry> trainers_;

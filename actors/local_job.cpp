@@ -87,6 +87,7 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
                               .instance_sizes = std::vector<std::uint32_t>(config.instances, config.workers_per_instance),
                               .chunk_bytes = config.chunk_bytes,
                               .depth = config.depth,
+                              .stripes = config.stripes,
                               // One process: no member can die on its own, and pre-faulting
                               // staging on the shared loop must not look like a hang.
                               .heartbeat_timeout = std::chrono::hours(24)});
@@ -95,6 +96,7 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   coord.on_ready = [&](const plan& p) {
     ready = true;
     result.chunks = p.chunks.size();
+    result.stripes = static_cast<std::uint32_t>(p.instances.at(0).leaders.size());
   };
   coord.on_failed = [&](const std::string& why) { failure = why; };
   coord.on_delivered = [&](const version_report& r) {

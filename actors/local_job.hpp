@@ -17,6 +17,7 @@ struct job_config {
   std::uint64_t model_bytes = 1ull << 30;
   std::uint64_t chunk_bytes = default_chunk_bytes;
   std::uint32_t depth = 2;
+  std::uint32_t stripes = 0;  ///< leaders per instance; 0: job_shape's automatic choice
   std::uint32_t versions = 3;
   std::string transport = "inproc";
   bool checksums = true;
@@ -31,6 +32,7 @@ struct job_result {
   std::uint64_t model_bytes = 0;  ///< bytes of one version
   std::uint64_t tensors = 0;
   std::uint64_t chunks = 0;
+  std::uint32_t stripes = 0;  ///< leaders per instance in the first plan
   std::vector<version_report> versions;
   double seconds() const;  ///< sum of the versions' update times
   double gbps() const;     ///< model bytes per second of update time, as each worker receives them

@@ -16,13 +16,13 @@ namespace ferry {
 struct peer_entry {
   node_id node = 0;
   std::string address;
-  MSGPACK_DEFINE_MAP(node, address);
+  MSGPACK_DEFINE_MAP(node, address)
 };
 
 /// Seconds each stage kept an actor busy during one version.
 struct stage_times {
   double offload = 0, send = 0, upload = 0, broadcast = 0, apply = 0;
-  MSGPACK_DEFINE_MAP(offload, send, upload, broadcast, apply);
+  MSGPACK_DEFINE_MAP(offload, send, upload, broadcast, apply)
 };
 
 /// A tensor's content digest (xxh3-128), for end-to-end verification.
@@ -30,7 +30,7 @@ struct tensor_digest {
   std::uint32_t tensor = 0;
   std::uint64_t low = 0, high = 0;
   friend bool operator==(const tensor_digest&, const tensor_digest&) = default;
-  MSGPACK_DEFINE_MAP(tensor, low, high);
+  MSGPACK_DEFINE_MAP(tensor, low, high)
 };
 
 // --- membership and plan -----------------------------------------------------------------
@@ -41,7 +41,7 @@ struct register_trainer {
   std::uint32_t shard = 0;
   std::string transport_address;
   std::vector<tensor_spec> tensors;
-  MSGPACK_DEFINE_MAP(shard, transport_address, tensors);
+  MSGPACK_DEFINE_MAP(shard, transport_address, tensors)
 };
 
 /// Rollout worker -> coordinator: where it sits and the tensors it expects.
@@ -51,7 +51,8 @@ struct register_worker {
   std::uint32_t rank = 0;
   std::string transport_address;
   std::vector<tensor_spec> tensors;
-  MSGPACK_DEFINE_MAP(instance, rank, transport_address, tensors);
+  bool on_device = false;  ///< the tensors live on a GPU (striping pays off there)
+  MSGPACK_DEFINE_MAP(instance, rank, transport_address, tensors, on_device)
 };
 
 /// Coordinator -> everyone: the plan of this epoch and how to reach every node.
@@ -59,7 +60,7 @@ struct plan_ready {
   static constexpr msg_kind kind{18};
   ferry::plan plan;
   std::vector<peer_entry> peers;
-  MSGPACK_DEFINE_MAP(plan, peers);
+  MSGPACK_DEFINE_MAP(plan, peers)
 };
 
 /// Worker -> coordinator: staging for the plan's epoch is allocated; leaders include their
@@ -72,15 +73,18 @@ struct worker_ready {
   std::uint64_t complete_version = 0;  ///< the newest version fully applied here
   std::uint64_t partial_version = 0;   ///< a newer version partly applied here, or 0
   std::vector<std::uint32_t> partial_chunks;  ///< the chunks of partial_version applied here
-  MSGPACK_DEFINE_MAP(instance, rank, slots, complete_version, partial_version, partial_chunks);
+  MSGPACK_DEFINE_MAP(instance, rank, slots, complete_version, partial_version, partial_chunks)
 };
 
-/// Where a trainer shard writes the chunks for one instance leader.
+/// Where a trainer shard writes the chunks for one instance leader: stripe `stripe` of `stripes`
+/// of each chunk (the whole chunk when `stripes` is 1).
 struct leader_route {
   std::uint32_t instance = 0;
   address leader;
   region_desc slots;
-  MSGPACK_DEFINE_MAP(instance, leader, slots);
+  std::uint32_t stripe = 0;
+  std::uint32_t stripes = 1;
+  MSGPACK_DEFINE_MAP(instance, leader, slots, stripe, stripes)
 };
 
 /// Coordinator -> trainers: the plan of this epoch is in force; publishing may go on from
@@ -89,21 +93,21 @@ struct job_ready {
   static constexpr msg_kind kind{20};
   std::vector<leader_route> routes;
   std::uint64_t next_version = 1;
-  MSGPACK_DEFINE_MAP(routes, next_version);
+  MSGPACK_DEFINE_MAP(routes, next_version)
 };
 
 /// Coordinator -> everyone: the job cannot go on; `reason` says why.
 struct job_failed {
   static constexpr msg_kind kind{21};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason);
+  MSGPACK_DEFINE_MAP(reason)
 };
 
 /// Coordinator -> everyone: the job is over; actors stop.
 struct job_stop {
   static constexpr msg_kind kind{22};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason);
+  MSGPACK_DEFINE_MAP(reason)
 };
 
 // --- one update --------------------------------------------------------------------------
@@ -113,7 +117,7 @@ struct publish_started {
   static constexpr msg_kind kind{23};
   std::uint32_t shard = 0;
   std::uint64_t version = 0;
-  MSGPACK_DEFINE_MAP(shard, version);
+  MSGPACK_DEFINE_MAP(shard, version)
 };
 
 /// Trainer -> coordinator: every tensor of the shard is in its host copy (it may train on).
@@ -122,34 +126,37 @@ struct shard_offloaded {
   std::uint32_t shard = 0;
   std::uint64_t version = 0;
   double seconds = 0;  ///< publish to offloaded: the trainer's stall
-  MSGPACK_DEFINE_MAP(shard, version, seconds);
+  MSGPACK_DEFINE_MAP(shard, version, seconds)
 };
 
-/// Trainer -> leader: chunk `chunk` of `version` is in receive slot `slot` (its bytes arrive by
-/// bulk write with imm = slot); `checksum` is xxh3-64 of its bytes, 0 when checks are off.
+/// Trainer -> leader: chunk `chunk` of `version` (the leader's stripe of it) is in receive slot
+/// `slot`, at the stripe's offset (its bytes arrive by bulk write with imm = slot); checksums
+/// are xxh3-64, 0 when checks are off.
 struct chunk_sent {
   static constexpr msg_kind kind{25};
   std::uint64_t version = 0;
   std::uint32_t chunk = 0;
   std::uint32_t slot = 0;
-  std::uint64_t checksum = 0;
-  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum);
+  std::uint64_t checksum = 0;        ///< of the bytes written: the route's stripe
+  std::uint64_t chunk_checksum = 0;  ///< of the whole chunk, for members that verify it
+  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum)
 };
 
 /// Leader -> trainer: receive slot `slot` is free again (the send stage's credit).
 struct slot_free {
   static constexpr msg_kind kind{26};
   std::uint32_t slot = 0;
-  MSGPACK_DEFINE_MAP(slot);
+  MSGPACK_DEFINE_MAP(slot)
 };
 
-/// Leader -> followers: the next broadcast of the instance carries this chunk.
+/// First leader -> the other members: the instance's next broadcast or all-gather carries this
+/// chunk; `checksum` is the whole chunk's.
 struct chunk_announce {
   static constexpr msg_kind kind{27};
   std::uint64_t version = 0;
   std::uint32_t chunk = 0;
   std::uint64_t checksum = 0;
-  MSGPACK_DEFINE_MAP(version, chunk, checksum);
+  MSGPACK_DEFINE_MAP(version, chunk, checksum)
 };
 
 /// Worker -> coordinator: every chunk of `version` is applied here.
@@ -160,7 +167,7 @@ struct version_complete {
   std::uint64_t version = 0;
   stage_times busy;
   std::vector<tensor_digest> digests;
-  MSGPACK_DEFINE_MAP(instance, rank, version, busy, digests);
+  MSGPACK_DEFINE_MAP(instance, rank, version, busy, digests)
 };
 
 /// Coordinator -> trainers: every live worker holds `version`.
@@ -168,21 +175,21 @@ struct version_delivered {
   static constexpr msg_kind kind{29};
   std::uint64_t version = 0;
   bool verified = false;  ///< every digest matched (false when verification is off)
-  MSGPACK_DEFINE_MAP(version, verified);
+  MSGPACK_DEFINE_MAP(version, verified)
 };
 
 /// Any participant -> coordinator: something failed here (a checksum, a write); fails the job.
 struct participant_error {
   static constexpr msg_kind kind{30};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason);
+  MSGPACK_DEFINE_MAP(reason)
 };
 
 /// Which chunks one leader still needs in an update.
 struct route_chunks {
   leader_route route;
   std::vector<std::uint32_t> chunks;  ///< plan chunk ids, every shard's; each shard sends its own
-  MSGPACK_DEFINE_MAP(route, chunks);
+  MSGPACK_DEFINE_MAP(route, chunks)
 };
 
 /// Coordinator -> trainers: send these chunks of `version` (all of them for a new version; the
@@ -191,7 +198,7 @@ struct update_go {
   static constexpr msg_kind kind{32};
   std::uint64_t version = 0;
   std::vector<route_chunks> routes;
-  MSGPACK_DEFINE_MAP(version, routes);
+  MSGPACK_DEFINE_MAP(version, routes)
 };
 
 /// Coordinator -> everyone: `version` cannot complete (a trainer shard died); no worker may
@@ -200,21 +207,21 @@ struct update_failed {
   static constexpr msg_kind kind{33};
   std::uint64_t version = 0;
   std::string reason;
-  MSGPACK_DEFINE_MAP(version, reason);
+  MSGPACK_DEFINE_MAP(version, reason)
 };
 
 /// Trainer or worker -> coordinator: still alive (any message counts; this one is sent when idle).
 struct heartbeat {
   static constexpr msg_kind kind{34};
   std::uint64_t sent_ns = 0;
-  MSGPACK_DEFINE_MAP(sent_ns);
+  MSGPACK_DEFINE_MAP(sent_ns)
 };
 
 /// Trainer or worker -> coordinator: leaving the job on purpose.
 struct leave_job {
   static constexpr msg_kind kind{35};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason);
+  MSGPACK_DEFINE_MAP(reason)
 };
 
 /// Trainer -> coordinator: every chunk of `version` the shard had to send was written.
@@ -223,7 +230,7 @@ struct shard_sent {
   std::uint32_t shard = 0;
   std::uint64_t version = 0;
   double send_seconds = 0;  ///< busy time of the send stage
-  MSGPACK_DEFINE_MAP(shard, version, send_seconds);
+  MSGPACK_DEFINE_MAP(shard, version, send_seconds)
 };
 
 /// Trainer -> coordinator: the shard's offload and digests for `version` are done.
@@ -233,7 +240,7 @@ struct shard_done {
   std::uint64_t version = 0;
   stage_times busy;
   std::vector<tensor_digest> digests;  ///< empty unless verification is on
-  MSGPACK_DEFINE_MAP(shard, version, busy, digests);
+  MSGPACK_DEFINE_MAP(shard, version, busy, digests)
 };
 
 /// Adds every message above to `registry`.

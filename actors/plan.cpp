@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 
 namespace ferry {
 
@@ -159,6 +160,8 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     for (auto l : inst.leaders) {
       if (l >= inst.workers.size()) return refuse("instance " + std::to_string(inst.id) + " names a leader rank past its size");
     }
+    if (std::set(inst.leaders.begin(), inst.leaders.end()).size() != inst.leaders.size())
+      return refuse("instance " + std::to_string(inst.id) + " names a leader twice");
     p.instances.push_back(std::move(inst));
   }
   return p;

@@ -22,7 +22,7 @@ struct tensor_piece {
   std::uint64_t tensor_offset = 0;
   std::uint64_t chunk_offset = 0;
   std::uint64_t bytes = 0;
-  MSGPACK_DEFINE_MAP(tensor, tensor_offset, chunk_offset, bytes);
+  MSGPACK_DEFINE_MAP(tensor, tensor_offset, chunk_offset, bytes)
 };
 
 /// A slice of one shard's packed stream; the unit of pipelining.
@@ -32,15 +32,17 @@ struct chunk_info {
   std::uint64_t shard_offset = 0;  ///< where the chunk starts in the shard's host copy
   std::uint64_t bytes = 0;
   std::vector<tensor_piece> pieces;
-  MSGPACK_DEFINE_MAP(id, shard, shard_offset, bytes, pieces);
+  MSGPACK_DEFINE_MAP(id, shard, shard_offset, bytes, pieces)
 };
 
 /// One rollout instance: its workers in rank order and the ranks that receive point-to-point.
+/// With k leaders every chunk travels as k stripes (`stripe_of`), stripe s to leaders[s], and
+/// the instance all-gathers them; leaders[0] orders the instance's chunks.
 struct instance_plan {
   std::uint32_t id = 0;
   std::vector<address> workers;
-  std::vector<std::uint32_t> leaders;  ///< ranks into `workers`; k = leaders.size() (k = 1 here)
-  MSGPACK_DEFINE_MAP(id, workers, leaders);
+  std::vector<std::uint32_t> leaders;  ///< ranks into `workers`, stripe order; k = leaders.size()
+  MSGPACK_DEFINE_MAP(id, workers, leaders)
 };
 
 struct plan {
@@ -53,7 +55,7 @@ struct plan {
   std::vector<address> shards;          ///< trainer shard actors by rank
   std::vector<chunk_info> chunks;       ///< in send order: shards interleaved
   std::vector<instance_plan> instances;
-  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, instances);
+  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, instances)
 
   std::uint64_t total_bytes() const;
   /// Ids of the chunks `shard` sources, in send order.

@@ -66,7 +66,8 @@ rollout_worker::~rollout_worker() {
 }
 
 void rollout_worker::join() {
-  register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address()};
+  register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
+                    .on_device = on_device()};
   for (const auto& t : tensors_) m.tensors.push_back(t.spec);
   start();
   send(coordinator_, m);
@@ -133,13 +134,22 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   plan_ = std::move(next);
   set_epoch(plan_->epoch);
   const auto& inst = *it;
-  leader_ = std::find(inst.leaders.begin(), inst.leaders.end(),
-                      static_cast<std::uint32_t>(std::find(inst.workers.begin(), inst.workers.end(), self()) -
-                                                 inst.workers.begin())) != inst.leaders.end();
-  if (leader_ && !was_leader && gen_) log::info("worker {}.{}: takes over as leader of instance {}", instance_, rank_, instance_);
-  followers_.clear();
+  // The collective's ranks: the leaders in stripe order (rank s owns stripe s), then the others.
+  std::vector<address> members;
+  for (auto l : inst.leaders) members.push_back(inst.workers.at(l));
   for (const auto& w : inst.workers) {
-    if (w != self()) followers_.push_back(w);
+    if (std::find(members.begin(), members.end(), w) == members.end()) members.push_back(w);
+  }
+  std::optional<std::uint32_t> stripe;
+  if (const auto at = std::find(members.begin(), members.begin() + inst.leaders.size(), self());
+      at != members.begin() + inst.leaders.size()) {
+    stripe = static_cast<std::uint32_t>(at - members.begin());
+  }
+  leader_ = stripe.has_value();
+  if (leader_ && !was_leader && gen_) log::info("worker {}.{}: takes over as leader of instance {}", instance_, rank_, instance_);
+  others_.clear();
+  for (const auto& w : inst.workers) {
+    if (w != self()) others_.push_back(w);
   }
 
   // Staging: a leader has `depth` receive slots per trainer shard in host memory; every member
@@ -168,32 +178,24 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
 
   auto g = std::make_shared<generation>();
   g->id = ++generations_;
+  g->stripes = static_cast<std::uint32_t>(inst.leaders.size());
+  g->stripe = stripe;
   g->credits = std::make_unique<slot_counter>(plan_->depth);
   for (std::uint32_t i = 0; i < plan_->depth; ++i) g->free_slots.push_back(i);
-  // Broadcast groups are rooted at rank 0: the leader goes first, the others keep their order.
-  std::vector<address> members{inst.workers.at(inst.leaders.at(0))};
-  for (const auto& w : inst.workers) {
-    if (w != members.front()) members.push_back(w);
-  }
   g->broadcast = options_.make_broadcast ? options_.make_broadcast(*this, members, plan_->epoch)
                                          : std::make_unique<chain_broadcast>(*this, members, plan_->epoch, chain_tag);
   gen_ = g;
   changed();
 
-  ++fibers_;
-  if (leader_) {
+  if (leader_)
     host().on_write(leader_slot_tag, [this](const write_notice& n) { on_slot_landed(n.imm); });
-    host().loop().spawn([this, g] {
-      lead(g);
-      --fibers_;
-    });
-  } else {
+  else
     host().forget_writes(leader_slot_tag);
-    host().loop().spawn([this, g] {
-      follow(g);
-      --fibers_;
-    });
-  }
+  ++fibers_;
+  host().loop().spawn([this, g] {
+    serve(g);
+    --fibers_;
+  });
   // The old epoch's readers of the staging (apply, upload) finish first, so that no write of the
   // new epoch lands under them; then the worker says what it holds.
   ++fibers_;
@@ -240,7 +242,8 @@ void rollout_worker::on_chunk_sent(const chunk_sent& m) {
     return;
   }
   auto& g = *gen_;
-  if (g.landed.erase(m.slot) > 0) {
+  // An empty stripe (of a small chunk) has no write to wait for.
+  if (g.landed.erase(m.slot) > 0 || stripe_of(plan_->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
     g.ready.push_back({m.slot, m});
     changed();
   } else {
@@ -255,127 +258,148 @@ bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t
   return actual == expected;
 }
 
-void rollout_worker::lead(std::shared_ptr<generation> g) {
-  const auto plan = plan_;  // chunk references below outlive suspensions
-  for (;;) {
-    if (!wait_for([&] { return g != gen_ || !g->ready.empty(); }) || !current(g)) return;
-    g->credits->acquire();
-    if (!current(g)) return;
+std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared_ptr<generation>& g) {
+  if (g->stripe == 0) {  // the first leader orders the instance's chunks as they arrive
+    if (!wait_for([&] { return g != gen_ || !g->ready.empty(); }) || !current(g)) return std::nullopt;
     const received r = g->ready.front();
     g->ready.pop_front();
-    const auto& c = plan->chunks.at(r.meta.chunk);
-    const std::span<std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan->chunk_bytes, c.bytes);
-    if (!checksum_ok(bytes, r.meta.checksum)) {
-      if (!current(g)) return;  // the new epoch may already be writing this slot
-      return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                       ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
-                       std::to_string(r.meta.version) + " from trainer shard " + std::to_string(c.shard) + " (node " +
-                       std::to_string(plan->shards.at(c.shard).node) + ")");
-    }
+    return work{.version = r.meta.version, .chunk = r.meta.chunk, .checksum = r.meta.chunk_checksum, .mine = r};
+  }
+  if (!wait_for([&] { return g != gen_ || !g->announcements.empty(); }) || !current(g)) return std::nullopt;
+  const chunk_announce a = g->announcements.front();
+  g->announcements.pop_front();
+  work w{.version = a.version, .chunk = a.chunk, .checksum = a.checksum};
+  if (!g->stripe) return w;
+  // Another leader: its stripe of the announced chunk may still be on the way.
+  auto arrived = [&] {
+    return std::find_if(g->ready.begin(), g->ready.end(),
+                        [&](const received& r) { return r.meta.version == a.version && r.meta.chunk == a.chunk; });
+  };
+  if (!wait_for([&] { return g != gen_ || arrived() != g->ready.end(); }) || !current(g)) return std::nullopt;
+  const auto it = arrived();
+  w.mine = *it;
+  g->ready.erase(it);
+  return w;
+}
+
+void rollout_worker::serve(std::shared_ptr<generation> g) {
+  const auto plan = plan_;  // chunk references below outlive suspensions
+  for (;;) {
+    const auto w = next_chunk(g);
+    if (!w) return;
+    g->credits->acquire();
     if (!current(g)) return;
-    for (const auto& f : followers_) {
-      send(f, chunk_announce{.version = r.meta.version, .chunk = c.id, .checksum = r.meta.checksum});
+    const auto& c = plan->chunks.at(w->chunk);
+    std::span<std::byte> slot;  // a leader's receive slot, in the chunk's layout
+    if (w->mine) {
+      // A leader verifies the stripe it received before anything reads it.
+      slot = {slots_.data() + std::size_t{w->mine->slot} * plan->chunk_bytes, c.bytes};
+      const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
+      if (!checksum_ok(slot.subspan(part.offset, part.bytes), w->mine->meta.checksum)) {
+        if (!current(g)) return;  // the new epoch may already be writing this slot
+        return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
+                         ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
+                         std::to_string(w->version) + " from trainer shard " + std::to_string(c.shard) + " (node " +
+                         std::to_string(plan->shards.at(c.shard).node) + ")");
+      }
+      if (!current(g)) return;
     }
-    const auto shard = plan->shards.at(c.shard);
-    const auto version = r.meta.version;
+    if (g->stripe == 0) {
+      for (const auto& m : others_) send(m, chunk_announce{.version = w->version, .chunk = c.id, .checksum = w->checksum});
+    }
     ++in_flight_;
-    auto finish = [this, g, r](bool applied) {
-      if (applied) chunk_applied(r.meta.version, r.meta.chunk);
-      g->credits->release();
-      --in_flight_;
-      changed();
-    };
-    if (!on_device()) {
-      // The receive slot is the broadcast's source; it is free once broadcast and apply are done.
-      spread(g, version, c.id,
-             buffer_ref{.bytes = bytes, .region = *slots_region_, .offset = std::uint64_t{r.slot} * plan->chunk_bytes},
-             [this, g, shard, r, finish] {
-               if (current(g)) send(shard, slot_free{.slot = r.slot});
-               finish(true);
-             });
-      continue;
-    }
-    // UPLOAD: the receive slot is free as soon as its bytes are on the device.
-    const auto dslot = g->free_slots.front();
-    g->free_slots.pop_front();
-    const buffer_ref target = broadcast_slot(dslot, c.bytes);
-    upload_meter_.begin();
-    copies_.async_copy({{target.bytes.data(), bytes.data(), c.bytes}}, [=, this](std::error_code ec) {
-      upload_meter_.end();
-      if (current(g)) send(shard, slot_free{.slot = r.slot});
-      if (ec) fail("upload of chunk " + std::to_string(c.id) + " failed: " + ec.message());
-      spread(g, version, c.id, target, [g, dslot, finish] {
-        g->free_slots.push_back(dslot);
-        finish(true);
-      });
-    });
+    deliver(g, plan, *w, slot);
   }
 }
 
-void rollout_worker::spread(const std::shared_ptr<generation>& g, std::uint64_t version, std::uint32_t chunk,
-                            buffer_ref source, std::function<void()> done) {
-  // Broadcast and the local apply read the same bytes at once.
-  auto pending = std::make_shared<int>(2);
-  auto both = [pending, done = std::move(done)] {
-    if (--*pending == 0) done();
+void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
+                             const work& w, std::span<std::byte> slot) {
+  const auto& c = plan->chunks.at(w.chunk);
+  const auto shard = plan->shards.at(c.shard);
+  auto free_slot = [this, g, shard, w] {
+    if (current(g)) send(shard, slot_free{.slot = w.mine->slot});
   };
+  // Where the instance's collective runs: a device slot, a host leader's receive slot, or a
+  // host follower's broadcast slot.
+  std::optional<std::uint32_t> dslot;
+  buffer_ref target;
+  if (w.mine && !on_device()) {
+    target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{w.mine->slot} * plan->chunk_bytes};
+  } else {
+    dslot = g->free_slots.front();
+    g->free_slots.pop_front();
+    target = broadcast_slot(*dslot, c.bytes);
+  }
+  const bool slot_until_applied = w.mine && !on_device();
+  auto finish = [this, g, w, dslot, slot_until_applied, free_slot](bool applied) {
+    if (dslot) g->free_slots.push_back(*dslot);
+    if (slot_until_applied) free_slot();
+    if (applied) chunk_applied(w.version, w.chunk);
+    g->credits->release();
+    --in_flight_;
+    changed();
+  };
+  if (!w.mine || !on_device()) return collect(g, w, target, finish);
+  // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
+  const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
+  upload_meter_.begin();
+  copies_.async_copy({{target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
+                     [=, this](std::error_code ec) {
+                       upload_meter_.end();
+                       free_slot();
+                       if (ec) fail("upload of chunk " + std::to_string(c.id) + " failed: " + ec.message());
+                       collect(g, w, target, finish);
+                     });
+}
+
+void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w, buffer_ref target,
+                             std::function<void(bool applied)> finish) {
+  if (g->stripes == 1 && w.mine) {
+    // The only leader: it broadcasts and applies its own bytes at once.
+    auto pending = std::make_shared<int>(2);
+    auto both = [pending, finish] {
+      if (--*pending == 0) finish(true);
+    };
+    broadcast_meter_.begin();
+    g->broadcast->async_broadcast(target, [this, both, g](std::error_code ec) {
+      broadcast_meter_.end();
+      // A member died or the epoch moved on: the regroup resends what the instance lacks.
+      if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
+      both();
+    });
+    return apply(w.version, w.chunk, target.bytes, both);
+  }
   broadcast_meter_.begin();
-  g->broadcast->async_broadcast(source, [this, both, g](std::error_code ec) {
+  auto collected = [this, g, w, target, finish](std::error_code ec) {
     broadcast_meter_.end();
-    // A member died or the epoch moved on: the regroup resends what the instance lacks.
     if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
-    both();
-  });
-  apply(version, chunk, source.bytes, both);
+    if (ec || !current(g)) return finish(false);  // the regroup resends what is missing
+    // Who did not receive the whole chunk from a trainer verifies it, off the loop. Device slots
+    // are not hashed: each leader verified the host bytes it uploaded.
+    auto actual = std::make_shared<std::uint64_t>(0);
+    const bool check = options_.checksums && w.checksum != 0 && !on_device();
+    const auto bytes = target.bytes;
+    worker_pool::shared().async_run(
+        host().loop(), [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
+        [this, g, w, check, actual, bytes, finish] {
+          if (!current(g)) return finish(false);  // the new epoch may already be writing this slot
+          if (check && *actual != w.checksum) {
+            corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
+                      ": checksum mismatch in chunk " + std::to_string(w.chunk) + " of version " +
+                      std::to_string(w.version) + " from the instance's collective");
+            return finish(false);
+          }
+          apply(w.version, w.chunk, bytes, [finish] { finish(true); });
+        });
+  };
+  if (g->stripes == 1) return g->broadcast->async_broadcast(target, collected);
+  g->broadcast->async_all_gather(target, g->stripes, collected);
 }
 
 buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {
   const std::uint64_t offset = std::uint64_t{slot} * plan_->chunk_bytes;
   if (on_device()) return {.bytes = {device_slots_ + offset, bytes}, .device = options_.memory->device()};
   return {.bytes = {slots_.data() + offset, bytes}, .region = *slots_region_, .offset = offset};
-}
-
-void rollout_worker::follow(std::shared_ptr<generation> g) {
-  for (;;) {
-    if (!wait_for([&] { return g != gen_ || !g->announcements.empty(); }) || !current(g)) return;
-    g->credits->acquire();
-    if (!current(g)) return;
-    const chunk_announce a = g->announcements.front();
-    g->announcements.pop_front();
-    const auto slot = g->free_slots.front();
-    g->free_slots.pop_front();
-    const buffer_ref target = broadcast_slot(slot, plan_->chunks.at(a.chunk).bytes);
-    const auto bytes = target.bytes;
-    ++in_flight_;
-    broadcast_meter_.begin();
-    g->broadcast->async_broadcast(target, [this, g, a, slot, bytes](std::error_code ec) {
-      broadcast_meter_.end();
-      auto release = [this, g, a, slot](bool applied) {
-        g->free_slots.push_back(slot);
-        g->credits->release();
-        if (applied) chunk_applied(a.version, a.chunk);
-        --in_flight_;
-        changed();
-      };
-      if (ec || !current(g)) return release(false);  // the regroup resends what is missing
-      // Verify off the loop, then apply; the completion must not block the loop. Device slots
-      // are not hashed here: the leader verified the host bytes it uploaded.
-      auto actual = std::make_shared<std::uint64_t>(0);
-      const bool check = options_.checksums && a.checksum != 0 && !on_device();
-      worker_pool::shared().async_run(
-          host().loop(), [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
-          [this, g, a, check, actual, bytes, release] {
-            if (!current(g)) return release(false);  // the new epoch may already be writing this slot
-            if (check && *actual != a.checksum) {
-              corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                        ": checksum mismatch in chunk " + std::to_string(a.chunk) + " of version " +
-                        std::to_string(a.version) + " from the instance broadcast");
-              return release(false);
-            }
-            apply(a.version, a.chunk, bytes, [release] { release(true); });
-          });
-    });
-  }
 }
 
 void rollout_worker::apply(std::uint64_t, std::uint32_t chunk, std::span<const std::byte> bytes,

@@ -1,7 +1,9 @@
 #pragma once
 /// A rollout worker. Leader and follower are roles of this one actor, so a follower can take
-/// over when its leader dies: the leader receives chunks point-to-point into its slots and
-/// roots the instance broadcast; a follower receives by broadcast. Both verify and apply.
+/// over when its leader dies. A leader receives its stripe of each chunk point-to-point into its
+/// slots (the whole chunk when the instance has one leader); the instance then broadcasts (one
+/// leader) or all-gathers (several) it, and every member verifies and applies it. The first
+/// leader orders the instance's chunks.
 #include <boost/fiber/condition_variable.hpp>
 #include <boost/fiber/mutex.hpp>
 #include <deque>
@@ -68,6 +70,13 @@ class rollout_worker final : public actor {
     std::uint32_t slot = 0;
     chunk_sent meta;
   };
+  /// The next chunk this member takes part in.
+  struct work {
+    std::uint64_t version = 0;
+    std::uint32_t chunk = 0;
+    std::uint64_t checksum = 0;         ///< the whole chunk's
+    std::optional<received> mine;  ///< leaders: the slot holding their stripe
+  };
   struct version_progress {
     std::vector<bool> applied;                ///< per plan chunk
     std::uint32_t chunks = 0;                 ///< how many are applied
@@ -83,22 +92,29 @@ class rollout_worker final : public actor {
   struct generation {
     std::uint64_t id = 0;
     std::unique_ptr<broadcast_group> broadcast;
+    std::uint32_t stripes = 1;             ///< leaders of the instance
+    std::optional<std::uint32_t> stripe;   ///< this member's stripe, when it leads
     std::unique_ptr<slot_counter> credits;       ///< broadcasts in flight (depth)
     std::deque<std::uint32_t> free_slots;        ///< broadcast slots not in use
     std::map<std::uint32_t, bool> landed;        ///< leader: slot -> bytes arrived
     std::map<std::uint32_t, chunk_sent> sent;    ///< leader: slot -> its chunk_sent
     std::deque<received> ready;                  ///< leader: complete slots, in arrival order
-    std::deque<chunk_announce> announcements;    ///< follower: in broadcast order
+    std::deque<chunk_announce> announcements;    ///< all but the first leader: the instance's order
   };
 
   void adopt_plan(const plan_ready& m);
   void on_slot_landed(write_imm imm);
   void on_chunk_sent(const chunk_sent& m);
-  void lead(std::shared_ptr<generation> g);    ///< verify, announce, broadcast and apply received chunks
-  void follow(std::shared_ptr<generation> g);  ///< receive announced chunks, verify and apply them
-  /// Broadcasts `source` and applies it locally at once; `done` after both.
-  void spread(const std::shared_ptr<generation>& g, std::uint64_t version, std::uint32_t chunk, buffer_ref source,
-              std::function<void()> done);
+  /// Fiber: takes the instance's chunks in order, verifies a leader's stripe, hands each on.
+  void serve(std::shared_ptr<generation> g);
+  /// Fiber: waits for the next chunk (and a leader's stripe of it); nullopt once `g` is over.
+  std::optional<work> next_chunk(const std::shared_ptr<generation>& g);
+  /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
+  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, const work& w,
+               std::span<std::byte> slot);
+  /// Broadcast or all-gather of `target` in the instance, verify, apply, then `finish`.
+  void collect(const std::shared_ptr<generation>& g, const work& w, buffer_ref target,
+               std::function<void(bool applied)> finish);
   /// Broadcast slot `slot`: on the device when there is one, else in the host slots.
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
   bool on_device() const { return options_.memory && options_.memory->device() >= 0; }
@@ -129,7 +145,7 @@ class rollout_worker final : public actor {
 
   std::shared_ptr<const worker_plan> plan_;
   bool leader_ = false;
-  std::vector<address> followers_;
+  std::vector<address> others_;  ///< the instance's other members
   host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots
   std::optional<region_desc> slots_region_;
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains

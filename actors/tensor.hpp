@@ -24,7 +24,7 @@ struct tensor_spec {
   std::vector<std::int64_t> shape;
   std::uint64_t nbytes = 0;
   friend bool operator==(const tensor_spec&, const tensor_spec&) = default;
-  MSGPACK_DEFINE_MAP(name, type, shape, nbytes);
+  MSGPACK_DEFINE_MAP(name, type, shape, nbytes)
 };
 
 /// `spec` for `name` with `shape`, its size computed from dtype and shape.

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include "collectives/broadcast.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
 #include "runtime/worker_pool.hpp"
@@ -253,7 +254,7 @@ void trainer_shard::start_sending(const update_go& go) {
   routes_.clear();
   changed();
   for (const auto& rc : go.routes) {
-    auto r = std::make_shared<route>(rc.route.leader, rc.route.slots, plan_->depth);
+    auto r = std::make_shared<route>(rc.route, plan_->depth);
     for (auto id : rc.chunks) {
       if (plan_->chunks.at(id).shard == shard_) r->chunks.push_back(id);
     }
@@ -290,23 +291,36 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     r->free.pop_front();
     r->chunks.erase(r->chunks.begin());
     const auto& c = plan->chunks[id];
+    const auto part = stripe_of(c.bytes, r->stripes, r->stripe);
+    const std::byte* bytes = copy->bytes.data() + c.shard_offset + part.offset;
+    chunk_sent sent{.version = version, .chunk = id, .slot = slot, .checksum = copy->checksums[id],
+                    .chunk_checksum = copy->checksums[id]};
+    if (r->stripes > 1 && options_.checksums) {
+      worker_pool::shared().run(host().loop(), [&] { sent.checksum = XXH3_64bits(bytes, part.bytes); });
+      if (!current()) break;
+    }
+    if (part.bytes == 0) {  // a small chunk leaves the last stripes empty: nothing to write
+      send(r->leader, sent);
+      continue;
+    }
     ++r->in_flight;
     send_meter_.begin();
+    // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
     host().transport().async_write(
-        std::span<const std::byte>(copy->bytes.data() + c.shard_offset, c.bytes), r->slots,
-        std::uint64_t{slot} * plan->chunk_bytes, make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)),
-        [this, r, version, slot, id, checksum = copy->checksums[id], generation](std::error_code ec) {
+        std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->chunk_bytes + part.offset,
+        make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)),
+        [this, r, sent, generation](std::error_code ec) {
           send_meter_.end();
           --r->in_flight;
           changed();
           if (generation != send_generation_) return;
           if (ec) {
             // A dead leader is the coordinator's to detect; the regroup resends what is missing.
-            log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, id, r->leader.node,
+            log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, sent.chunk, r->leader.node,
                       ec.message());
             return;
           }
-          send(r->leader, chunk_sent{.version = version, .chunk = id, .slot = slot, .checksum = checksum});
+          send(r->leader, sent);
         });
   }
   {

@@ -1,7 +1,7 @@
 #pragma once
 /// A trainer shard: offloads its tensors into a host copy, and writes the chunks it sources to
 /// instance leaders when the coordinator says which (`update_go`), `depth` writes in flight per
-/// leader. Two host copies alternate by version, so a late joiner can be served the delivered
+/// leader; with k leaders per instance, each gets one stripe of every chunk. Two host copies alternate by version, so a late joiner can be served the delivered
 /// version while the next one is offloaded.
 #include <boost/fiber/condition_variable.hpp>
 #include <boost/fiber/mutex.hpp>
@@ -64,15 +64,18 @@ class trainer_shard final : public actor {
   std::function<void(const std::string&)> on_failed;
 
  private:
-  /// One leader's share of an update.
+  /// One leader's share of an update: its stripe of each chunk.
   struct route {
     address leader;
     region_desc slots;
+    std::uint32_t stripe = 0;
+    std::uint32_t stripes = 1;
     std::vector<std::uint32_t> chunks;  ///< this shard's chunks the leader still needs
     slot_counter credits;
     std::deque<std::uint32_t> free;
     std::size_t in_flight = 0;
-    route(address l, region_desc s, std::uint32_t depth) : leader(l), slots(s), credits(depth) {}
+    route(const leader_route& r, std::uint32_t depth)
+        : leader(r.leader), slots(r.slots), stripe(r.stripe), stripes(std::max(r.stripes, 1u)), credits(depth) {}
   };
   /// The plan and what this shard derives from it. A regroup replaces it and never changes it, so
   /// a fiber holding one across a suspension keeps a consistent view.

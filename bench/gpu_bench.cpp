@@ -4,7 +4,8 @@
 ///   copy DEVICE BYTES CHUNK DEPTH                     D2H then H2D, pinned host ring
 ///   p2p-recv DIR SENDERS BYTES CHUNK DEPTH SCHEME [PROVIDER]   the leader's receive slots
 ///   p2p-send DIR INDEX SENDERS BYTES CHUNK DEPTH SCHEME [PROVIDER]   one trainer's writes
-///   bcast DIR RANK RANKS DEVICE BYTES CHUNK DEPTH     one member of the instance broadcast
+///   bcast DIR RANK RANKS DEVICE BYTES CHUNK DEPTH [STRIPES]   one member of the instance
+///                                                    broadcast, or of the all-gather of STRIPES
 /// Each prints one JSON line on stdout.
 #include <fmt/format.h>
 
@@ -142,9 +143,9 @@ int p2p_recv(const std::filesystem::path& dir, std::uint32_t senders, std::uint6
   // First to last arrival spans all but one chunk: count the bytes of the others.
   std::printf(
       "{\"stage\":\"p2p\",\"scheme\":\"%s\",\"provider\":\"%s\",\"senders\":%u,\"bytes\":%llu,"
-      "\"seconds\":%.6f}\n",
+      "\"seconds\":%.6f,\"start\":%.6f,\"end\":%.6f}\n",
       scheme.c_str(), provider.c_str(), senders,
-      static_cast<unsigned long long>((timed - 1) * chunk), t1 - t0);
+      static_cast<unsigned long long>((timed - 1) * chunk), t1 - t0, t0, t1);
   write_file(dir / "recv.done", "1\n");
   return 0;
 }
@@ -190,7 +191,8 @@ int p2p_send(const std::filesystem::path& dir, std::uint32_t index, std::uint32_
 }
 
 int bcast_rank(const std::filesystem::path& dir, std::uint32_t rank, std::uint32_t ranks,
-               int device, std::uint64_t bytes, std::uint64_t chunk, std::uint32_t depth) {
+               int device, std::uint64_t bytes, std::uint64_t chunk, std::uint32_t depth,
+               std::uint32_t stripes) {
   event_loop loop;
   transport_environment env;
   auto t = open_transport(loop, rank + 1, "tcp", "", env);
@@ -220,8 +222,11 @@ int bcast_rank(const std::filesystem::path& dir, std::uint32_t rank, std::uint32
       pipeline(
           loop, count, depth,
           [&](std::uint64_t i, auto done) {
-            group.async_broadcast({.bytes = {*ring + (i % depth) * chunk, chunk}, .device = device},
-                                  std::move(done));
+            const buffer_ref slot{.bytes = {*ring + (i % depth) * chunk, chunk}, .device = device};
+            if (stripes > 1)
+              group.async_all_gather(slot, stripes, std::move(done));
+            else
+              group.async_broadcast(slot, std::move(done));
           },
           failure);
     };
@@ -236,10 +241,9 @@ int bcast_rank(const std::filesystem::path& dir, std::uint32_t rank, std::uint32
   }
   if (failure) return std::fprintf(stderr, "bcast: %s\n", failure.message().c_str()), 1;
   std::printf(
-      "{\"stage\":\"broadcast\",\"rank\":%u,\"ranks\":%u,\"device\":%d,\"bytes\":%llu,\"start\":%."
-      "6f,\"end\":%.6f,"
-      "\"first_seconds\":%.6f}\n",
-      rank, ranks, device, static_cast<unsigned long long>(bytes / chunk * chunk), t0, t1, init);
+      "{\"stage\":\"broadcast\",\"stripes\":%u,\"rank\":%u,\"ranks\":%u,\"device\":%d,\"bytes\":%llu,"
+      "\"start\":%.6f,\"end\":%.6f,\"first_seconds\":%.6f}\n",
+      stripes, rank, ranks, device, static_cast<unsigned long long>(bytes / chunk * chunk), t0, t1, init);
   a.stop();
   loop.run_until([&] { return a.finished(); });
   memory.release(*ring);
@@ -266,10 +270,11 @@ int main(int argc, char** argv) {
                       u64(4), u64(5), static_cast<std::uint32_t>(u64(6)), a[7],
                       a.size() > 8 ? a[8] : "");
     }
-    if (!a.empty() && a[0] == "bcast" && a.size() == 8) {
+    if (!a.empty() && a[0] == "bcast" && (a.size() == 8 || a.size() == 9)) {
       return bcast_rank(a[1], static_cast<std::uint32_t>(u64(2)),
                         static_cast<std::uint32_t>(u64(3)), std::stoi(a[4]), u64(5), u64(6),
-                        static_cast<std::uint32_t>(u64(7)));
+                        static_cast<std::uint32_t>(u64(7)),
+                        a.size() == 9 ? static_cast<std::uint32_t>(u64(8)) : 1u);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry_gpu_bench: %s\n", e.what());

@@ -5,8 +5,9 @@ writes every raw figure to OUT/gpu.json.
 
   gpu_bench.py BIN_DIR OUT_DIR [--quick]
 
-BIN_DIR holds `ferry` and `ferry_gpu_bench`. A: trainer on GPU 0, instance on GPUs 1-3.
-B: two trainers on GPUs 0-1, instance on GPUs 2-3. Every process: NCCL_NVLS_ENABLE=0."""
+BIN_DIR holds `ferry` and `ferry_gpu_bench`. A: trainer on GPU 0, instance on GPUs 1-3 (k = 1, 3
+leaders). B: two trainers on GPUs 0-1, instance on GPUs 2-3 (k = 1, 2). Every process:
+NCCL_NVLS_ENABLE=0. GPU_BENCH_ONLY="A3:1,4;B2" picks scenarios and depths."""
 import json
 import os
 import statistics
@@ -19,15 +20,17 @@ bin_dir, out_dir = sys.argv[1], sys.argv[2]
 quick = "--quick" in sys.argv
 ferry = os.path.join(bin_dir, "ferry")
 bench = os.path.join(bin_dir, "ferry_gpu_bench")
-env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_SOCKET_IFNAME="lo", FI_SHM_DISABLE_CMA="1")
+env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_SOCKET_IFNAME="lo")
 GiB = 1 << 30
 CHUNK = 64 << 20
-STAGE_BYTES = (2 if quick else 15) * GiB
+STAGE_BYTES = (2 if quick else 12) * GiB
 DEPTH_STAGE = 4
 DEPTHS = [1, 2] if quick else [1, 2, 4, 8]
 VERSIONS = int(os.environ.get("GPU_BENCH_VERSIONS", 2 if quick else 3))
-SCENARIOS = {"A": ([0], [1, 2, 3]), "B": ([0, 1], [2, 3])}
-raw = {"stages": {}, "jobs": {}, "quick": quick}
+P2P = os.environ.get("GPU_BENCH_P2P", "cma")  # the transport between processes
+# name: (trainer GPUs, instance GPUs, leaders k)
+SCENARIOS = {"A1": ([0], [1, 2, 3], 1), "A3": ([0], [1, 2, 3], 3), "B1": ([0, 1], [2, 3], 1), "B2": ([0, 1], [2, 3], 2)}
+raw = {"stages": {}, "jobs": {}, "quick": quick, "p2p": P2P}
 
 
 def log(*a):
@@ -52,47 +55,41 @@ def gbps(nbytes, seconds):
     return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
 
 
-def stages(name, trainers, instance):
+def span(results, start, end):
+    return max(x[end] for x in results) - min(x[start] for x in results)
+
+
+def stages(name, trainers, instance, k):
+    """Each stage alone as the update runs it: every trainer GPU offloads its share, each of the
+    k leaders receives and uploads its stripe, the instance broadcasts (k = 1) or all-gathers."""
     s = {}
-    # D2H: every trainer GPU at once (offload runs on all shards together).
     r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // len(trainers)), str(CHUNK), str(DEPTH_STAGE)] for g in trainers])
-    s["d2h"] = gbps(sum(x["bytes"] for x in r), max(x["d2h_end"] for x in r) - min(x["d2h_start"] for x in r))
-    # H2D: every byte goes up through the one leader's PCIe link (k = 1).
-    r = run_all([[bench, "copy", str(instance[0]), str(STAGE_BYTES), str(CHUNK), str(DEPTH_STAGE)]])
-    s["h2d"] = gbps(r[0]["bytes"], r[0]["h2d_end"] - r[0]["h2d_start"])
-    # P2P: every trainer process writes its share into the leader process's slots.
-    s["p2p"] = {}
-    schemes = [("tcp", ""), ("fabric", "shm")]
-    if os.environ.get("GPU_BENCH_P2P"):  # e.g. "tcp": skip the others
-        schemes = [x for x in schemes if x[0] in os.environ["GPU_BENCH_P2P"].split(",")]
-    for scheme, provider in schemes:
-        with tempfile.TemporaryDirectory() as d:
-            args = [str(len(trainers)), str(STAGE_BYTES), str(CHUNK), str(DEPTH_STAGE), scheme] + ([provider] if provider else [])
-            cmds = [[bench, "p2p-recv", d] + args] + [[bench, "p2p-send", d, str(i)] + args for i in range(len(trainers))]
-            try:
-                r = run_all(cmds, timeout=240)
-                s["p2p"][f"{scheme}{'-' + provider if provider else ''}"] = gbps(r[0]["bytes"], r[0]["seconds"])
-            except Exception as e:  # a provider missing on this host is a finding, not a crash
-                log(f"p2p {scheme} {provider}: {e}")
-    # Broadcast: NCCL across the instance's GPUs, one process each.
+    s["d2h"] = gbps(sum(x["bytes"] for x in r), span(r, "d2h_start", "d2h_end"))
+    r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE)] for g in instance[:k]])
+    s["h2d"] = gbps(sum(x["bytes"] for x in r), span(r, "h2d_start", "h2d_end"))
+    # P2P: every trainer process writes its share of each stripe into that leader's slots.
+    dirs = [tempfile.mkdtemp() for _ in range(k)]
+    per_leader = STAGE_BYTES // k
+    args = [str(len(trainers)), str(per_leader), str(CHUNK), str(DEPTH_STAGE), P2P]
+    cmds = [[bench, "p2p-recv", d] + args for d in dirs]
+    cmds += [[bench, "p2p-send", d, str(i)] + args for d in dirs for i in range(len(trainers))]
+    r = [x for x in run_all(cmds, timeout=240) if x]
+    s["p2p"] = gbps(sum(x["bytes"] for x in r), span(r, "start", "end"))
     with tempfile.TemporaryDirectory() as d:
-        r = run_all([[bench, "bcast", d, str(k), str(len(instance)), str(g), str(STAGE_BYTES), str(CHUNK), str(DEPTH_STAGE)]
-                     for k, g in enumerate(instance)])
-        root = [x for x in r if x["rank"] == 0][0]
-        s["broadcast"] = gbps(root["bytes"], max(x["end"] for x in r) - root["start"])
-        s["broadcast_first_seconds"] = max(x["first_seconds"] for x in r)
+        r = run_all([[bench, "bcast", d, str(rank), str(len(instance)), str(g), str(STAGE_BYTES), str(CHUNK),
+                      str(DEPTH_STAGE), str(k)] for rank, g in enumerate(instance)])
+        s["collective"] = gbps(r[0]["bytes"], span(r, "start", "end"))
+        s["collective_first_seconds"] = max(x["first_seconds"] for x in r)
     raw["stages"][name] = s
     log(f"{name} stages alone (GB/s): {json.dumps(s)}")
     return s
 
 
-def job(name, trainers, instance, depth, scheme, provider):
+def job(name, trainers, instance, k, depth):
     cmd = [ferry, "local", "--gpus", "--trainers", str(len(trainers)), "--instances", "1", "--workers", str(len(instance)),
-           "--chunk-bytes", str(CHUNK), "--depth", str(depth), "--versions", str(VERSIONS), "--no-checksums",
-           "--no-verify", "--transport", scheme, "--json", "--timeout", "400"]
+           "--stripes", str(k), "--chunk-bytes", str(CHUNK), "--depth", str(depth), "--versions", str(VERSIONS),
+           "--no-checksums", "--no-verify", "--transport", P2P, "--json", "--timeout", "400"]
     cmd += ["--model-bytes", str(2 * GiB)] if quick else ["--model", "llama3-8b"]
-    if provider:
-        cmd += ["--fabric-provider", provider]
     t = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=560)
     ok = p.returncode == 0
@@ -106,7 +103,8 @@ def job(name, trainers, instance, depth, scheme, provider):
     res = {"ok": ok, "exit": p.returncode, "gpus_verified": len(verified_lines), "model_bytes": v.get("model_bytes", 0),
            "versions": per, "wall": time.time() - t,
            "update_s": statistics.median([x["seconds"] for x in timed]) if timed else float("nan"),
-           "stall_s": statistics.median([x["stall_seconds"] for x in timed]) if timed else float("nan")}
+           "stall_s": statistics.median([x["stall_seconds"] for x in timed]) if timed else float("nan"),
+           "busy": timed[-1]["busy"] if timed else {}}
     if not ok or len(verified_lines) != len(instance):
         res["stderr_tail"] = p.stderr[-3000:]
         log(f"job {name} depth {depth} FAILED (exit {p.returncode}, {len(verified_lines)} GPUs verified):\n{p.stderr[-3000:]}")
@@ -119,44 +117,50 @@ def job(name, trainers, instance, depth, scheme, provider):
     return res
 
 
-only = os.environ.get("GPU_BENCH_ONLY", "")  # e.g. "A" or "A:1,2,4,8;B:1,4"
-if only:
-    picked = {}
-    for part in only.split(";"):
-        n, _, ds = part.partition(":")
-        picked[n] = [int(x) for x in ds.split(",")] if ds else DEPTHS
-    SCENARIOS = {n: SCENARIOS[n] for n in picked}
-else:
-    picked = {n: DEPTHS for n in SCENARIOS}
+only = os.environ.get("GPU_BENCH_ONLY", "")  # e.g. "A3" or "A1:1,4;A3"
+picked = {}
+for part in (only.split(";") if only else SCENARIOS):
+    n, _, ds = part.partition(":")
+    picked[n] = [int(x) for x in ds.split(",")] if ds else DEPTHS
 
 tables = []
-for name, (trainers, instance) in SCENARIOS.items():
-    DEPTHS = picked[name]
-    s = stages(name, trainers, instance)
-    best_p2p = max(s["p2p"].items(), key=lambda kv: kv[1]) if s["p2p"] else ("tcp", float("nan"))
-    scheme, provider = ("fabric", "shm") if best_p2p[0] == "fabric-shm" else ("tcp", "")
-    for d in DEPTHS:
-        job(name, trainers, instance, d, scheme, provider)
+for name, depths in picked.items():
+    trainers, instance, k = SCENARIOS[name]
+    s = stages(name, trainers, instance, k)
+    for d in depths:
+        job(name, trainers, instance, k, d)
     jobs = raw["jobs"][name]
     model = max(j["model_bytes"] for j in jobs.values()) or STAGE_BYTES
-    stage_rates = {"D2H": s["d2h"], f"P2P ({best_p2p[0]})": best_p2p[1], "H2D": s["h2d"], "broadcast": s["broadcast"]}
-    slow_name, slow = min(stage_rates.items(), key=lambda kv: kv[1])
+    collective = "broadcast" if k == 1 else f"all-gather of {k} stripes"
+    rates = {"D2H": s["d2h"], f"P2P ({P2P}, {len(trainers)} sender(s) to {k} leader(s))": s["p2p"],
+             f"H2D ({k} leader GPU(s))": s["h2d"], f"NCCL {collective}": s["collective"]}
+    slow_name, slow = min(rates.items(), key=lambda kv: kv[1])
     slow_s = model / slow / 1e9
     best_d = min(jobs, key=lambda d: jobs[d]["update_s"])
-    t = [f"### {name}: trainers on GPUs {trainers}, instance on GPUs {instance}", "",
-         "| stage alone | GB/s |", "| --- | ---: |"]
-    t += [f"| {k} | {v:.1f} |" for k, v in stage_rates.items()]
-    t += [f"| P2P {k} (also measured) | {v:.1f} |" for k, v in s["p2p"].items() if k != best_p2p[0]]
-    t += ["", f"slowest stage: {slow_name}; model {model / 1e9:.2f} GB; jobs over {best_p2p[0]}", "",
-          "| depth | whole update / slowest stage | trainer stall / whole update | update GB/s | depth-1 / this depth | rollout GPUs verified |",
-          "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for d in DEPTHS:
+    t = [f"### {name}: trainers on GPUs {trainers}, instance on GPUs {instance}, k = {k}", "",
+         "| stage alone | GB/s | seconds for the model |", "| --- | ---: | ---: |"]
+    t += [f"| {n} | {v:.1f} | {model / v / 1e9:.3f} |" for n, v in rates.items()]
+    t += ["", f"slowest stage: {slow_name}; model {model / 1e9:.2f} GB", "",
+          "| depth | update s | whole update / slowest stage | trainer stall / whole update | update GB/s | depth-1 / this depth | rollout GPUs verified |",
+          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for d in depths:
         j = jobs[d]
-        t.append(f"| {d} | {j['update_s'] / slow_s:.2f} | {j['stall_s'] / j['update_s']:.2f} | {model / j['update_s'] / 1e9:.1f} | "
-                 f"{jobs[DEPTHS[0]]['update_s'] / j['update_s']:.2f} | {j['gpus_verified']}/{len(instance)} |")
-    t += ["", f"depth-1 / best depth ({best_d}): {jobs[DEPTHS[0]]['update_s'] / jobs[best_d]['update_s']:.2f}; "
-          f"stall at best depth / D2H alone: {jobs[best_d]['stall_s'] / (model / s['d2h'] / 1e9):.2f}", ""]
+        t.append(f"| {d} | {j['update_s']:.3f} | {j['update_s'] / slow_s:.2f} | {j['stall_s'] / j['update_s']:.2f} | "
+                 f"{model / j['update_s'] / 1e9:.1f} | {jobs[depths[0]]['update_s'] / j['update_s']:.2f} | "
+                 f"{j['gpus_verified']}/{len(instance)} |")
+    b = jobs[best_d]
+    t += ["", f"depth-1 / best depth ({best_d}): {jobs[depths[0]]['update_s'] / b['update_s']:.2f}; "
+          f"stall at best depth / D2H alone: {b['stall_s'] / (model / s['d2h'] / 1e9):.2f}", "",
+          f"Stages inside the update at depth {best_d} (busy seconds of the busiest participant, against "
+          f"{b['update_s']:.3f} s for the whole update): " +
+          ", ".join(f"{n} {v:.3f}" for n, v in b["busy"].items()), ""]
     tables.append("\n".join(t))
+
+for x, y in (("B2", "B1"), ("A3", "A1")):
+    if x in raw["jobs"] and y in raw["jobs"]:
+        fx = min(j["update_s"] for j in raw["jobs"][x].values())
+        fy = min(j["update_s"] for j in raw["jobs"][y].values())
+        tables.append(f"{x} (striped) against {y} at their best depths: {fy / fx:.2f}x faster\n")
 
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, "gpu.json"), "w") as f:

@@ -42,7 +42,7 @@ struct chaos_tally {
 int run_chaos(const chaos_flags& f) {
   const auto& job = f.common.job;
   if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
-  if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp or fabric\n"), 2;
+  if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp, cma or fabric\n"), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = make_job_directory("chaos");
   const auto address_file = (dir / "coordinator").string();

@@ -2,21 +2,48 @@
 #include <memory>
 
 #include "cli/commands.hpp"
+#include "cli/gpu.hpp"
+#include "cli/job.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
 #include "runtime/log.hpp"
 
 namespace ferry::cli {
 
+namespace {
+
+/// `ferry demo --gpu`: the same job as processes, one per GPU of this host. Unless flags say
+/// otherwise: one trainer shard, one instance of the other GPUs, P2P through cma.
+int run_gpu_demo(const CLI::App& demo, const job_config& config, bool json) {
+  process_flags f{.job = config, .json = json, .gpus = true};
+  const int gpus = visible_gpus();
+  if (!demo.count("--trainers")) f.job.trainers = 1;
+  if (!demo.count("--instances")) f.job.instances = 1;
+  if (!demo.count("--workers") && gpus > static_cast<int>(f.job.trainers))
+    f.job.workers_per_instance = (gpus - f.job.trainers) / f.job.instances;
+  if (!demo.count("--transport")) f.job.transport = "cma";
+  if (gpus < 2) return std::fprintf(stderr, "ferry demo --gpu: needs 2 GPUs or more, %d visible\n", gpus), 2;
+  log::info("demo: {} trainer GPU(s), {} instance(s) x {} GPUs, {} MiB model, over {}", f.job.trainers, f.job.instances,
+            f.job.workers_per_instance, f.job.model_bytes >> 20, f.job.transport);
+  return run_local(f);
+}
+
+}  // namespace
+
 /// `ferry demo`: a whole job in this process on host memory; also what plain `ferry` runs.
 void add_demo(CLI::App& app, command_table& commands) {
   auto* demo = app.add_subcommand("demo", "an in-process job on host memory (the default)");
   auto config = std::make_shared<job_config>();
   auto json = std::make_shared<bool>(false);
+  auto gpu = std::make_shared<bool>(false);
   add_job_options(*demo, *config);
   demo->add_flag("--json", *json, "print one JSON object instead of the table");
+  demo->add_flag("--gpu", *gpu,
+                 "the job on this host's GPUs instead, one process per GPU (by default one trainer and one "
+                 "instance of the other GPUs, over cma)");
 
-  auto run = [config, json] {
+  auto run = [demo, config, json, gpu] {
+    if (*gpu) return run_gpu_demo(*demo, *config, *json);
     if (auto error = check_job_options(*config); !error.empty()) {
       std::fprintf(stderr, "ferry demo: %s\n", error.c_str());
       return 2;

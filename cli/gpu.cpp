@@ -41,6 +41,10 @@ gpu_context::~gpu_context() {
 
 #if FERRY_HAS_CUDA
 
+int visible_gpus() {
+  return cuda_device_count();
+}
+
 std::unique_ptr<gpu_context> open_gpu(event_loop& loop, int device, std::string& why) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count) {
@@ -71,6 +75,10 @@ std::error_code select_device(int device) {
 }
 
 #else
+
+int visible_gpus() {
+  return 0;
+}
 
 std::unique_ptr<gpu_context> open_gpu(event_loop&, int, std::string& why) {
   why = "this ferry was built without CUDA (FERRY_CUDA=OFF or no CUDA/NCCL found)";

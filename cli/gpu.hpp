@@ -27,6 +27,9 @@ struct gpu_context {
   std::vector<std::byte*> allocations_;
 };
 
+/// CUDA devices this process sees; 0 without CUDA in the build.
+int visible_gpus();
+
 /// Opens `device`; null with `why` when CUDA is absent from the build or the device unusable.
 std::unique_ptr<gpu_context> open_gpu(event_loop& loop, int device, std::string& why);
 

@@ -44,10 +44,10 @@ constexpr actor_id job_actor = 1;
 std::optional<std::string> prepare_environment(const process_flags& f, transport_environment& env) {
   // Bad values fail here, at once, rather than as a refused plan after every node registered.
   if (auto error = check_job_options(f.job); !error.empty()) return error;
-  if (f.job.transport == "inproc") return "--transport inproc cannot span processes; use tcp or fabric";
+  if (f.job.transport == "inproc") return "--transport inproc cannot span processes; use tcp, cma or fabric";
   env.allow_unauthenticated = f.allow_unauthenticated;
   env.fabric_provider = f.fabric_provider;
-  if (f.job.transport == "tcp" && !f.allow_unauthenticated) {
+  if ((f.job.transport == "tcp" || f.job.transport == "cma") && !f.allow_unauthenticated) {
     auto secret = load_job_secret();
     if (!secret) {
       // Name where the secret was looked for, never its bytes.
@@ -88,7 +88,8 @@ int run_coordinator(const process_flags& f) {
   job_shape shape{.trainers = f.job.trainers,
                   .instance_sizes = std::vector<std::uint32_t>(f.job.instances, f.job.workers_per_instance),
                   .chunk_bytes = f.job.chunk_bytes,
-                  .depth = f.job.depth};
+                  .depth = f.job.depth,
+                  .stripes = f.job.stripes};
   // GPU nodes pin tens of GiB on their loop thread at plan time: give their heartbeats room.
   shape.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
   coordinator coord(host, job_actor, shape);
@@ -172,9 +173,9 @@ int run_node(const node_flags& f) {
   transport_environment env;
   if (auto error = prepare_environment(f.common, env)) return std::fprintf(stderr, "ferry node: %s\n", error->c_str()), 2;
   event_loop loop;
-  auto t = make_transport(f.common.job.transport, loop, f.id, env);
-  if (!t) return std::fprintf(stderr, "ferry node: cannot open the transport: %s\n", t.error().message().c_str()), 1;
-  node host(loop, f.id, *t, protocol());
+  auto opened = make_transport(f.common.job.transport, loop, f.id, env);
+  if (!opened) return std::fprintf(stderr, "ferry node: cannot open the transport: %s\n", opened.error().message().c_str()), 1;
+  node host(loop, f.id, *opened, protocol());
   if (auto ec = host.start()) return std::fprintf(stderr, "ferry node: %s\n", ec.message().c_str()), 1;
   if (auto ec = host.transport().add_peer(coordinator_node, f.common.coordinator_address)) {
     return std::fprintf(stderr, "ferry node: --coordinator '%s': %s\n", f.common.coordinator_address.c_str(),
@@ -209,6 +210,10 @@ int run_node(const node_flags& f) {
       left = stopped = true;
     });
   };
+  // The coordinator is the job: a node that lost it has nothing left to wait for.
+  host.on_peer_lost([&](node_id peer, std::error_code why) {
+    if (peer == coordinator_node && !stopped) failure = "lost the coordinator: " + why.message();
+  });
   auto let_leave_go_out = [&] {
     if (left) run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });
   };
@@ -332,9 +337,17 @@ int run_node(const node_flags& f) {
   return failure ? 1 : 0;
 }
 
+}  // namespace
+
 int run_local(const process_flags& f) {
   if (auto error = check_job_options(f.job); !error.empty()) return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
-  if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp or fabric\n"), 2;
+  const auto nodes = f.job.trainers + f.job.instances * f.job.workers_per_instance;
+  if (f.gpus && static_cast<int>(nodes) > visible_gpus()) {
+    return std::fprintf(stderr, "ferry local: --gpus needs one GPU per node: %u nodes, %d GPUs visible\n", nodes,
+                        visible_gpus()),
+           2;
+  }
+  if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp, cma or fabric\n"), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = make_job_directory("local");
   const auto address_file = (dir / "coordinator").string();
@@ -385,8 +398,6 @@ int run_local(const process_flags& f) {
   return status;
 }
 
-}  // namespace
-
 void add_process_flags(CLI::App& app, process_flags& f) {
   add_job_options(app, f.job);
   app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
@@ -401,8 +412,8 @@ void add_process_flags(CLI::App& app, process_flags& f) {
 std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j) {
   return {self, command, "--trainers", std::to_string(j.trainers), "--instances", std::to_string(j.instances),
           "--workers", std::to_string(j.workers_per_instance), "--model-bytes", std::to_string(j.model_bytes),
-          "--chunk-bytes", std::to_string(j.chunk_bytes), "--depth", std::to_string(j.depth), "--versions",
-          std::to_string(j.versions), "--transport", j.transport};
+          "--chunk-bytes", std::to_string(j.chunk_bytes), "--depth", std::to_string(j.depth), "--stripes",
+          std::to_string(j.stripes), "--versions", std::to_string(j.versions), "--transport", j.transport};
 }
 
 /// `args` plus the flags every process of a launched job shares.

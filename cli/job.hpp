@@ -29,6 +29,10 @@ void add_process_flags(CLI::App& app, process_flags& f);
 /// The command line of `ferry <command>` for a process of job `j`; `self` is this executable.
 std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j);
 
+/// `ferry local`: a coordinator and one node process per trainer shard and rollout worker on
+/// this host (with `gpus`, node k on GPU k-1); returns the exit code.
+int run_local(const process_flags& f);
+
 /// `args` plus the flags every process of a launched job shares.
 std::vector<std::string> with_process_flags(const process_flags& f, std::vector<std::string> args);
 

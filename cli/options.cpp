@@ -13,9 +13,13 @@ void add_job_options(CLI::App& app, job_config& c) {
   app.add_option("--chunk-bytes", c.chunk_bytes, "chunk size, a multiple of 256 (e.g. 64MiB)")
       ->transform(CLI::AsSizeValue(false))->capture_default_str();
   app.add_option("--depth", c.depth, "chunks in flight per stage")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--stripes", c.stripes,
+                 "leaders per instance, each receiving one stripe of every chunk; 0: every worker leads "
+                 "when they hold their tensors on GPUs, else one")
+      ->check(CLI::Range(0, 1024))->capture_default_str();
   app.add_option("--versions", c.versions, "versions to publish")->check(CLI::Range(1, 1000000))->capture_default_str();
-  app.add_option("--transport", c.transport, "inproc, tcp or fabric")
-      ->check(CLI::IsMember({"inproc", "tcp", "fabric"}))->capture_default_str();
+  app.add_option("--transport", c.transport, "inproc, tcp, cma (tcp links, same-host copies) or fabric")
+      ->check(CLI::IsMember({"inproc", "tcp", "cma", "fabric"}))->capture_default_str();
   app.add_flag("!--no-checksums", c.checksums, "skip the per-chunk xxh3 check (benchmarks)");
   app.add_flag("!--no-verify", c.verify, "skip per-tensor digests and the final byte compare");
 }

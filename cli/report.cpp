@@ -26,8 +26,8 @@ nlohmann::json summary_json(const job_result& r) {
                         {"seconds", v.seconds},
                         {"stall_seconds", v.offloaded_seconds},
                         {"verified", v.verified},
-                        {"busy", {{"offload", v.busy.offload}, {"send", v.busy.send}, {"broadcast", v.busy.broadcast},
-                                  {"apply", v.busy.apply}}}});
+                        {"busy", {{"offload", v.busy.offload}, {"send", v.busy.send}, {"upload", v.busy.upload},
+                                  {"broadcast", v.busy.broadcast}, {"apply", v.busy.apply}}}});
   }
   nlohmann::json j{{"verified", r.verified},
                    {"workers", r.workers},

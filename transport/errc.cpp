@@ -20,6 +20,9 @@ struct transport_category_impl final : std::error_category {
       case transport_errc::provider_error: return "transport provider error";
       case transport_errc::unauthenticated: return "peer not authenticated";
       case transport_errc::limit_exceeded: return "per-peer limit exceeded";
+      case transport_errc::copy_not_permitted:
+        return "same-host copy not permitted (ptrace rules: kernel.yama.ptrace_scope)";
+      case transport_errc::copy_failed: return "same-host copy failed";
     }
     return "unknown ferry.transport error " + std::to_string(c);
   }

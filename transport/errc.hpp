@@ -17,6 +17,8 @@ enum class transport_errc : int {
   provider_error,      ///< the underlying library failed; details in the log
   unauthenticated,     ///< the peer did not prove it holds the job secret
   limit_exceeded,      ///< a configured per-peer limit was hit
+  copy_not_permitted,  ///< same-host copy: the kernel does not let the receiver read the writer
+  copy_failed,         ///< same-host copy: writer gone, on another host, or its bytes unreadable
 };
 
 const std::error_category& transport_category() noexcept;

@@ -1,5 +1,6 @@
 #pragma once
-/// Creating a transport by scheme name ("inproc", "tcp", "fabric"), for jobs and the CLI.
+/// Creating a transport by scheme name, for jobs and the CLI: "inproc" (one process), "tcp",
+/// "cma" (tcp links, bulk bytes copied by the kernel between processes of one host) and "fabric".
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,10 +15,10 @@ namespace ferry {
 /// bind, the libfabric provider. Outlives every transport made from it.
 struct transport_environment {
   inproc_network inproc;
-  std::vector<std::byte> secret;       ///< tcp's job secret; empty: unauthenticated
-  bool allow_unauthenticated = false;  ///< tcp without a secret (tests, in-process jobs)
+  std::vector<std::byte> secret;       ///< tcp's and cma's job secret; empty: unauthenticated
+  bool allow_unauthenticated = false;  ///< tcp/cma without a secret (tests, in-process jobs)
   std::string bind_host = "127.0.0.1";
-  std::uint16_t port = 0;              ///< tcp: 0 picks a free port
+  std::uint16_t port = 0;              ///< tcp/cma: 0 picks a free port
   std::string fabric_provider;         ///< "" picks the best available
 };
 

@@ -27,7 +27,7 @@ struct region_desc {
   std::uint64_t key = 0;
   std::uint64_t length = 0;
   friend bool operator==(const region_desc&, const region_desc&) = default;
-  MSGPACK_DEFINE_MAP(owner, id, addr, key, length);
+  MSGPACK_DEFINE_MAP(owner, id, addr, key, length)
 };
 
 /// Immediate data of a bulk write: 32 bits, the least RDMA NICs carry (verbs, EFA). The top
@@ -73,7 +73,7 @@ class transport {
   using completion = std::function<void(std::error_code)>;
   virtual ~transport() = default;
 
-  /// The scheme ("inproc", "tcp", "fabric") and this node's reachable address in that scheme.
+  /// The scheme ("inproc", "tcp", "cma", "fabric") and this node's reachable address in it.
   virtual std::string_view scheme() const = 0;
   virtual std::string local_address() const = 0;
 

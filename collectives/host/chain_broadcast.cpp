@@ -21,7 +21,31 @@ chain_broadcast::chain_broadcast(actor& owner, std::vector<address> members, std
 // forgets the tag when it stops for good. Forwards still on the wire complete into nothing.
 chain_broadcast::~chain_broadcast() { abort(); }
 
-void chain_broadcast::async_broadcast(buffer_ref data, completion done) {
+void chain_broadcast::async_broadcast(buffer_ref data, completion done) { start(data, 0, std::move(done)); }
+
+void chain_broadcast::async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) {
+  struct pending {
+    std::uint32_t left = 1;  // released after the loop, so that no stripe finishes the whole early
+    std::error_code error;
+    completion done;
+  };
+  auto p = std::make_shared<pending>(pending{.done = std::move(done)});
+  auto one_ended = [p](std::error_code ec) {
+    if (ec && !p->error) p->error = ec;
+    if (--p->left == 0) p->done(p->error);
+  };
+  for (std::uint32_t s = 0; s < std::max(stripes, 1u); ++s) {
+    const auto part = stripe_of(data.bytes.size(), std::max(stripes, 1u), s);
+    if (part.bytes == 0) continue;  // every member skips the same empty stripes
+    ++p->left;
+    start({.bytes = data.bytes.subspan(part.offset, part.bytes), .region = data.region,
+           .offset = data.offset + part.offset, .device = data.device},
+          s % size(), one_ended);
+  }
+  one_ended({});
+}
+
+void chain_broadcast::start(buffer_ref data, std::uint32_t root, completion done) {
   const auto seq = next_seq_++;
   if (aborted_) {
     owner_.host().loop().post([done = std::move(done)] { done(errc::stopped); });
@@ -29,10 +53,12 @@ void chain_broadcast::async_broadcast(buffer_ref data, completion done) {
   }
   auto& c = calls_[seq];
   c.data = data;
+  c.root = root;
   c.done = std::move(done);
-  c.received = rank_ == 0 || landed_early_.erase(imm_number(static_cast<std::uint32_t>(seq))) > 0;
-  if (rank_ > 0) {
-    owner_.send(members_[rank_ - 1], chain_ready{.epoch = epoch_, .seq = seq, .region = data.region, .offset = data.offset});
+  c.received = position(root) == 0 || landed_early_.erase(imm_number(static_cast<std::uint32_t>(seq))) > 0;
+  if (position(root) > 0) {
+    owner_.send(members_[(rank_ + size() - 1) % size()],
+                chain_ready{.epoch = epoch_, .seq = seq, .region = data.region, .offset = data.offset});
   }
   progress(seq);
 }
@@ -62,7 +88,7 @@ void chain_broadcast::progress(std::uint64_t seq) {
   auto it = calls_.find(seq);
   if (it == calls_.end() || !it->second.received || it->second.forwarding) return;
   call& c = it->second;
-  if (rank_ + 1 == members_.size()) return finish(seq, {});
+  if (position(c.root) + 1 == size()) return finish(seq, {});
   auto target = targets_.find(seq);
   if (target == targets_.end()) return;
   c.forwarding = true;

@@ -1,7 +1,8 @@
 #pragma once
 /// Broadcast on hosts without NCCL: a pipelined chain over the transport's bulk path. Each member
 /// tells its predecessor where to write (a `chain_ready`), receives by one-sided write, and
-/// forwards to its successor; consecutive chunks overlap along the chain.
+/// forwards to its successor; consecutive chunks overlap along the chain. An all-gather is one
+/// chain per stripe, each starting at the stripe's owner and wrapping around the members.
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,7 +21,7 @@ struct chain_ready {
   std::uint64_t seq = 0;
   region_desc region;
   std::uint64_t offset = 0;
-  MSGPACK_DEFINE_MAP(epoch, seq, region, offset);
+  MSGPACK_DEFINE_MAP(epoch, seq, region, offset)
 };
 
 void register_collective_messages(message_registry& registry);
@@ -36,15 +37,21 @@ class chain_broadcast final : public broadcast_group {
   std::uint32_t rank() const override { return rank_; }
   std::uint32_t size() const override { return static_cast<std::uint32_t>(members_.size()); }
   void async_broadcast(buffer_ref data, completion done) override;
+  void async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) override;
   void abort() override;
 
  private:
   struct call {
     buffer_ref data;
+    std::uint32_t root = 0;
     completion done;
     bool received = false;
     bool forwarding = false;
   };
+  /// Starts chain call number next_seq_ of `data` from member `root`.
+  void start(buffer_ref data, std::uint32_t root, completion done);
+  /// This member's place in a chain from `root`: 0 is the root, size() - 1 the end.
+  std::uint32_t position(std::uint32_t root) const { return (rank_ + size() - root) % size(); }
   void on_ready(const chain_ready& m);
   void on_landed(std::uint32_t stamp);  ///< stamp: the imm value, epoch_imm_value(epoch, seq)
   void progress(std::uint64_t seq);

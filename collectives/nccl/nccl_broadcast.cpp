@@ -106,18 +106,7 @@ nccl_broadcast::nccl_broadcast(actor& owner, std::vector<address> members, std::
     self->owner_.send(h.from,
                       nccl_group_id{.epoch = self->epoch_, .size = self->size(), .id = self->id_});
   });
-  if (size() == 1) {  // nothing to talk to: a communicator of one still works, made at once
-    ncclUniqueId uid;
-    if (auto ec = make_nccl_error(ncclGetUniqueId(&uid))) {
-      state_->failure = ec;
-      return;
-    }
-    id_.assign(reinterpret_cast<const std::uint8_t*>(&uid),
-               reinterpret_cast<const std::uint8_t*>(&uid) + sizeof uid);
-    start_init(id_);
-    return;
-  }
-  if (rank_ == 0) {
+  if (rank_ == 0) {  // makes the group's id (a group of one starts at once)
     ncclUniqueId uid;
     if (auto ec = make_nccl_error(ncclGetUniqueId(&uid))) {
       state_->failure = ec;
@@ -218,22 +207,13 @@ std::error_code nccl_broadcast::error() const {
 }
 
 void nccl_broadcast::async_broadcast(buffer_ref data, completion done) {
-  submit({.gather = false,
-          .send = data.bytes.data(),
-          .recv = data.bytes.data(),
-          .bytes = data.bytes.size(),
-          .done = std::move(done)});
+  submit({.data = data.bytes.data(), .stripes = {{0, data.bytes.size()}}, .done = std::move(done)});
 }
 
-void nccl_broadcast::async_all_gather(buffer_ref send, buffer_ref recv, completion done) {
-  if (recv.bytes.size() != send.bytes.size() * size()) {
-    return state_->loop->post([done = std::move(done)] { done(errc::invalid_argument); });
-  }
-  submit({.gather = true,
-          .send = send.bytes.data(),
-          .recv = recv.bytes.data(),
-          .bytes = send.bytes.size(),
-          .done = std::move(done)});
+void nccl_broadcast::async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) {
+  op o{.data = data.bytes.data(), .done = std::move(done)};
+  for (std::uint32_t s = 0; s < stripes; ++s) o.stripes.push_back(stripe_of(data.bytes.size(), stripes, s));
+  submit(std::move(o));
 }
 
 void nccl_broadcast::submit(op o) {
@@ -252,9 +232,16 @@ void nccl_broadcast::issue(op o) {
     s.loop->post([done = std::move(o.done), ec] { done(ec); });
   };
   if (auto ec = make_cuda_error(cudaSetDevice(device_))) return failed(ec);
-  ncclResult_t r = o.gather
-                       ? ncclAllGather(o.send, o.recv, o.bytes, ncclUint8, s.comm, s.stream)
-                       : ncclBroadcast(o.send, o.recv, o.bytes, ncclUint8, 0, s.comm, s.stream);
+  // A group: the stripes' broadcasts run at once, each over its root's links.
+  ncclResult_t r = ncclGroupStart();
+  for (std::size_t root = 0; r == ncclSuccess && root < o.stripes.size(); ++root) {
+    const auto& part = o.stripes[root];
+    if (part.bytes == 0) continue;
+    r = ncclBroadcast(o.data + part.offset, o.data + part.offset, part.bytes, ncclUint8, static_cast<int>(root),
+                      s.comm, s.stream);
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (r == ncclSuccess) r = ended;
   if (auto ec = make_nccl_error(settle(s.comm, r))) return failed(ec);
   const auto id = s.next_op++;
   s.outstanding.emplace(id, std::move(o.done));

@@ -29,9 +29,8 @@ class nccl_broadcast final : public broadcast_group {
   /// ncclBroadcast from rank 0, in place. Completion `void(std::error_code)` on the loop once the
   /// bytes are in `data` here; queued until the communicator is up.
   void async_broadcast(buffer_ref data, completion done) override;
-  /// ncclAllGather: `recv` (size() x send.size() bytes) gets rank r's `send` at r x send.size().
-  /// Same completion and ordering rules as async_broadcast.
-  void async_all_gather(buffer_ref send, buffer_ref recv, completion done);
+  /// One ncclBroadcast per non-empty stripe, rooted at the stripe's owner, in one NCCL group.
+  void async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) override;
   /// ncclCommAbort; every pending and later operation fails with `errc::stopped`.
   void abort() override;
 
@@ -43,10 +42,8 @@ class nccl_broadcast final : public broadcast_group {
  private:
   struct state;
   struct op {
-    bool gather = false;
-    const std::byte* send = nullptr;
-    std::byte* recv = nullptr;
-    std::size_t bytes = 0;  ///< per rank
+    std::byte* data = nullptr;
+    std::vector<stripe> stripes;  ///< stripe r is rooted at rank r
     completion done;
   };
   void on_id(const nccl_group_id& m);

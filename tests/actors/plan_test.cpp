@@ -79,6 +79,19 @@ TEST(plan, refuses_bad_tables_with_the_tensor_named) {
   EXPECT_NE(why.find("contradict"), std::string::npos) << why;
 }
 
+TEST(plan, leaders_must_be_distinct_ranks_of_the_instance) {
+  std::string why;
+  auto in = inputs({{make_tensor_spec("w", dtype::f32, {4})}}, 1024);
+  in.instances[0].leaders = {0, 1};
+  EXPECT_TRUE(make_plan(in, why)) << why;
+  in.instances[0].leaders = {1, 1};
+  EXPECT_FALSE(make_plan(in, why));
+  EXPECT_NE(why.find("names a leader twice"), std::string::npos) << why;
+  in.instances[0].leaders = {0, 2};
+  EXPECT_FALSE(make_plan(in, why));
+  EXPECT_NE(why.find("past its size"), std::string::npos) << why;
+}
+
 TEST(plan, worker_registration_must_match_the_trainers) {
   std::string why;
   auto p = make_plan(inputs({{make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})}}, 1024), why);

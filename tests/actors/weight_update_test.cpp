@@ -42,6 +42,46 @@ TEST_P(depths, pipeline_depth_does_not_change_the_bytes) {
 }
 INSTANTIATE_TEST_SUITE_P(weight_update, depths, ::testing::Values(1u, 2u, 4u, 8u));
 
+/// Striping: k leaders per instance, each receiving one stripe of every chunk, then the
+/// instance all-gathers; k = 1 is the classic point-to-point + broadcast.
+class stripes : public ::testing::TestWithParam<std::tuple<std::string, std::uint32_t>> {};
+
+TEST_P(stripes, every_stripe_count_delivers_the_same_bytes) {
+  auto c = small_job();
+  c.transport = std::get<0>(GetParam());
+  c.stripes = std::get<1>(GetParam());
+  const auto r = run_local_job(c);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.verified) << r.error;
+  EXPECT_EQ(r.stripes, c.stripes);
+  ASSERT_EQ(r.versions.size(), 3u);
+  for (const auto& v : r.versions) EXPECT_TRUE(v.verified);
+}
+INSTANTIATE_TEST_SUITE_P(weight_update, stripes,
+                         ::testing::Combine(::testing::Values("inproc", "tcp"), ::testing::Values(1u, 2u, 3u)));
+
+TEST(weight_update, chunks_too_small_for_every_stripe_leave_some_empty) {
+  auto c = small_job();
+  c.model_bytes = 1ull << 20;
+  c.chunk_bytes = 512;  // stripes of 256, 256 and 0 bytes
+  c.stripes = 3;
+  c.versions = 2;
+  const auto r = run_local_job(c);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.verified) << r.error;
+  EXPECT_EQ(r.stripes, 3u);
+}
+
+TEST(weight_update, more_stripes_than_workers_means_every_worker_leads) {
+  auto c = small_job();
+  c.stripes = 8;
+  c.versions = 2;
+  const auto r = run_local_job(c);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.verified) << r.error;
+  EXPECT_EQ(r.stripes, 3u);
+}
+
 TEST(weight_update, single_worker_instances_and_one_trainer) {
   auto c = small_job();
   c.trainers = 1;

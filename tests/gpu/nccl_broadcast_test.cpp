@@ -60,7 +60,6 @@ void run_rank(std::uint32_t rank, std::uint32_t ranks, std::vector<std::string>&
   cuda_device_memory memory(static_cast<int>(rank));
   auto slots = memory.allocate(2 * chunk);
   auto gathered = memory.allocate(stripe * ranks);
-  auto mine = memory.allocate(stripe);
   host_buffer host(chunk * chunks);
   host_buffer stripe_host(stripe * ranks);
   {
@@ -97,24 +96,30 @@ void run_rank(std::uint32_t rank, std::uint32_t ranks, std::vector<std::string>&
         }
       }
     }
-    // All-gather: rank r contributes a stripe filled with r + 1; everyone gets all stripes.
-    std::memset(stripe_host.data(), static_cast<int>(rank + 1), stripe);
-    (void)cuda_copy_blocking(*mine, stripe_host.data(), stripe);
-    bool gathered_done = false;
-    group->async_all_gather({.bytes = {*mine, stripe}}, {.bytes = {*gathered, stripe * ranks}},
-                            [&](std::error_code ec) {
-                              if (ec && out.error.empty())
-                                out.error = "all-gather: " + ec.message();
-                              gathered_done = true;
-                            });
-    loop.run_until([&] { return gathered_done; });
-    (void)cuda_copy_blocking(stripe_host.data(), *gathered, stripe * ranks);
-    for (std::uint32_t r = 0; r < ranks && out.error.empty(); ++r) {
-      for (std::size_t i = 0; i < stripe; ++i) {
-        if (stripe_host.data()[r * stripe + i] != static_cast<std::byte>(r + 1)) {
-          out.error =
-              "rank " + std::to_string(rank) + ": stripe " + std::to_string(r) + " is wrong";
-          break;
+    // Striped all-gather, with every rank owning a stripe and with fewer stripes than ranks:
+    // the stripe owners fill theirs with r + 1 (the last stripe shorter), then all hold all.
+    const std::size_t gathered_bytes = stripe * ranks - 1000;
+    for (std::uint32_t stripes : {ranks, std::max(ranks - 1, 1u)}) {
+      std::memset(stripe_host.data(), 0, stripe * ranks);
+      const auto part = stripe_of(gathered_bytes, stripes, rank);
+      if (rank < stripes) std::memset(stripe_host.data() + part.offset, static_cast<int>(rank + 1), part.bytes);
+      (void)cuda_copy_blocking(*gathered, stripe_host.data(), gathered_bytes);
+      bool gathered_done = false;
+      group->async_all_gather({.bytes = {*gathered, gathered_bytes}, .device = static_cast<int>(rank)}, stripes,
+                              [&](std::error_code ec) {
+                                if (ec && out.error.empty()) out.error = "all-gather: " + ec.message();
+                                gathered_done = true;
+                              });
+      loop.run_until([&] { return gathered_done; });
+      (void)cuda_copy_blocking(stripe_host.data(), *gathered, gathered_bytes);
+      for (std::uint32_t r = 0; r < stripes && out.error.empty(); ++r) {
+        const auto theirs = stripe_of(gathered_bytes, stripes, r);
+        for (std::size_t i = theirs.offset; i < theirs.offset + theirs.bytes; ++i) {
+          if (stripe_host.data()[i] != static_cast<std::byte>(r + 1)) {
+            out.error = "rank " + std::to_string(rank) + ": stripe " + std::to_string(r) + " of " +
+                        std::to_string(stripes) + " is wrong at byte " + std::to_string(i);
+            break;
+          }
         }
       }
     }
@@ -135,7 +140,6 @@ void run_rank(std::uint32_t rank, std::uint32_t ranks, std::vector<std::string>&
   loop.run_until([&] { return a.finished(); });
   memory.release(*slots);
   memory.release(*gathered);
-  memory.release(*mine);
 }
 
 TEST(nccl_broadcast, ranks_on_separate_gpus_get_every_byte_and_all_gather_every_stripe) {

@@ -27,7 +27,7 @@ struct peer_hello {
   static constexpr msg_kind kind{240};
   std::string address;
   region_desc region;
-  MSGPACK_DEFINE_MAP(address, region);
+  MSGPACK_DEFINE_MAP(address, region)
 };
 
 /// The parent's bulk write completed; `hash` is the XXH3-64 of what it sent.
@@ -35,7 +35,7 @@ struct write_done {
   static constexpr msg_kind kind{241};
   std::uint64_t length = 0;
   std::uint64_t hash = 0;
-  MSGPACK_DEFINE_MAP(length, hash);
+  MSGPACK_DEFINE_MAP(length, hash)
 };
 
 /// What the child found in its region.
@@ -45,14 +45,41 @@ struct verdict {
   std::uint64_t length = 0;
   std::uint64_t hash = 0;
   std::uint64_t mismatched_words = 0;
-  MSGPACK_DEFINE_MAP(ok, length, hash, mismatched_words);
+  MSGPACK_DEFINE_MAP(ok, length, hash, mismatched_words)
 };
 
 /// The parent has what it needs; the child may exit.
 struct bye {
   static constexpr msg_kind kind{243};
   std::uint32_t code = 0;
-  MSGPACK_DEFINE_MAP(code);
+  MSGPACK_DEFINE_MAP(code)
+};
+
+/// A write landed in the child's region (cma tests); `mismatched_words` against the pattern.
+struct landed {
+  static constexpr msg_kind kind{244};
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::uint32_t imm = 0;
+  std::uint64_t mismatched_words = 0;
+  MSGPACK_DEFINE_MAP(offset, length, imm, mismatched_words)
+};
+
+/// Asks the child about a range of its region.
+struct inspect {
+  static constexpr msg_kind kind{245};
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  MSGPACK_DEFINE_MAP(offset, length)
+};
+
+/// The answer to `inspect`: how many bytes of the range are not zero.
+struct region_report {
+  static constexpr msg_kind kind{246};
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::uint64_t nonzero_bytes = 0;
+  MSGPACK_DEFINE_MAP(offset, length, nonzero_bytes)
 };
 
 inline message_registry test_registry() {
@@ -62,6 +89,9 @@ inline message_registry test_registry() {
   r.add<write_done>("test.write_done");
   r.add<verdict>("test.verdict");
   r.add<bye>("test.bye");
+  r.add<landed>("test.landed");
+  r.add<inspect>("test.inspect");
+  r.add<region_report>("test.region_report");
   return r;
 }
 
@@ -75,18 +105,21 @@ inline std::uint64_t pattern_word(std::uint64_t i) {
   return z * 0xbf58476d1ce4e5b9ull;
 }
 
-inline void fill_pattern(std::span<std::byte> out) {
+/// The pattern from word `first_word` on: a write of bytes [8k, ...) of a patterned source keeps
+/// the pattern at the same offset of the target.
+inline void fill_pattern(std::span<std::byte> out, std::uint64_t first_word = 0) {
   for (std::size_t w = 0; w * 8 < out.size(); ++w) {
-    const auto v = pattern_word(w);
+    const auto v = pattern_word(first_word + w);
     std::memcpy(out.data() + w * 8, &v, std::min<std::size_t>(8, out.size() - w * 8));
   }
 }
 
 /// Words of `in` that differ from the pattern.
-inline std::uint64_t pattern_mismatches(std::span<const std::byte> in) {
+inline std::uint64_t pattern_mismatches(std::span<const std::byte> in,
+                                        std::uint64_t first_word = 0) {
   std::uint64_t bad = 0;
   for (std::size_t w = 0; w * 8 < in.size(); ++w) {
-    const auto v = pattern_word(w);
+    const auto v = pattern_word(first_word + w);
     bad += std::memcmp(in.data() + w * 8, &v, std::min<std::size_t>(8, in.size() - w * 8)) != 0;
   }
   return bad;

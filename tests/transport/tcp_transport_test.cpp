@@ -1,7 +1,11 @@
 #include "transport/tcp/tcp_transport.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <boost/asio/steady_timer.hpp>
 #include <numeric>
 #include <thread>
 
@@ -24,18 +28,21 @@ class echo : public actor {
   }
 };
 
-tcp_options secret_options() {
+/// Options of scheme "tcp" or "cma" (same-host copies), with the test secret.
+tcp_options secret_options(std::string_view scheme = "tcp") {
   tcp_options o;
   o.secret = test::test_secret();
+  o.same_host_copy = scheme == "cma";
   return o;
 }
 
-/// Two nodes on one loop, linked over loopback TCP.
-struct tcp_pair : ::testing::Test {
+/// Two nodes on one loop, linked over loopback TCP; every test runs for "tcp" and for "cma",
+/// whose writes between the two nodes are copies inside this process.
+struct tcp_pair : ::testing::TestWithParam<std::string> {
   message_registry registry = test::test_registry();
   event_loop loop;
-  std::shared_ptr<tcp_transport> ta = tcp_transport::make(loop, 1, secret_options());
-  std::shared_ptr<tcp_transport> tb = tcp_transport::make(loop, 2, secret_options());
+  std::shared_ptr<tcp_transport> ta = tcp_transport::make(loop, 1, secret_options(GetParam()));
+  std::shared_ptr<tcp_transport> tb = tcp_transport::make(loop, 2, secret_options(GetParam()));
   node a{loop, 1, ta, registry};
   node b{loop, 2, tb, registry};
   void SetUp() override {
@@ -55,13 +62,13 @@ struct tcp_pair : ::testing::Test {
   }
 };
 
-TEST_F(tcp_pair, local_address_is_loopback_host_and_port) {
+TEST_P(tcp_pair, local_address_is_loopback_host_and_port) {
   EXPECT_TRUE(ta->local_address().starts_with("127.0.0.1:"));
   EXPECT_NE(test::port_of(ta->local_address()), 0);
-  EXPECT_EQ(ta->scheme(), "tcp");
+  EXPECT_EQ(ta->scheme(), GetParam());
 }
 
-TEST_F(tcp_pair, actors_ping_pong_across_nodes) {
+TEST_P(tcp_pair, actors_ping_pong_across_nodes) {
   echo server(b, 1);
   actor client(a, 1);
   std::vector<std::uint64_t> nonces;
@@ -89,7 +96,7 @@ TEST_F(tcp_pair, actors_ping_pong_across_nodes) {
   EXPECT_EQ(tb->stats().handshakes_failed, 0u);
 }
 
-TEST_F(tcp_pair, bulk_write_lands_bytes_and_notifies_both_sides) {
+TEST_P(tcp_pair, bulk_write_lands_bytes_and_notifies_both_sides) {
   std::vector<std::byte> source(8 << 20), target(16 << 20);
   test::fill_pattern(source);
   auto local = ta->register_region(source);
@@ -131,7 +138,7 @@ TEST_F(tcp_pair, bulk_write_lands_bytes_and_notifies_both_sides) {
   EXPECT_EQ(seen.size(), 1u);
 }
 
-TEST_F(tcp_pair, bad_writes_are_refused_before_any_byte_lands) {
+TEST_P(tcp_pair, bad_writes_are_refused_before_any_byte_lands) {
   std::vector<std::byte> source(4096, std::byte{0x5a}), target(8192);
   auto local = ta->register_region(source);
   auto remote = tb->register_region(target);
@@ -177,7 +184,7 @@ TEST_F(tcp_pair, bad_writes_are_refused_before_any_byte_lands) {
   EXPECT_EQ(tb->stats().links_accepted, 1u);
 }
 
-TEST_F(tcp_pair, many_writes_and_frames_interleave) {
+TEST_P(tcp_pair, many_writes_and_frames_interleave) {
   constexpr std::size_t block = 64 << 10, blocks = 64;
   std::vector<std::byte> source(block * blocks), target(block * blocks);
   test::fill_pattern(source);
@@ -211,7 +218,7 @@ TEST_F(tcp_pair, many_writes_and_frames_interleave) {
   EXPECT_EQ(test::pattern_mismatches(target), 0u);
 }
 
-TEST_F(tcp_pair, unreachable_peer_fails_each_operation_once) {
+TEST_P(tcp_pair, unreachable_peer_fails_each_operation_once) {
   // A port nobody listens on: bind one, note it, close it.
   boost::asio::ip::tcp::acceptor probe(loop.io(), {boost::asio::ip::make_address("127.0.0.1"), 0});
   const auto port = probe.local_endpoint().port();
@@ -247,7 +254,7 @@ TEST_F(tcp_pair, unreachable_peer_fails_each_operation_once) {
   EXPECT_EQ(unknown, 1);
 }
 
-TEST_F(tcp_pair, lost_peer_fails_pending_write_once_and_next_send_reconnects) {
+TEST_P(tcp_pair, lost_peer_fails_pending_write_once_and_next_send_reconnects) {
   // Node 9 is a hand-driven listener: it accepts the write's header, then hangs up.
   boost::asio::io_context raw_io;
   boost::asio::ip::tcp::acceptor listener(raw_io, {boost::asio::ip::make_address("127.0.0.1"), 0});
@@ -255,12 +262,14 @@ TEST_F(tcp_pair, lost_peer_fails_pending_write_once_and_next_send_reconnects) {
   std::optional<node_id> first_client, second_client;
   std::vector<std::byte> control_body;
   bool raw_done = false;
+  const auto write_type =
+      GetParam() == "cma" ? tcp_link::frame_type::local_write : tcp_link::frame_type::write;
   std::thread raw([&] {
     {
       test::raw_peer p(listener.accept());
       first_client = p.accept_handshake(9, test::test_secret());
       auto w = p.read_frame();  // the WRITE header; its payload is never read
-      if (!w || w->type != tcp_link::frame_type::write) first_client.reset();
+      if (!w || w->type != write_type) first_client.reset();
       p.close();
     }
     {
@@ -305,6 +314,9 @@ TEST_F(tcp_pair, lost_peer_fails_pending_write_once_and_next_send_reconnects) {
   EXPECT_EQ(sent, 1);
 }
 
+INSTANTIATE_TEST_SUITE_P(schemes, tcp_pair, ::testing::Values("tcp", "cma"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
 TEST(tcp_transport_config, start_needs_a_secret_or_explicit_unauthenticated_mode) {
   event_loop loop;
   auto plain = tcp_transport::make(loop, 1, {});
@@ -330,6 +342,193 @@ TEST(tcp_transport_config, peer_addresses_are_parsed_strictly) {
                           "127.0.0.1:40x", "[::1:4000", "[]:4000"}) {
     EXPECT_EQ(t->add_peer(5, bad), transport_errc::bad_address) << bad;
   }
+}
+
+/// Runs `loop` until `done`; false after 30 s instead of hanging.
+bool run_until(event_loop& loop, const std::function<bool()>& done) {
+  auto expired = std::make_shared<bool>(false);
+  boost::asio::steady_timer timer(loop.io(), std::chrono::seconds(30));
+  timer.async_wait([expired](const boost::system::error_code& ec) { *expired = !ec; });
+  loop.run_until([&] { return done() || *expired; });
+  return !*expired;
+}
+
+TEST(cma_links, a_cma_writer_and_a_tcp_receiver_do_not_mix) {
+  message_registry registry = test::test_registry();
+  event_loop loop;
+  auto ta = tcp_transport::make(loop, 1, secret_options("cma"));
+  auto tb = tcp_transport::make(loop, 2, secret_options("tcp"));
+  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  ASSERT_FALSE(a.start());
+  ASSERT_FALSE(b.start());
+  ASSERT_FALSE(ta->add_peer(2, tb->local_address()));
+  std::vector<std::byte> source(4096, std::byte{1}), target(4096);
+  ASSERT_TRUE(ta->register_region(source));
+  const auto remote = tb->register_region(target);
+  ASSERT_TRUE(remote);
+  int completions = 0;
+  std::error_code result;
+  ta->async_write(source, *remote, 0, 0, [&](std::error_code ec) {
+    ++completions;
+    result = ec;
+  });
+  ASSERT_TRUE(run_until(loop, [&] { return completions > 0; }));
+  // The tcp node drops the link that brought a LOCAL_WRITE; the writer sees it go.
+  EXPECT_EQ(result, transport_errc::connection_lost);
+  EXPECT_EQ(tb->stats().protocol_violations, 1u);
+  EXPECT_TRUE(
+      std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
+}
+
+TEST(cma_links, failed_copies_are_acked_with_their_error_and_the_link_stays) {
+  message_registry registry = test::test_registry();
+  event_loop loop;
+  auto tb = tcp_transport::make(loop, 2, secret_options("cma"));
+  node b{loop, 2, tb, registry};
+  ASSERT_FALSE(b.start());
+  std::vector<std::byte> target(1 << 20);
+  const auto region = *tb->register_region(target);
+  std::vector<std::byte> source(64 << 10);
+  test::fill_pattern(source);
+  std::vector<write_notice> landed;
+  b.on_write(0, [&](const write_notice& n) { landed.push_back(n); });
+
+  const pid_t gone = ::fork();  // a process that exited: its pid names nobody
+  ASSERT_GE(gone, 0);
+  if (gone == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  // A page nothing may read (a page unmapped here could be mapped again by the time it is read).
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  void* hole = ::mmap(nullptr, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(hole, MAP_FAILED);
+
+  // A hand-driven writer: node 1 on a raw socket, naming sources in this process.
+  const auto here = static_cast<std::uint32_t>(::getpid());
+  const auto host = tcp_link::same_host_tag();
+  auto address = [](const void* p) {
+    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+  };
+  std::vector<std::optional<std::uint16_t>> statuses;
+  bool raw_done = false;
+  std::thread raw([&] {
+    test::raw_peer p(test::port_of(tb->local_address()));
+    if (p.handshake(1, 2, test::test_secret())) {
+      std::uint64_t id = 0;
+      auto write = [&](std::uint32_t pid, std::uint64_t from,
+                       std::uint64_t tag) -> std::optional<std::uint16_t> {
+        const tcp_link::local_write_header h{.write = {.region = region.id,
+                                                       .key = region.key,
+                                                       .offset = 0,
+                                                       .length = source.size(),
+                                                       .imm = 0,
+                                                       .id = ++id},
+                                             .pid = pid,
+                                             .source = from,
+                                             .host = tag};
+        if (!p.send(tcp_link::encode(h))) return std::nullopt;
+        const auto f = p.read_frame();
+        if (!f || f->type != tcp_link::frame_type::write_ack) return std::nullopt;
+        const auto ack = tcp_link::parse_write_ack(f->body);
+        if (!ack || ack->id != id) return std::nullopt;
+        return ack->status;
+      };
+      statuses.push_back(write(here, address(hole), host));  // EFAULT
+      statuses.push_back(
+          write(static_cast<std::uint32_t>(gone), address(source.data()), host));  // ESRCH
+      statuses.push_back(write(here, address(source.data()), host ^ 1));           // another host
+      statuses.push_back(write(here, address(source.data()), host));               // lands
+    }
+    loop.post([&] { raw_done = true; });
+  });
+  const bool finished = run_until(loop, [&] { return raw_done && !landed.empty(); });
+  raw.join();
+  ::munmap(hole, page);
+  ASSERT_TRUE(finished);
+
+  const auto failed = static_cast<std::uint16_t>(transport_errc::copy_failed);
+  const std::vector<std::optional<std::uint16_t>> expected{failed, failed, failed,
+                                                           std::uint16_t{0}};
+  EXPECT_EQ(statuses, expected);
+  EXPECT_EQ(tb->stats().copies_failed, 3u);
+  EXPECT_EQ(tb->stats().protocol_violations, 0u);
+  ASSERT_EQ(landed.size(), 1u);
+  EXPECT_EQ(landed[0].from, 1u);
+  EXPECT_EQ(landed[0].length, source.size());
+  EXPECT_EQ(test::pattern_mismatches(std::span(target).first(source.size())), 0u);
+  EXPECT_TRUE(std::all_of(target.begin() + static_cast<std::ptrdiff_t>(source.size()), target.end(),
+                          [](std::byte x) { return x == std::byte{0}; }));
+}
+
+TEST(cma_links, past_max_copies_per_link_the_link_waits_and_every_write_lands) {
+  message_registry registry = test::test_registry();
+  event_loop loop;
+  auto receiver_options = secret_options("cma");
+  receiver_options.max_copies_per_link = 2;
+  auto ta = tcp_transport::make(loop, 1, secret_options("cma"));
+  auto tb = tcp_transport::make(loop, 2, receiver_options);
+  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  ASSERT_FALSE(a.start());
+  ASSERT_FALSE(b.start());
+  ASSERT_FALSE(ta->add_peer(2, tb->local_address()));
+  constexpr std::size_t block = 64 << 10, blocks = 48;
+  std::vector<std::byte> source(block * blocks), target(source.size());
+  test::fill_pattern(source);
+  ASSERT_TRUE(ta->register_region(source));
+  const auto remote = *tb->register_region(target);
+  std::set<std::uint32_t> imms;
+  b.on_write(5, [&](const write_notice& n) { imms.insert(imm_value(n.imm)); });
+  std::vector<int> completions(blocks, 0);
+  for (std::size_t i = 0; i < blocks; ++i) {
+    ta->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote, i * block,
+                    make_imm(5, static_cast<std::uint32_t>(i)), [&, i](std::error_code ec) {
+                      EXPECT_FALSE(ec) << ec.message();
+                      ++completions[i];
+                    });
+  }
+  ASSERT_TRUE(run_until(loop, [&] {
+    return imms.size() == blocks &&
+           std::all_of(completions.begin(), completions.end(), [](int c) { return c > 0; });
+  }));
+  EXPECT_TRUE(std::all_of(completions.begin(), completions.end(), [](int c) { return c == 1; }));
+  EXPECT_EQ(test::pattern_mismatches(target), 0u);
+}
+
+TEST(cma_links, close_stops_copies_and_every_write_completes_once) {
+  message_registry registry = test::test_registry();
+  event_loop loop;
+  auto ta = tcp_transport::make(loop, 1, secret_options("cma"));
+  auto tb = tcp_transport::make(loop, 2, secret_options("cma"));
+  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  ASSERT_FALSE(a.start());
+  ASSERT_FALSE(b.start());
+  ASSERT_FALSE(ta->add_peer(2, tb->local_address()));
+  constexpr std::size_t block = std::size_t{32} << 20, blocks = 8;
+  std::vector<std::byte> source(block * blocks, std::byte{0x33}), target(source.size());
+  ASSERT_TRUE(ta->register_region(source));
+  const auto remote = *tb->register_region(target);
+  int notices = 0;
+  b.on_write(0, [&](const write_notice&) { ++notices; });
+  std::vector<int> completions(blocks, 0);
+  std::size_t succeeded = 0;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    ta->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote, i * block,
+                    0, [&, i](std::error_code ec) {
+                      ++completions[i];
+                      if (!ec) ++succeeded;
+                    });
+  }
+  // Close the receiver as soon as the first write landed: the others are copying or queued.
+  ASSERT_TRUE(run_until(loop, [&] { return notices > 0; }));
+  tb->close();
+  const std::vector<std::byte> after_close = target;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a copy still running would show
+  EXPECT_TRUE(target == after_close) << "bytes landed after close returned";
+  ASSERT_TRUE(run_until(loop, [&] {
+    return std::all_of(completions.begin(), completions.end(), [](int c) { return c > 0; });
+  }));
+  EXPECT_TRUE(std::all_of(completions.begin(), completions.end(), [](int c) { return c == 1; }));
+  EXPECT_GE(succeeded, 1u);
+  EXPECT_LE(static_cast<int>(succeeded), notices);  // an ack may have been cut off by close
 }
 
 }  // namespace

@@ -1,6 +1,11 @@
 #include "transport/tcp/link_protocol.hpp"
 
+#include <sys/stat.h>
+#include <xxhash.h>
+
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 namespace ferry::tcp_link {
 namespace {
@@ -53,6 +58,21 @@ std::optional<auth_mode> read_auth(reader& r) {
   return static_cast<auth_mode>(v);
 }
 
+void put_write(writer& w, const write_header& h) {
+  w.be(h.region).be(h.key).be(h.offset).be(h.length).be(h.imm).be(h.id);
+}
+
+write_header read_write(reader& r) {
+  write_header h;
+  h.region = r.be<std::uint64_t>();
+  h.key = r.be<std::uint64_t>();
+  h.offset = r.be<std::uint64_t>();
+  h.length = r.be<std::uint64_t>();
+  h.imm = r.be<std::uint32_t>();
+  h.id = r.be<std::uint64_t>();
+  return h;
+}
+
 }  // namespace
 
 std::array<std::byte, head_bytes> make_head(frame_type type, std::size_t body_bytes) {
@@ -102,7 +122,14 @@ std::vector<std::byte> encode_refuse(std::uint16_t reason) {
 
 std::vector<std::byte> encode(const write_header& h) {
   writer w(frame_type::write, write_header_bytes);
-  w.be(h.region).be(h.key).be(h.offset).be(h.length).be(h.imm).be(h.id);
+  put_write(w, h);
+  return std::move(w.out);
+}
+
+std::vector<std::byte> encode(const local_write_header& h) {
+  writer w(frame_type::local_write, local_write_bytes);
+  put_write(w, h.write);
+  w.be(h.pid).be(h.source).be(h.host);
   return std::move(w.out);
 }
 
@@ -151,13 +178,17 @@ std::optional<std::uint16_t> parse_refuse(std::span<const std::byte> body) {
 std::optional<write_header> parse_write(std::span<const std::byte> body) {
   if (body.size() != write_header_bytes) return std::nullopt;
   reader r{body};
-  write_header h;
-  h.region = r.be<std::uint64_t>();
-  h.key = r.be<std::uint64_t>();
-  h.offset = r.be<std::uint64_t>();
-  h.length = r.be<std::uint64_t>();
-  h.imm = r.be<std::uint32_t>();
-  h.id = r.be<std::uint64_t>();
+  return read_write(r);
+}
+
+std::optional<local_write_header> parse_local_write(std::span<const std::byte> body) {
+  if (body.size() != local_write_bytes) return std::nullopt;
+  reader r{body};
+  local_write_header h;
+  h.write = read_write(r);
+  h.pid = r.be<std::uint32_t>();
+  h.source = r.be<std::uint64_t>();
+  h.host = r.be<std::uint64_t>();
   return h;
 }
 
@@ -168,6 +199,16 @@ std::optional<write_ack> parse_write_ack(std::span<const std::byte> body) {
   a.id = r.be<std::uint64_t>();
   a.status = r.be<std::uint16_t>();
   return a;
+}
+
+std::uint64_t same_host_tag() {
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  struct stat ns {};
+  if (::stat("/proc/self/ns/pid", &ns) == 0) {
+    boot_id += "/pid:" + std::to_string(ns.st_dev) + ":" + std::to_string(ns.st_ino);
+  }
+  return XXH3_64bits(boot_id.data(), boot_id.size());
 }
 
 }  // namespace ferry::tcp_link

@@ -30,6 +30,9 @@ enum class frame_type : std::uint8_t {
   control = 16,    ///< client -> server: one envelope
   write = 17,      ///< client -> server: header, then the raw payload
   write_ack = 18,  ///< server -> client
+  /// Client -> server, same-host mode only: a header and no payload; the server copies the
+  /// bytes out of the client's memory (process_vm_readv).
+  local_write = 19,
 };
 
 enum class auth_mode : std::uint8_t { none = 0, hmac_sha256 = 1 };
@@ -40,6 +43,7 @@ inline constexpr std::size_t proof_bytes = 32;
 inline constexpr std::size_t refuse_bytes = 2;
 inline constexpr std::size_t write_header_bytes = 8 * 4 + 4 + 8;
 inline constexpr std::size_t write_ack_bytes = 8 + 2;
+inline constexpr std::size_t local_write_bytes = write_header_bytes + 4 + 8 + 8;
 
 struct hello {
   auth_mode auth = auth_mode::none;
@@ -64,6 +68,16 @@ struct write_header {
   std::uint64_t id = 0;  ///< chosen by the writer, echoed in the ack
 };
 
+/// A write whose bytes the server copies from the writer's memory (same host, `tcp_options::
+/// same_host_copy`). `host` names the writer's host and pid namespace, so that a server elsewhere
+/// refuses it rather than read whichever local process has that pid.
+struct local_write_header {
+  write_header write;        ///< `write.length` bytes at `source` in process `pid`
+  std::uint32_t pid = 0;     ///< the writer's process id
+  std::uint64_t source = 0;  ///< the virtual address of the bytes in the writer's memory
+  std::uint64_t host = 0;    ///< `same_host_tag()` of the writer
+};
+
 struct write_ack {
   std::uint64_t id = 0;
   std::uint16_t status = 0;  ///< 0, or the transport_errc value of the refusal
@@ -86,6 +100,7 @@ std::vector<std::byte> encode_accept();
 std::vector<std::byte> encode_refuse(std::uint16_t reason);
 std::vector<std::byte> encode(const write_header& w);
 std::vector<std::byte> encode(const write_ack& a);
+std::vector<std::byte> encode(const local_write_header& w);
 
 /// Bodies (without head); nullopt when the size or the magic/version is wrong.
 std::optional<hello> parse_hello(std::span<const std::byte> body);
@@ -94,5 +109,10 @@ std::optional<link_proof> parse_proof(std::span<const std::byte> body);
 std::optional<std::uint16_t> parse_refuse(std::span<const std::byte> body);
 std::optional<write_header> parse_write(std::span<const std::byte> body);
 std::optional<write_ack> parse_write_ack(std::span<const std::byte> body);
+std::optional<local_write_header> parse_local_write(std::span<const std::byte> body);
+
+/// This process's host and pid namespace as 64 bits: a hash of the kernel's boot id and of the
+/// pid namespace's inode. Two processes may copy from each other by pid only if theirs are equal.
+std::uint64_t same_host_tag();
 
 }  // namespace ferry::tcp_link

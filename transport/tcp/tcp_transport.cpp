@@ -1,5 +1,8 @@
 #include "transport/tcp/tcp_transport.hpp"
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
@@ -28,7 +31,7 @@ struct large_transfers {
 
 /// The error a peer's REFUSE names; anything we do not know is a protocol violation.
 std::error_code refusal_error(std::uint16_t reason) {
-  if (reason >= 1 && reason <= static_cast<std::uint16_t>(transport_errc::limit_exceeded)) {
+  if (reason >= 1 && reason <= static_cast<std::uint16_t>(transport_errc::copy_failed)) {
     return static_cast<transport_errc>(reason);
   }
   return transport_errc::protocol_violation;
@@ -157,6 +160,15 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     out_item item;
     item.head = wire::encode(h);
     item.body = payload;
+    queue_.push_back(std::move(item));
+    flush();
+  }
+
+  /// Same-host mode: the header alone; the peer copies the bytes out of our memory.
+  void enqueue_local_write(const wire::local_write_header& h, completion done) {
+    pending_writes_.emplace(h.write.id, std::move(done));
+    out_item item;
+    item.head = wire::encode(h);
     queue_.push_back(std::move(item));
     flush();
   }
@@ -402,6 +414,15 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
       if (body != wire::write_header_bytes) return violation("WRITE header of the wrong size");
       return read_body(body, [](link& l) { l.on_write_header(); });
     }
+    if (!outgoing_ && type == wire::frame_type::local_write) {
+      if (!owner().copier_) {
+        return violation(
+            "LOCAL_WRITE, but this node does not run the same-host transport (cma): every node "
+            "of a job must use the same transport");
+      }
+      if (body != wire::local_write_bytes) return violation("LOCAL_WRITE of the wrong size");
+      return read_body(body, [](link& l) { l.on_local_write(); });
+    }
     if (outgoing_ && type == wire::frame_type::write_ack) {
       if (body != wire::write_ack_bytes) return violation("WRITE_ACK of the wrong size");
       return read_body(body, [](link& l) { l.on_write_ack(); });
@@ -454,6 +475,59 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
                        if (self->owner().events_.on_write) self->owner().events_.on_write(notice);
                        if (!self->closed()) self->read_next();
                      });
+  }
+
+  /// Same-host mode: checks the write like a WRITE, then has the copier pull its bytes out of the
+  /// writer's memory while the link reads on; acks and reports the write once they landed.
+  void on_local_write() {
+    const auto h = wire::parse_local_write(body_);
+    if (!h) return violation("malformed LOCAL_WRITE");
+    const auto& w = h->write;
+    auto target = owner().regions_.resolve(w.region, w.key, w.offset, w.length);
+    if (!target) {
+      ++owner().stats_.writes_refused;
+      log::warn("tcp {}: refused a write of {} bytes from node {}: {}", owner().self_, w.length,
+                peer_, target.error().message());
+      enqueue_ack(w.id, static_cast<std::uint16_t>(target.error().value()));
+      return read_next();
+    }
+    if (h->host != owner().host_tag_) {
+      ++owner().stats_.copies_failed;
+      log::warn(
+          "tcp {}: refused a same-host write from node {}: it runs on another host or in another "
+          "pid namespace, where cma cannot reach; use tcp or fabric there",
+          owner().self_, peer_);
+      enqueue_ack(w.id, static_cast<std::uint16_t>(transport_errc::copy_failed));
+      return read_next();
+    }
+    auto self = shared_from_this();
+    owner().copier_->async_copy(static_cast<pid_t>(h->pid), h->source, *target,
+                                [self, h = *h](int error) { self->on_copied(h, error); });
+    if (++copies_ < owner().options_.max_copies_per_link) return read_next();
+    reading_paused_ = true;  // on_copied reads on
+  }
+
+  void on_copied(const wire::local_write_header& h, int error) {
+    if (closed()) return;  // the writer learns from the lost link
+    --copies_;
+    if (error) {
+      ++owner().stats_.copies_failed;
+      log::warn("tcp {}: same-host write of {} bytes from node {} failed: {}", owner().self_,
+                h.write.length, peer_, copy_error_text(error, static_cast<pid_t>(h.pid)));
+      enqueue_ack(h.write.id, static_cast<std::uint16_t>(copy_error_code(error).value()));
+    } else {
+      enqueue_ack(h.write.id, 0);
+      const write_notice notice{.from = peer_,
+                                .region = h.write.region,
+                                .offset = h.write.offset,
+                                .length = h.write.length,
+                                .imm = h.write.imm};
+      if (owner().events_.on_write) owner().events_.on_write(notice);
+    }
+    if (reading_paused_ && !closed()) {
+      reading_paused_ = false;
+      read_next();
+    }
   }
 
   /// Reads and discards `left` payload bytes of a refused write, a small buffer at a time.
@@ -543,6 +617,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   std::vector<out_item> inflight_;
   bool writing_ = false;
   std::map<std::uint64_t, completion> pending_writes_;
+  std::size_t copies_ = 0;       ///< same-host copies running for this incoming link
+  bool reading_paused_ = false;  ///< at `max_copies_per_link`: the next read waits for a copy
 };
 
 std::shared_ptr<tcp_transport> tcp_transport::make(event_loop& loop, node_id self,
@@ -594,6 +670,15 @@ std::error_code tcp_transport::start(transport_events events) {
   if (!address.is_loopback())
     log::info("tcp {}: listening beyond loopback on {}", self_, local_address());
   if (!authenticated()) log::warn("tcp {}: running WITHOUT authentication", self_);
+  if (options_.same_host_copy) {
+    // Under Yama ptrace_scope 1 only a process's ancestors may read it; our readers are peers.
+    // Where Yama is absent this fails with EINVAL, and nothing needed it.
+    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    copier_ = std::make_unique<process_copier>(loop_, options_.copy_threads);
+    pid_ = ::getpid();
+    host_tag_ = tcp_link::same_host_tag();
+    log::debug("tcp {}: same-host copies (cma) on {} threads", self_, copier_->threads());
+  }
   events_ = std::move(events);
   open_ = true;
   accept_next();
@@ -615,6 +700,8 @@ void tcp_transport::close() {
   incoming_.clear();
   for (const auto& l : incoming) l->shut(errc::stopped);
   unauthenticated_ = 0;
+  // Copies into our regions stop here; their reports find their links closed.
+  copier_.reset();
 }
 
 void tcp_transport::accept_next() {
@@ -746,6 +833,13 @@ void tcp_transport::async_write(std::span<const std::byte> local, const region_d
                                  .length = local.size(),
                                  .imm = imm,
                                  .id = next_write_id_++};
+  if (options_.same_host_copy) {
+    return l->enqueue_local_write({.write = h,
+                                   .pid = static_cast<std::uint32_t>(pid_),
+                                   .source = reinterpret_cast<std::uintptr_t>(local.data()),
+                                   .host = host_tag_},
+                                  std::move(done));
+  }
   l->enqueue_write(h, local, std::move(done));
 }
 
