@@ -29,7 +29,9 @@ DEPTHS = [1, 2] if quick else [1, 2, 4, 8]
 VERSIONS = int(os.environ.get("GPU_BENCH_VERSIONS", 2 if quick else 3))
 P2P = os.environ.get("GPU_BENCH_P2P", "cma")  # the transport between processes
 # name: (trainer GPUs, instance GPUs, leaders k)
-SCENARIOS = {"A1": ([0], [1, 2, 3], 1), "A3": ([0], [1, 2, 3], 3), "B1": ([0, 1], [2, 3], 1), "B2": ([0, 1], [2, 3], 2)}
+SCENARIOS = {"A1": ([0], [1, 2, 3], 1), "A3": ([0], [1, 2, 3], 3), "B1": ([0, 1], [2, 3], 1), "B2": ([0, 1], [2, 3], 2),
+             # For 2-GPU hosts: one trainer GPU to one rollout GPU; a host-memory trainer (None) to two.
+             "P": ([0], [1], 1), "H1": ([None], [0, 1], 1), "H2": ([None], [0, 1], 2)}
 raw = {"stages": {}, "jobs": {}, "quick": quick, "p2p": P2P}
 
 
@@ -63,8 +65,9 @@ def stages(name, trainers, instance, k):
     """Each stage alone as the update runs it: every trainer GPU offloads its share, each of the
     k leaders receives and uploads its stripe, the instance broadcasts (k = 1) or all-gathers."""
     s = {}
-    r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // len(trainers)), str(CHUNK), str(DEPTH_STAGE)] for g in trainers])
-    s["d2h"] = gbps(sum(x["bytes"] for x in r), span(r, "d2h_start", "d2h_end"))
+    if None not in trainers:  # a host-memory trainer has no D2H
+        r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // len(trainers)), str(CHUNK), str(DEPTH_STAGE)] for g in trainers])
+        s["d2h"] = gbps(sum(x["bytes"] for x in r), span(r, "d2h_start", "d2h_end"))
     r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE)] for g in instance[:k]])
     s["h2d"] = gbps(sum(x["bytes"] for x in r), span(r, "h2d_start", "h2d_end"))
     # P2P: every trainer process writes its share of each stripe into that leader's slots.
@@ -90,6 +93,8 @@ def job(name, trainers, instance, k, depth):
            "--stripes", str(k), "--chunk-bytes", str(CHUNK), "--depth", str(depth), "--versions", str(VERSIONS),
            "--no-checksums", "--no-verify", "--transport", P2P, "--json", "--timeout", "400"]
     cmd += ["--model-bytes", str(2 * GiB)] if quick else ["--model", "llama3-8b"]
+    if None in trainers:
+        cmd.append("--host-trainers")
     t = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=560)
     ok = p.returncode == 0
@@ -119,7 +124,7 @@ def job(name, trainers, instance, k, depth):
 
 only = os.environ.get("GPU_BENCH_ONLY", "")  # e.g. "A3" or "A1:1,4;A3"
 picked = {}
-for part in (only.split(";") if only else SCENARIOS):
+for part in (only.split(";") if only else ["A1", "A3", "B1", "B2"]):
     n, _, ds = part.partition(":")
     picked[n] = [int(x) for x in ds.split(",")] if ds else DEPTHS
 
@@ -132,14 +137,14 @@ for name, depths in picked.items():
     jobs = raw["jobs"][name]
     model = max(j["model_bytes"] for j in jobs.values()) or STAGE_BYTES
     collective = "broadcast" if k == 1 else f"all-gather of {k} stripes"
-    rates = {"D2H": s["d2h"], f"P2P ({P2P}, {len(trainers)} sender(s) to {k} leader(s))": s["p2p"],
+    rates = {"D2H": s.get("d2h", float("inf")), f"P2P ({P2P}, {len(trainers)} sender(s) to {k} leader(s))": s["p2p"],
              f"H2D ({k} leader GPU(s))": s["h2d"], f"NCCL {collective}": s["collective"]}
     slow_name, slow = min(rates.items(), key=lambda kv: kv[1])
     slow_s = model / slow / 1e9
     best_d = min(jobs, key=lambda d: jobs[d]["update_s"])
     t = [f"### {name}: trainers on GPUs {trainers}, instance on GPUs {instance}, k = {k}", "",
          "| stage alone | GB/s | seconds for the model |", "| --- | ---: | ---: |"]
-    t += [f"| {n} | {v:.1f} | {model / v / 1e9:.3f} |" for n, v in rates.items()]
+    t += [f"| {n} | {v:.1f} | {model / v / 1e9:.3f} |" for n, v in rates.items() if v != float("inf")]
     t += ["", f"slowest stage: {slow_name}; model {model / 1e9:.2f} GB", "",
           "| depth | update s | whole update / slowest stage | trainer stall / whole update | update GB/s | depth-1 / this depth | rollout GPUs verified |",
           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -149,14 +154,15 @@ for name, depths in picked.items():
                  f"{model / j['update_s'] / 1e9:.1f} | {jobs[depths[0]]['update_s'] / j['update_s']:.2f} | "
                  f"{j['gpus_verified']}/{len(instance)} |")
     b = jobs[best_d]
-    t += ["", f"depth-1 / best depth ({best_d}): {jobs[depths[0]]['update_s'] / b['update_s']:.2f}; "
-          f"stall at best depth / D2H alone: {b['stall_s'] / (model / s['d2h'] / 1e9):.2f}", "",
+    stall = (f"; stall at best depth / D2H alone: {b['stall_s'] / (model / rates['D2H'] / 1e9):.2f}"
+             if rates["D2H"] != float("inf") else "")
+    t += ["", f"depth-1 / best depth ({best_d}): {jobs[depths[0]]['update_s'] / b['update_s']:.2f}{stall}", "",
           f"Stages inside the update at depth {best_d} (busy seconds of the busiest participant, against "
           f"{b['update_s']:.3f} s for the whole update): " +
           ", ".join(f"{n} {v:.3f}" for n, v in b["busy"].items()), ""]
     tables.append("\n".join(t))
 
-for x, y in (("B2", "B1"), ("A3", "A1")):
+for x, y in (("B2", "B1"), ("A3", "A1"), ("H2", "H1")):
     if x in raw["jobs"] and y in raw["jobs"]:
         fx = min(j["update_s"] for j in raw["jobs"][x].values())
         fy = min(j["update_s"] for j in raw["jobs"][y].values())

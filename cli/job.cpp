@@ -210,9 +210,14 @@ int run_node(const node_flags& f) {
       left = stopped = true;
     });
   };
-  // The coordinator is the job: a node that lost it has nothing left to wait for.
+  // The coordinator is the job: a node that lost it has nothing left to wait for. At a job's end
+  // the link may drop just before its job_stop is read (the other direction's connection): a
+  // moment's grace tells the two apart.
   host.on_peer_lost([&](node_id peer, std::error_code why) {
-    if (peer == coordinator_node && !stopped) failure = "lost the coordinator: " + why.message();
+    if (peer != coordinator_node || stopped) return;
+    host.clock().async_wait(std::chrono::seconds(1), [&, why](std::error_code ec) {
+      if (!ec && !stopped && !failure) failure = "lost the coordinator: " + why.message();
+    });
   });
   auto let_leave_go_out = [&] {
     if (left) run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });
@@ -341,10 +346,10 @@ int run_node(const node_flags& f) {
 
 int run_local(const process_flags& f) {
   if (auto error = check_job_options(f.job); !error.empty()) return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
-  const auto nodes = f.job.trainers + f.job.instances * f.job.workers_per_instance;
-  if (f.gpus && static_cast<int>(nodes) > visible_gpus()) {
-    return std::fprintf(stderr, "ferry local: --gpus needs one GPU per node: %u nodes, %d GPUs visible\n", nodes,
-                        visible_gpus()),
+  const auto gpu_nodes = (f.host_trainers ? 0 : f.job.trainers) + f.job.instances * f.job.workers_per_instance;
+  if (f.gpus && static_cast<int>(gpu_nodes) > visible_gpus()) {
+    return std::fprintf(stderr, "ferry local: --gpus needs one GPU per node: %u GPU nodes, %d GPUs visible\n",
+                        gpu_nodes, visible_gpus()),
            2;
   }
   if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp, cma or fabric\n"), 2;
@@ -363,9 +368,11 @@ int run_local(const process_flags& f) {
   int status = 1;
   if (!address.empty()) {
     node_id next = 1;
+    int next_gpu = 0;
     auto start_node = [&](std::vector<std::string> role) {
       auto args = extra(job_args(self, "node", f.job));
-      if (f.gpus) args.insert(args.end(), {"--device", std::to_string(next - 1)});  // node k on GPU k-1
+      const bool on_gpu = f.gpus && !(f.host_trainers && role.at(1) == "trainer");
+      if (on_gpu) args.insert(args.end(), {"--device", std::to_string(next_gpu++)});
       args.insert(args.end(), {"--coordinator", address, "--node-id", std::to_string(next++)});
       args.insert(args.end(), role.begin(), role.end());
       children.push_back(spawn(args));
@@ -459,6 +466,7 @@ void add_jobs(CLI::App& app, command_table& commands) {
   add_process_flags(*local, *lf);
   local->add_flag("--json", lf->json, "print one JSON object instead of the table");
   local->add_flag("--gpus", lf->gpus, "one GPU per node process: trainers on GPUs 0.., then the workers");
+  local->add_flag("--host-trainers", lf->host_trainers, "with --gpus: trainer shards in host memory, workers from GPU 0");
   commands[local] = [lf] { return run_local(*lf); };
 }
 

@@ -21,6 +21,7 @@ struct process_flags {
   std::string fabric_provider;
   std::string model = "synthetic";  ///< or "llama3-8b" (then --model-bytes is ignored)
   bool gpus = false;                ///< local: one GPU per node process, in start order
+  bool host_trainers = false;       ///< local with gpus: trainer shards keep host memory
   double heartbeat_timeout_s = 10;  ///< coordinator: a member silent this long is dead
 };
 
@@ -30,7 +31,7 @@ void add_process_flags(CLI::App& app, process_flags& f);
 std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j);
 
 /// `ferry local`: a coordinator and one node process per trainer shard and rollout worker on
-/// this host (with `gpus`, node k on GPU k-1); returns the exit code.
+/// this host (with `gpus`, one GPU per node in start order); returns the exit code.
 int run_local(const process_flags& f);
 
 /// `args` plus the flags every process of a launched job shares.

@@ -29,7 +29,7 @@ class copy_engine {
   virtual void async_copy(std::vector<copy_piece> pieces, completion done) = 0;
 };
 
-/// memcpy on a worker pool.
+/// memcpy on a worker pool; a large copy runs on several of its threads at once.
 class host_copy_engine final : public copy_engine {
  public:
   explicit host_copy_engine(event_loop& loop, worker_pool& pool = worker_pool::shared()) : loop_(loop), pool_(pool) {}
