@@ -10,23 +10,14 @@ import sys
 import tempfile
 import time
 
+from job_processes import start_coordinator
+
 ferry = sys.argv[1]
 BOUND_S = 10
 job = ["--trainers", "1", "--instances", "1", "--workers", "2", "--model-bytes", "16MiB", "--chunk-bytes", "1MiB",
        "--versions", "100000", "--transport", "tcp", "--timeout", "300"]
 with tempfile.TemporaryDirectory() as scratch:
-    secret = os.path.join(scratch, "secret")
-    with open(secret, "wb") as f:
-        f.write(os.urandom(32))
-    os.chmod(secret, 0o600)
-    env = dict(os.environ, FERRY_SECRET_FILE=secret, IPATH_NO_BACKTRACE="1")
-    address_file = os.path.join(scratch, "coordinator")
-    coordinator = subprocess.Popen([ferry, "coordinator", *job, "--address-file", address_file, "--events", "--json"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    deadline = time.time() + 30
-    while not os.path.exists(address_file) and time.time() < deadline:
-        time.sleep(0.02)
-    address = open(address_file).read().strip()
+    coordinator, address, env = start_coordinator(ferry, job, scratch, stderr=subprocess.DEVNULL)
     roles = [["--role", "trainer", "--shard", "0"], ["--role", "worker", "--instance", "0", "--rank", "0"],
              ["--role", "worker", "--instance", "0", "--rank", "1"]]
     logs = [os.path.join(scratch, f"node{i + 1}.log") for i in range(len(roles))]

@@ -15,24 +15,15 @@ import sys
 import tempfile
 import time
 
+from job_processes import start_coordinator
+
 ferry = sys.argv[1]
 BOUND_S = 15  # from the kill to update_failed; the link drop is seen at once, heartbeats in 10 s
 job = ["--trainers", "2", "--instances", "1", "--workers", "2", "--model-bytes", "64MiB", "--chunk-bytes", "1MiB",
        "--depth", "2", "--versions", "4", "--transport", "tcp", "--timeout", "120"]
 failures = []
 with tempfile.TemporaryDirectory() as scratch:
-    secret = os.path.join(scratch, "secret")
-    with open(secret, "wb") as f:
-        f.write(os.urandom(32))
-    os.chmod(secret, 0o600)
-    env = dict(os.environ, FERRY_SECRET_FILE=secret, IPATH_NO_BACKTRACE="1")
-    address_file = os.path.join(scratch, "coordinator")
-    coordinator = subprocess.Popen([ferry, "coordinator", *job, "--address-file", address_file, "--events", "--json"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 30
-    while not os.path.exists(address_file) and time.time() < deadline:
-        time.sleep(0.02)
-    address = open(address_file).read().strip()
+    coordinator, address, env = start_coordinator(ferry, job, scratch)
     logs = {}
 
     def start(node_id, *role):

@@ -1,0 +1,22 @@
+"""Starting a job's processes by hand, as a cluster launcher would: a job secret, then the
+coordinator, whose events and verdict come as JSON lines on its stdout."""
+import os
+import subprocess
+import time
+
+
+def start_coordinator(ferry, job, scratch, stderr=subprocess.PIPE):
+    """Writes a job secret into `scratch` and starts `ferry coordinator JOB --events --json`.
+    Returns (the process, its address, the environment every process of the job needs)."""
+    secret = os.path.join(scratch, "secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(32))
+    os.chmod(secret, 0o600)
+    env = dict(os.environ, FERRY_SECRET_FILE=secret, IPATH_NO_BACKTRACE="1")
+    address_file = os.path.join(scratch, "coordinator")
+    coordinator = subprocess.Popen([ferry, "coordinator", *job, "--address-file", address_file, "--events", "--json"],
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    deadline = time.time() + 30
+    while not os.path.exists(address_file) and time.time() < deadline:
+        time.sleep(0.02)
+    return coordinator, open(address_file).read().strip(), env
