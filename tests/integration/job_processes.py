@@ -1,7 +1,9 @@
 """Starting a job's processes by hand, as a cluster launcher would: a job secret, then the
 coordinator, whose events and verdict come as JSON lines on its stdout."""
 import os
+import queue
 import subprocess
+import threading
 import time
 
 
@@ -20,3 +22,17 @@ def start_coordinator(ferry, job, scratch, stderr=subprocess.PIPE):
     while not os.path.exists(address_file) and time.time() < deadline:
         time.sleep(0.02)
     return coordinator, open(address_file).read().strip(), env
+
+
+def line_reader(stream):
+    """Reads `stream` on a thread of its own; returns a queue of its lines, then None at its end.
+    (select() on a buffered pipe misses lines already read into Python's buffer.)"""
+    lines = queue.Queue()
+
+    def pump():
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines

@@ -3,24 +3,25 @@
 - after version 1, a worker gets SIGTERM: it leaves (the job regroups, "left: SIGTERM") and exits 0,
   and a new worker joins in its place and catches up;
 - a trainer shard's process is SIGKILLed while version 2 is in flight: the update fails on every
-  participant within a bound (no worker completes it);
+  participant within a bound (no worker completes it). The process is stopped (SIGSTOP) when
+  version 1 is delivered, so version 2 cannot complete before the kill, however loaded the host;
 - a new process of that shard joins: the job publishes again and ends verified.
-Usage: membership.py FERRY"""
+Usage: membership.py FERRY [JOB FLAGS...] (e.g. --shared-host-copies)"""
 import json
 import os
-import selectors
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from job_processes import start_coordinator
+from job_processes import line_reader, start_coordinator
 
 ferry = sys.argv[1]
 BOUND_S = 15  # from the kill to update_failed; the link drop is seen at once, heartbeats in 10 s
 job = ["--trainers", "2", "--instances", "1", "--workers", "2", "--model-bytes", "64MiB", "--chunk-bytes", "1MiB",
-       "--depth", "2", "--versions", "4", "--transport", "tcp", "--timeout", "120"]
+       "--depth", "2", "--versions", "4", "--transport", "tcp", "--timeout", "120", *sys.argv[2:]]
 failures = []
 with tempfile.TemporaryDirectory() as scratch:
     coordinator, address, env = start_coordinator(ferry, job, scratch)
@@ -36,14 +37,14 @@ with tempfile.TemporaryDirectory() as scratch:
     workers = [start(3, "--role", "worker", "--instance", "0", "--rank", "0"),
                start(4, "--role", "worker", "--instance", "0", "--rank", "1")]
     events, verdict, killed_at, failed_version = [], None, None, None
-    selector = selectors.DefaultSelector()
-    selector.register(coordinator.stdout, selectors.EVENT_READ)
+    lines = line_reader(coordinator.stdout)
     end = time.time() + 150
     while time.time() < end and verdict is None:
-        if not selector.select(timeout=1):
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
             continue
-        line = coordinator.stdout.readline()
-        if not line:
+        if line is None:
             break
         e = json.loads(line)
         if "event" not in e:
@@ -51,6 +52,7 @@ with tempfile.TemporaryDirectory() as scratch:
             break
         events.append(e)
         if e["event"] == "delivered" and e["version"] == 1 and 6 not in logs:
+            trainers[1].send_signal(signal.SIGSTOP)  # frozen before it can send all of version 2
             workers[1].send_signal(signal.SIGTERM)
             workers.append(start(6, "--role", "worker", "--instance", "0", "--rank", "2"))
         if e["event"] == "update" and e["version"] == 2 and killed_at is None:
