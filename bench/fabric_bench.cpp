@@ -1,10 +1,16 @@
-/// ferry's fabric bulk path against a plain loop of raw fi_write calls: same provider, same
-/// sizes, same window of writes in flight, in one run. Each measurement writes from this
-/// process into a target process (this binary re-executed with --role target), which drives
-/// its provider's progress: a busy fi_cq_read loop for plain, ferry's event loop for ferry.
+/// ferry's fabric bulk path against plain libfabric loops on the same provider, same sizes, same
+/// window of writes in flight, in one run. Each measurement writes from this process into a
+/// target process (this binary re-executed with --role target), which drives its provider's
+/// progress: a busy fi_cq_read loop for the plain loops, ferry's event loop for ferry.
+///   - plain write: fi_write with the provider's default completion (the issue's reference);
+///   - plain writedata: fi_writemsg with remote CQ data and FI_DELIVERY_COMPLETE, what ferry's
+///     contract needs (the target learns of each write by its imm; the writer's completion means
+///     "landed"), so this pair isolates ferry's own cost.
+/// Each repetition runs the three phases in a rotating order; the table gives the best and the
+/// median over the repetitions of each (figures on a shared host vary a lot).
 ///
 ///   fabric_bench [--providers "tcp;ofi_rxm,shm"] [--sizes-mib 1,4,16,64] [--window 4]
-///                [--bytes-mib 1024] [--reps 3] [--csv out.csv]
+///                [--bytes-mib 1024] [--reps 5] [--csv out.csv]
 #include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -17,6 +23,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/read.hpp>
 #include <chrono>
@@ -151,13 +159,28 @@ int run_plain_target(const std::string& provider, const std::string& peer, std::
   const std::uint64_t base = (e.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR)
                                  ? reinterpret_cast<std::uint64_t>(buf.data())
                                  : 0;
+  // Under FI_RX_CQ_DATA a write with remote CQ data consumes a posted receive: keep some posted.
+  constexpr std::size_t receives = 64;
+  std::vector<fi_context2> rx(receives);
+  std::vector<std::array<std::byte, 64>> rx_buf(receives);
+  auto post = [&](std::size_t i) {
+    const ssize_t rc =
+        fi_recv(e.ep, rx_buf[i].data(), rx_buf[i].size(), nullptr, FI_ADDR_UNSPEC, &rx[i]);
+    if (rc) die(std::string("plain target fi_recv: ") + fi_strerror(static_cast<int>(-rc)));
+  };
+  for (std::size_t i = 0; i < receives; ++i) post(i);
   std::printf("%s %llu %llu 0\n", e.name().c_str(), static_cast<unsigned long long>(base),
               static_cast<unsigned long long>(fi_mr_key(mr)));
   std::fflush(stdout);
   fi_cq_data_entry entries[16];
   for (std::uint64_t spins = 0;; ++spins) {
     // rxm and shm move bytes only while the target polls: poll like any plain RMA target.
-    fi_cq_read(e.cq, entries, 16);
+    const ssize_t n = fi_cq_read(e.cq, entries, 16);
+    for (ssize_t i = 0; i < n; ++i) {
+      auto* ctx = static_cast<fi_context2*>(entries[i].op_context);
+      if (ctx >= rx.data() && ctx < rx.data() + rx.size())
+        post(static_cast<std::size_t>(ctx - rx.data()));
+    }
     if ((spins & 1023) == 0 && stop_requested()) break;
   }
   fi_close(&mr->fid);
@@ -234,21 +257,40 @@ struct target_process {
   }
 };
 
-/// Plain: a loop of fi_write with `window` in flight; returns GB/s over `count` writes.
+/// How a plain loop writes.
+enum class plain_kind { write, writedata };
+
+/// Plain: a loop of writes with `window` in flight; returns GB/s over `count` writes.
 double plain_run(raw_endpoint& e, fi_addr_t dest, const target_info& t, std::vector<std::byte>& src,
-                 fid_mr* mr, std::size_t size, std::size_t window, std::size_t count) {
+                 fid_mr* mr, plain_kind kind, std::size_t size, std::size_t window,
+                 std::size_t count) {
   std::vector<fi_context2> ctx(window);
   void* desc = fi_mr_desc(mr);
   std::size_t issued = 0, done = 0;
   fi_cq_data_entry entries[16];
+  auto issue = [&](std::size_t slot) -> ssize_t {
+    void* local = src.data() + slot * size;
+    if (kind == plain_kind::write)
+      return fi_write(e.ep, local, size, desc, dest, t.addr + slot * size, t.key, &ctx[slot]);
+    iovec iov{local, size};
+    fi_rma_iov rma{t.addr + slot * size, size, t.key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = dest;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = &ctx[slot];
+    msg.data = slot;
+    return fi_writemsg(e.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA);
+  };
   const auto start = clock_type::now();
   while (done < count) {
     while (issued < count && issued - done < window) {
-      const std::size_t slot = issued % window;
-      const ssize_t rc = fi_write(e.ep, src.data() + slot * size, size, desc, dest,
-                                  t.addr + slot * size, t.key, &ctx[slot]);
+      const ssize_t rc = issue(issued % window);
       if (rc == -FI_EAGAIN) break;
-      if (rc) die(std::string("fi_write: ") + fi_strerror(static_cast<int>(-rc)));
+      if (rc) die(std::string("plain write: ") + fi_strerror(static_cast<int>(-rc)));
       ++issued;
     }
     const ssize_t n = fi_cq_read(e.cq, entries, 16);
@@ -283,6 +325,18 @@ double ferry_run(ferry::event_loop& loop, ferry::fabric_transport& t,
   return static_cast<double>(size) * static_cast<double>(count) / secs / 1e9;
 }
 
+/// One figure per repetition.
+struct samples {
+  std::vector<double> gbps;
+  double best() const { return *std::max_element(gbps.begin(), gbps.end()); }
+  double median() const {
+    auto v = gbps;
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  }
+};
+
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -294,15 +348,16 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ferry fabric bulk path vs plain fi_write"};
+  CLI::App app{"ferry fabric bulk path vs plain fi_write and fi_writedata loops"};
   std::string providers = "tcp;ofi_rxm,shm", sizes_mib = "1,4,16,64", csv, role = "driver", impl,
               peer;
-  std::size_t window = 4, bytes_mib = 1024, reps = 3, bytes = 0;
+  std::size_t window = 4, bytes_mib = 1024, reps = 5, bytes = 0;
   app.add_option("--providers", providers, "comma-separated libfabric providers");
   app.add_option("--sizes-mib", sizes_mib, "write sizes in MiB, comma-separated");
   app.add_option("--window", window, "writes in flight");
   app.add_option("--bytes-mib", bytes_mib, "bytes written per measurement (at least 8 writes)");
-  app.add_option("--reps", reps, "alternating plain/ferry repetitions; the best of each is kept");
+  app.add_option("--reps", reps, "repetitions of every phase; best and median are reported")
+      ->check(CLI::PositiveNumber);
   app.add_option("--csv", csv, "also write the table as CSV here");
   app.add_option("--role", role, "internal: driver or target");
   app.add_option("--impl", impl, "internal: plain or ferry target");
@@ -330,71 +385,85 @@ int main(int argc, char** argv) {
     return std::max<std::size_t>(8, (bytes_mib << 20) / size);
   };
 
+  // One set of samples per size and way of writing.
+  const std::vector<std::string> ways = {"plain write", "plain writedata", "ferry"};
   struct row {
     std::string provider;
     std::size_t size;
-    double plain = 0, ferry = 0;
+    std::map<std::string, samples> by_way;
   };
   std::vector<row> rows;
   for (const auto& provider : split(providers, ',')) {
-    std::map<std::size_t, row> best;
+    std::map<std::size_t, row> by_size;
+    auto run_plain = [&](plain_kind kind, const std::string& way) {
+      raw_endpoint e(provider);
+      fid_mr* mr = e.reg(src.data(), src.size(), FI_WRITE);
+      target_process target(exe, "plain", provider, e.name(), region);
+      const fi_addr_t dest = e.insert(target.info.address);
+      plain_run(e, dest, target.info, src, mr, kind, max_size, window,
+                2 * window);  // warm-up: rxm connects lazily
+      for (auto size : sizes) {
+        by_size[size].by_way[way].gbps.push_back(
+            plain_run(e, dest, target.info, src, mr, kind, size, window, count_for(size)));
+      }
+      fi_close(&mr->fid);
+    };
+    auto run_ferry = [&] {
+      ferry::event_loop loop;
+      auto made = ferry::fabric_transport::make(loop, 1, {.provider = provider});
+      if (!made) die("ferry: " + made.error().message());
+      auto t = *made;
+      t->start({});
+      if (!t->register_region(src)) die("ferry: register_region");
+      target_process target(exe, "ferry", provider, t->local_address(), region);
+      if (t->add_peer(2, target.info.address)) die("ferry: add_peer");
+      const ferry::region_desc remote{.owner = 2,
+                                      .id = target.info.region_id,
+                                      .addr = target.info.addr,
+                                      .key = target.info.key,
+                                      .length = region};
+      ferry_run(loop, *t, remote, src, max_size, window, 2 * window);
+      for (auto size : sizes) {
+        by_size[size].by_way["ferry"].gbps.push_back(
+            ferry_run(loop, *t, remote, src, size, window, count_for(size)));
+      }
+      t->close();
+    };
+    const std::vector<std::function<void()>> phases = {
+        [&] { run_plain(plain_kind::write, ways[0]); },
+        [&] { run_plain(plain_kind::writedata, ways[1]); }, run_ferry};
     for (std::size_t rep = 0; rep < reps; ++rep) {
-      {  // plain
-        raw_endpoint e(provider);
-        fid_mr* mr = e.reg(src.data(), src.size(), FI_WRITE);
-        target_process target(exe, "plain", provider, e.name(), region);
-        const fi_addr_t dest = e.insert(target.info.address);
-        plain_run(e, dest, target.info, src, mr, max_size, window,
-                  2 * window);  // warm-up: rxm connects lazily
-        for (auto size : sizes) {
-          const double gbs =
-              plain_run(e, dest, target.info, src, mr, size, window, count_for(size));
-          auto& r = best[size];
-          r.plain = std::max(r.plain, gbs);
-        }
-        fi_close(&mr->fid);
-      }
-      {  // ferry
-        ferry::event_loop loop;
-        auto made = ferry::fabric_transport::make(loop, 1, {.provider = provider});
-        if (!made) die("ferry: " + made.error().message());
-        auto t = *made;
-        t->start({});
-        if (!t->register_region(src)) die("ferry: register_region");
-        target_process target(exe, "ferry", provider, t->local_address(), region);
-        if (t->add_peer(2, target.info.address)) die("ferry: add_peer");
-        const ferry::region_desc remote{.owner = 2,
-                                        .id = target.info.region_id,
-                                        .addr = target.info.addr,
-                                        .key = target.info.key,
-                                        .length = region};
-        ferry_run(loop, *t, remote, src, max_size, window, 2 * window);
-        for (auto size : sizes) {
-          const double gbs = ferry_run(loop, *t, remote, src, size, window, count_for(size));
-          auto& r = best[size];
-          r.ferry = std::max(r.ferry, gbs);
-        }
-        t->close();
-      }
+      // Rotate which phase goes first, so a drift in the machine's speed favours none.
+      for (std::size_t i = 0; i < phases.size(); ++i) phases[(rep + i) % phases.size()]();
     }
-    for (auto& [size, r] : best) {
+    for (auto& [size, r] : by_size) {
       r.provider = provider;
       r.size = size;
       rows.push_back(r);
     }
   }
 
-  std::printf("%-12s %8s %6s %10s %10s %6s\n", "provider", "size", "window", "plain GB/s",
-              "ferry GB/s", "ratio");
-  for (const auto& r : rows)
-    std::printf("%-12s %6zuMi %6zu %10.2f %10.2f %6.2f\n", r.provider.c_str(), r.size >> 20, window,
-                r.plain, r.ferry, r.ferry / r.plain);
+  // GB/s as best / median; ratios of ferry to each plain loop, of bests and of medians.
+  std::printf("%-12s %5s %6s %16s %16s %16s %14s %14s\n", "provider", "size", "window",
+              "plain write", "plain writedata", "ferry", "ferry/write", "ferry/wdata");
+  for (const auto& r : rows) {
+    const auto& w = r.by_way.at(ways[0]);
+    const auto& d = r.by_way.at(ways[1]);
+    const auto& f = r.by_way.at(ways[2]);
+    std::printf(
+        "%-12s %3zuMi %6zu %7.2f / %6.2f %7.2f / %6.2f %7.2f / %6.2f %6.2f / %5.2f %6.2f / %5.2f\n",
+        r.provider.c_str(), r.size >> 20, window, w.best(), w.median(), d.best(), d.median(),
+        f.best(), f.median(), f.best() / w.best(), f.median() / w.median(), f.best() / d.best(),
+        f.median() / d.median());
+  }
+  std::printf("(GB/s best / median of %zu repetitions; ratios: of bests / of medians)\n", reps);
   if (!csv.empty()) {
     std::ofstream out(csv);
-    out << "provider,size_bytes,window,plain_gbps,ferry_gbps,ratio\n";
+    out << "provider,size_bytes,window,reps,way,best_gbps,median_gbps\n";
     for (const auto& r : rows)
-      out << '"' << r.provider << "\"," << r.size << ',' << window << ',' << r.plain << ','
-          << r.ferry << ',' << r.ferry / r.plain << '\n';
+      for (const auto& way : ways)
+        out << '"' << r.provider << "\"," << r.size << ',' << window << ',' << reps << ",\"" << way
+            << "\"," << r.by_way.at(way).best() << ',' << r.by_way.at(way).median() << '\n';
   }
   return 0;
 }

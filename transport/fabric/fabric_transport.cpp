@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/fiber/operations.hpp>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -28,10 +29,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// Poll period while operations are in flight or the queue just had work.
-constexpr auto busy_interval = 20us;
+/// How long progress stays continuous after the last completion, notice, frame or wake-up by the
+/// wait fd. rxm and shm move bytes only while someone polls, the target of a write included, so
+/// a target polls on while writes stream in: each keeps it within this window of the last.
+constexpr auto active_window = std::chrono::steady_clock::duration(2ms);
+/// First poll period when idle without a usable wait fd; it doubles up to `idle_interval`.
+constexpr auto first_idle_poll = std::chrono::steady_clock::duration(20us);
 /// Longest pause between polls when idle and the provider gives no wait fd.
-constexpr auto idle_interval = 2ms;
+constexpr auto idle_interval = std::chrono::steady_clock::duration(2ms);
 /// Completions handled per turn, so one busy transport cannot starve the loop.
 constexpr int drain_budget = 256;
 /// Each control message is [sender node id, BE32][payload][payload length, BE32].
@@ -191,6 +196,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   std::optional<asio::posix::stream_descriptor> wait_fd;
   bool fd_armed = false;
   unsigned idle_streak = 0;
+  bool pumping = false;      ///< a pump fiber is alive
+  bool kick_posted = false;  ///< the pump's kick is queued and has not run yet
+  std::chrono::steady_clock::time_point active_until{};
 
   transport_events events;
   bool running = false;
@@ -725,6 +733,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   }
 
   bool busy() const { return tx_in_flight > 0 || !queue.empty(); }
+  /// Work in flight, or traffic within `active_window`: progress must run continuously.
+  bool hot() const { return busy() || std::chrono::steady_clock::now() < active_until; }
 
   /// Drives progress now and decides how to be woken next.
   void kick() {
@@ -732,6 +742,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     auto keep = shared_from_this();
     const int handled = drain();
     if (!running) return;
+    if (handled > 0) active_until = std::chrono::steady_clock::now() + active_window;
     if (handled > 0 || busy())
       idle_streak = 0;
     else if (idle_streak < 16)
@@ -739,7 +750,43 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     rearm();
   }
 
+  /// While hot, a fiber posts one kick per loop turn and yields: progress is continuous, and
+  /// other handlers and fibers still take turns. (A handler that re-posted itself would keep
+  /// io_context::poll() from returning, and event_loop::turn runs fibers only after it does.)
+  void start_pump() {
+    if (pumping || !running) return;
+    pumping = true;
+    loop.spawn([weak = weak_from_this()] {
+      for (;;) {
+        {
+          auto self_ = weak.lock();
+          if (!self_) return;
+          // Our last kick has not run: the loop runs no handlers (it stopped, or the thread is
+          // exiting and only fibers are resumed). Stop; that kick restarts us if it ever runs.
+          if (!self_->running || self_->kick_posted) {
+            self_->pumping = false;
+            return;
+          }
+          if (!self_->hot()) {
+            self_->pumping = false;
+            self_->rearm();  // back to the wait fd or the backing-off timer
+            return;
+          }
+          self_->kick_posted = true;
+          self_->loop.post([weak] {
+            if (auto s = weak.lock()) {
+              s->kick_posted = false;
+              s->kick();
+            }
+          });
+        }
+        boost::this_fiber::yield();
+      }
+    });
+  }
+
   void rearm() {
+    if (hot()) return start_pump();
     bool fd_ok = false;
     if (wait_fd) {
       if (fd_armed) {
@@ -752,18 +799,18 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
                               auto self_ = weak.lock();
                               if (!self_ || ec == asio::error::operation_aborted) return;
                               self_->fd_armed = false;
+                              // Bytes are arriving: a large write streams in long before its
+                              // completion, and moves only while we poll.
+                              self_->active_until =
+                                  std::chrono::steady_clock::now() + active_window;
                               self_->kick();
                             });
       }
     }
-    // Without a usable fd, and while work is in flight (whose progress the fd may not cover),
-    // poll on a timer that backs off as the transport goes idle.
-    if (fd_ok && !busy() && idle_streak > 0) return;
-    auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(busy_interval);
-    if (!busy())
-      interval = std::min<std::chrono::steady_clock::duration>(
-          interval * (1u << std::min(idle_streak, 8u)), idle_interval);
-    arm_timer(interval);
+    // Idle: sleep on the fd; without one (or while fi_trywait says events are pending), poll
+    // on a timer that backs off as the transport stays idle.
+    if (fd_ok && idle_streak > 0) return;
+    arm_timer(std::min(first_idle_poll * (1u << std::min(idle_streak, 8u)), idle_interval));
   }
 
   void arm_timer(std::chrono::steady_clock::duration after) {
@@ -780,10 +827,10 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     });
   }
 
-  /// Makes sure progress runs soon after new work was issued from outside a drain.
+  /// Starts continuous progress after new work was issued from outside a drain.
   void poke() {
     idle_streak = 0;
-    if (running) arm_timer(std::chrono::steady_clock::duration::zero());
+    start_pump();
   }
 };
 
