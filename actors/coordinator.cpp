@@ -211,7 +211,11 @@ void coordinator::regroup(const std::string& reason) {
     return;
   }
 
-  plan_inputs in{.epoch = epoch(), .chunk_bytes = shape_.chunk_bytes, .depth = shape_.depth, .limits = shape_.limits};
+  plan_inputs in{.epoch = epoch(),
+                 .chunk_bytes = shape_.chunk_bytes,
+                 .depth = shape_.depth,
+                 .limits = shape_.limits,
+                 .shared_host_copies = shape_.shared_host_copies};
   for (const auto& [rank, t] : trainers_) {
     in.shards.push_back(t.who);
     in.shard_tensors.push_back(t.tensors);

@@ -23,6 +23,10 @@ struct job_shape {
   /// size. 0: every member leads when the workers hold their tensors on GPUs (each leader then
   /// uploads through its own PCIe link), one leader otherwise.
   std::uint32_t stripes = 0;
+  /// Trainers keep their host copies in shared memory (a memfd) and leaders map them and read
+  /// each chunk in place instead of receiving a write: no point-to-point copy. Every trainer and
+  /// leader must share one host.
+  bool shared_host_copies = false;
   /// A member silent for this long is declared dead (a lost link declares it at once, so this
   /// only catches hung processes; generous, since a loaded host can stall a loop for seconds).
   std::chrono::milliseconds heartbeat_timeout{10000};

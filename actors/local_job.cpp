@@ -88,6 +88,7 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
                               .chunk_bytes = config.chunk_bytes,
                               .depth = config.depth,
                               .stripes = config.stripes,
+                              .shared_host_copies = config.shared_host_copies,
                               // One process: no member can die on its own, and pre-faulting
                               // staging on the shared loop must not look like a hang.
                               .heartbeat_timeout = std::chrono::hours(24)});

@@ -18,6 +18,7 @@ struct job_config {
   std::uint64_t chunk_bytes = default_chunk_bytes;
   std::uint32_t depth = 2;
   std::uint32_t stripes = 0;  ///< leaders per instance; 0: job_shape's automatic choice
+  bool shared_host_copies = false;  ///< leaders read trainers' host copies in place (job_shape)
   std::uint32_t versions = 3;
   std::string transport = "inproc";
   bool checksums = true;

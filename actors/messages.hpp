@@ -7,6 +7,7 @@
 
 #include "actors/plan.hpp"
 #include "actors/tensor.hpp"
+#include "runtime/host_buffer.hpp"
 #include "runtime/message_registry.hpp"
 #include "transport/transport.hpp"
 
@@ -139,7 +140,12 @@ struct chunk_sent {
   std::uint32_t slot = 0;
   std::uint64_t checksum = 0;        ///< of the bytes written: the route's stripe
   std::uint64_t chunk_checksum = 0;  ///< of the whole chunk, for members that verify it
-  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum)
+  /// With shared host copies nothing is written: the chunk lies at `source_offset` in the
+  /// trainer's host copy `source`, which the leader maps and reads in place (its stripe at the
+  /// stripe's offset from there); the slot is then only the credit. `source.pid` 0: written.
+  shared_memory_ref source;
+  std::uint64_t source_offset = 0;
+  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset)
 };
 
 /// Leader -> trainer: receive slot `slot` is free again (the send stage's credit).

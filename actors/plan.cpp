@@ -105,6 +105,7 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
   p.epoch = in.epoch;
   p.chunk_bytes = in.chunk_bytes;
   p.depth = in.depth;
+  p.shared_host_copies = in.shared_host_copies;
   p.shards = in.shards;
 
   // Pack each shard's tensors into its own stream, then cut the stream into chunks.

@@ -55,7 +55,10 @@ struct plan {
   std::vector<address> shards;          ///< trainer shard actors by rank
   std::vector<chunk_info> chunks;       ///< in send order: shards interleaved
   std::vector<instance_plan> instances;
-  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, instances)
+  /// Trainers keep their host copies in shared memory and leaders read chunks there in place.
+  bool shared_host_copies = false;
+  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, instances,
+                     shared_host_copies)
 
   std::uint64_t total_bytes() const;
   /// Ids of the chunks `shard` sources, in send order.
@@ -102,6 +105,7 @@ struct plan_inputs {
   std::vector<std::vector<tensor_spec>> shard_tensors;  ///< per shard, in registration order
   std::vector<instance_plan> instances;                 ///< leaders may be empty: rank 0 is chosen
   job_limits limits;
+  bool shared_host_copies = false;
 };
 
 /// Builds the plan, or says why it cannot: chunk size not a positive multiple of the alignment,

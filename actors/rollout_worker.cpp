@@ -1,15 +1,28 @@
 #include "actors/rollout_worker.hpp"
 
+#include <signal.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "collectives/host/chain_broadcast.hpp"
+#include "runtime/await.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
 #include "runtime/worker_pool.hpp"
 
 namespace ferry {
+namespace {
+
+bool process_gone(std::int32_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+}  // namespace
+
+rollout_worker::mapped_copy::~mapped_copy() {
+  if (pinned) pinned->unpin(bytes.span());
+}
 
 rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
                                std::uint32_t rank, std::vector<tensor_ref> tensors, copy_engine& copies,
@@ -133,6 +146,8 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   }
   plan_ = std::move(next);
   set_epoch(plan_->epoch);
+  // A regroup may follow a trainer's death: let go of its host copies (readers keep theirs).
+  std::erase_if(sources_, [](const auto& s) { return process_gone(s.first.pid); });
   const auto& inst = *it;
   // The collective's ranks: the leaders in stripe order (rank s owns stripe s), then the others.
   std::vector<address> members;
@@ -242,13 +257,46 @@ void rollout_worker::on_chunk_sent(const chunk_sent& m) {
     return;
   }
   auto& g = *gen_;
-  // An empty stripe (of a small chunk) has no write to wait for.
-  if (g.landed.erase(m.slot) > 0 || stripe_of(plan_->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
+  // An empty stripe (of a small chunk) or one read in place has no write to wait for.
+  if (g.landed.erase(m.slot) > 0 || m.source.pid != 0 ||
+      stripe_of(plan_->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
     g.ready.push_back({m.slot, m});
     changed();
   } else {
     g.sent[m.slot] = m;
   }
+}
+
+std::shared_ptr<const rollout_worker::mapped_copy> rollout_worker::map_source(const shared_memory_ref& ref) {
+  if (auto it = sources_.find(ref); it != sources_.end()) return it->second;
+  std::string why;
+  auto mapped = host_buffer::map_shared(ref, why);
+  if (!mapped) {
+    fail("cannot read a trainer's host copy in place (every trainer and leader must share one host): " + why);
+    return nullptr;
+  }
+  auto copy = std::make_shared<mapped_copy>(std::move(*mapped));
+  if (on_device()) {
+    std::unique_lock one_at_a_time(pinning_mutex_);  // another fiber's pin: wait for it as a fiber
+    if (pinning_.joinable()) pinning_.join();         // done: it posted its completion and returns
+    std::error_code pinned;
+    await<>([&](auto done) {
+      pinning_ = std::jthread([&, done = std::move(done)]() mutable {
+        pinned = options_.memory->pin(copy->bytes.span());
+        host().loop().post(std::move(done));
+      });
+    });
+    if (pinned) {
+      fail("cannot pin a trainer's host copy: " + pinned.message());
+      return nullptr;
+    }
+    copy->pinned = options_.memory;
+  }
+  if (auto it = sources_.find(ref); it != sources_.end()) return it->second;  // mapped meanwhile
+  log::info("worker {}.{}: reads the host copy of trainer process {} in place ({} MiB)", instance_, rank_, ref.pid,
+            ref.bytes >> 20);
+  sources_.emplace(ref, copy);
+  return copy;
 }
 
 bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected) {
@@ -285,7 +333,7 @@ std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared
 void rollout_worker::serve(std::shared_ptr<generation> g) {
   const auto plan = plan_;  // chunk references below outlive suspensions
   for (;;) {
-    const auto w = next_chunk(g);
+    auto w = next_chunk(g);
     if (!w) return;
     g->credits->acquire();
     if (!current(g)) return;
@@ -295,6 +343,23 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
       // A leader verifies the stripe it received before anything reads it.
       slot = {slots_.data() + std::size_t{w->mine->slot} * plan->chunk_bytes, c.bytes};
       const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
+      if (const auto& m = w->mine->meta; m.source.pid != 0) {  // the chunk lies in the trainer's host copy
+        auto copy = map_source(m.source);
+        if (!copy || !current(g)) return;
+        if (m.source_offset > copy->bytes.size() || c.bytes > copy->bytes.size() - m.source_offset) {
+          return corrupted("chunk " + std::to_string(c.id) + " lies past the end of its trainer's host copy");
+        }
+        const std::span in_place(copy->bytes.data() + m.source_offset, c.bytes);
+        if (on_device()) {  // uploaded straight from there
+          slot = in_place;
+          w->source = std::move(copy);
+        } else {  // the host chain broadcasts from registered memory: the receive slot
+          worker_pool::shared().run(host().loop(), [&] {
+            std::memcpy(slot.data() + part.offset, in_place.data() + part.offset, part.bytes);
+          });
+          if (!current(g)) return;
+        }
+      }
       if (!checksum_ok(slot.subspan(part.offset, part.bytes), w->mine->meta.checksum)) {
         if (!current(g)) return;  // the new epoch may already be writing this slot
         return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "actors/messages.hpp"
 #include "actors/stage_meter.hpp"
@@ -70,12 +71,21 @@ class rollout_worker final : public actor {
     std::uint32_t slot = 0;
     chunk_sent meta;
   };
+  /// A trainer's shared host copy mapped here (and pinned for the device). Chunks that read it
+  /// hold it, so it is unmapped only once its last reader is done.
+  struct mapped_copy {
+    explicit mapped_copy(host_buffer b) : bytes(std::move(b)) {}
+    ~mapped_copy();
+    host_buffer bytes;
+    device_memory* pinned = nullptr;  ///< unpinned from it when the copy goes
+  };
   /// The next chunk this member takes part in.
   struct work {
     std::uint64_t version = 0;
     std::uint32_t chunk = 0;
     std::uint64_t checksum = 0;         ///< the whole chunk's
     std::optional<received> mine;  ///< leaders: the slot holding their stripe
+    std::shared_ptr<const mapped_copy> source;  ///< a device leader's stripe is uploaded from here
   };
   struct version_progress {
     std::vector<bool> applied;                ///< per plan chunk
@@ -121,6 +131,9 @@ class rollout_worker final : public actor {
   bool current(const std::shared_ptr<generation>& g) const { return g == gen_ && !failed_ && !stopped_; }
   void apply(std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
              std::function<void()> done);
+  /// Fiber: the trainer's host copy `ref`, mapped (and pinned for the device) on first use;
+  /// null after failing the job when it cannot be read here.
+  std::shared_ptr<const mapped_copy> map_source(const shared_memory_ref& ref);
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
   bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
   void corrupted(const std::string& reason);
@@ -149,6 +162,12 @@ class rollout_worker final : public actor {
   host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots
   std::optional<region_desc> slots_region_;
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
+  /// Trainers' shared host copies mapped here; dropped when their trainer's process is gone.
+  std::map<shared_memory_ref, std::shared_ptr<const mapped_copy>> sources_;
+  /// Pins a newly mapped copy: seconds for GiBs, so neither on the loop (heartbeats) nor on a pool
+  /// thread (CUDA state on a thread that outlives main crashes the process at exit).
+  std::jthread pinning_;
+  boost::fibers::mutex pinning_mutex_;
   std::byte* device_slots_ = nullptr;  ///< `depth` broadcast slots on the device
   std::shared_ptr<generation> gen_;
   std::uint64_t generations_ = 0;

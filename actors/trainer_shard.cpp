@@ -66,10 +66,15 @@ trainer_shard::~trainer_shard() {
     for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
   }
   if (fibers_ > 0) host().loop().run_until([this] { return fibers_ == 0; });
-  for (auto& c : copies_of_) {
-    if (c.region) host().transport().deregister_region(c.region->id);
-    if (options_.memory && c.bytes.size() > 0) options_.memory->unpin(c.bytes.span());
-  }
+  release_host_copies();
+}
+
+void trainer_shard::release_host_copies() {
+  if (host_copies_region_) host().transport().deregister_region(host_copies_region_->id);
+  host_copies_region_.reset();
+  if (options_.memory && host_copies_.size() > 0) options_.memory->unpin(host_copies_.span());
+  host_copies_ = host_buffer();
+  copies_of_ = {};
 }
 
 void trainer_shard::join() {
@@ -141,19 +146,23 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
     }
   }
   plan_ = std::move(next);
-  // Host copies are allocated and registered once and reused by every version and epoch.
-  for (auto& c : copies_of_) {
-    if (c.bytes.size() == plan_->shard_bytes[shard_]) continue;
-    if (c.region) host().transport().deregister_region(c.region->id);
-    if (options_.memory && c.bytes.size() > 0) options_.memory->unpin(c.bytes.span());
-    c = host_copy{.bytes = host_buffer(plan_->shard_bytes[shard_])};
-    if (options_.memory) {
-      if (auto ec = options_.memory->pin(c.bytes.span())) return fail("cannot pin the host copy: " + ec.message());
+  const auto bytes = plan_->shard_bytes[shard_];
+  const bool shareable = host_copies_.shared_ref().pid != 0;
+  if (host_copies_.size() != 2 * bytes || shareable != plan_->shared_host_copies) {
+    release_host_copies();
+    host_copies_ = plan_->shared_host_copies ? host_buffer::shareable(2 * bytes) : host_buffer(2 * bytes);
+    if (bytes > 0) {
+      if (options_.memory) {
+        if (auto ec = options_.memory->pin(host_copies_.span())) return fail("cannot pin the host copies: " + ec.message());
+      }
+      auto region = host().transport().register_region(host_copies_.span());
+      if (!region) return fail("cannot register the host copies: " + region.error().message());
+      host_copies_region_ = *region;
     }
-    auto region = host().transport().register_region(c.bytes.span());
-    if (!region) return fail("cannot register the host copy: " + region.error().message());
-    c.region = *region;
-    c.checksums.assign(plan_->chunks.size(), 0);
+    for (std::size_t i = 0; i < copies_of_.size(); ++i) {
+      copies_of_[i] = host_copy{.bytes = host_copies_.span().subspan(i * bytes, bytes), .offset = i * bytes};
+      copies_of_[i].checksums.assign(plan_->chunks.size(), 0);
+    }
   }
   changed();
 }
@@ -299,7 +308,11 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
       worker_pool::shared().run(host().loop(), [&] { sent.checksum = XXH3_64bits(bytes, part.bytes); });
       if (!current()) break;
     }
-    if (part.bytes == 0) {  // a small chunk leaves the last stripes empty: nothing to write
+    if (plan->shared_host_copies) {  // the leader reads the stripe in place
+      sent.source = host_copies_.shared_ref();
+      sent.source_offset = copy->offset + c.shard_offset;
+    }
+    if (part.bytes == 0 || plan->shared_host_copies) {  // nothing to write (an empty stripe, or read in place)
       send(r->leader, sent);
       continue;
     }

@@ -84,10 +84,10 @@ class trainer_shard final : public actor {
     std::vector<std::uint64_t> stream_offset;  ///< plan tensor index -> offset in a host copy
     std::vector<std::uint32_t> my_chunks;      ///< this shard's chunk ids, in send order
   };
-  /// One host copy and the version it holds.
+  /// One host copy and the version it holds: a half of `host_copies_`.
   struct host_copy {
-    host_buffer bytes;
-    std::optional<region_desc> region;
+    std::span<std::byte> bytes;
+    std::uint64_t offset = 0;  ///< of `bytes` in `host_copies_`
     std::uint64_t version = 0;
     std::size_t offloaded = 0;  ///< chunks of `version` offloaded so far, in send order
     bool complete = false;
@@ -95,6 +95,8 @@ class trainer_shard final : public actor {
   };
 
   void adopt_plan(const plan_ready& m);
+  /// Unregisters, unpins and frees `host_copies_`.
+  void release_host_copies();
   void start_sending(const update_go& go);
   void run_publish(std::uint64_t version);
   void send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation);
@@ -112,7 +114,11 @@ class trainer_shard final : public actor {
   trainer_options options_;
 
   std::shared_ptr<const shard_plan> plan_;
-  std::array<host_copy, 2> copies_of_;        ///< indexed by version parity
+  /// Both host copies in one buffer, allocated, pinned and registered once and reused by every
+  /// version and epoch; shareable with shared host copies, so a leader maps and pins both at once.
+  host_buffer host_copies_;
+  std::optional<region_desc> host_copies_region_;
+  std::array<host_copy, 2> copies_of_;  ///< indexed by version parity
 
   bool ready_ = false;
   std::uint64_t next_version_ = 1;

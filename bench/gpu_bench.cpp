@@ -2,6 +2,8 @@
 /// same primitives the job uses (cuda_copy_engine, the transport's bulk writes, nccl_broadcast).
 /// bench/gpu_bench.py drives it and the whole-update jobs, and writes bench/results/gpu.md.
 ///   copy DEVICE BYTES CHUNK DEPTH                     D2H then H2D, pinned host ring
+///   host-offload BYTES CHUNK DEPTH                    a host trainer's offload: memcpy from its
+///                                                    tensors into its host copy, on the pool
 ///   p2p-recv DIR SENDERS BYTES CHUNK DEPTH SCHEME [PROVIDER]   the leader's receive slots
 ///   p2p-send DIR INDEX SENDERS BYTES CHUNK DEPTH SCHEME [PROVIDER]   one trainer's writes
 ///   bcast DIR RANK RANKS DEVICE BYTES CHUNK DEPTH [STRIPES]   one member of the instance
@@ -104,6 +106,26 @@ int copy_stage(int device, std::uint64_t bytes, std::uint64_t chunk, std::uint32
       device, static_cast<unsigned long long>(n * chunk), d0, d1, h0, h1);
   memory.release(*dev);
   memory.unpin(ring.span());
+  return 0;
+}
+
+int host_offload_stage(std::uint64_t bytes, std::uint64_t chunk, std::uint32_t depth) {
+  event_loop loop;
+  host_copy_engine engine(loop);
+  const std::uint64_t n = bytes / chunk;
+  host_buffer tensors(n * chunk), copy(n * chunk);  // both faulted in, as in the job
+  std::error_code failure;
+  const double t0 = now_s();
+  pipeline(
+      loop, n, depth,
+      [&](std::uint64_t i, auto done) {
+        engine.async_copy({{copy.data() + i * chunk, tensors.data() + i * chunk, chunk}}, std::move(done));
+      },
+      failure);
+  const double t1 = now_s();
+  if (failure) return std::fprintf(stderr, "host-offload: %s\n", failure.message().c_str()), 1;
+  std::printf("{\"stage\":\"host-offload\",\"bytes\":%llu,\"start\":%.6f,\"end\":%.6f}\n",
+              static_cast<unsigned long long>(n * chunk), t0, t1);
   return 0;
 }
 
@@ -260,6 +282,9 @@ int main(int argc, char** argv) {
   try {
     if (!a.empty() && a[0] == "copy" && a.size() == 5) {
       return copy_stage(std::stoi(a[1]), u64(2), u64(3), static_cast<std::uint32_t>(u64(4)));
+    }
+    if (!a.empty() && a[0] == "host-offload" && a.size() == 4) {
+      return host_offload_stage(u64(1), u64(2), static_cast<std::uint32_t>(u64(3)));
     }
     if (!a.empty() && a[0] == "p2p-recv" && a.size() >= 7) {
       return p2p_recv(a[1], static_cast<std::uint32_t>(u64(2)), u64(3), u64(4),

@@ -6,8 +6,11 @@ writes every raw figure to OUT/gpu.json.
   gpu_bench.py BIN_DIR OUT_DIR [--quick]
 
 BIN_DIR holds `ferry` and `ferry_gpu_bench`. A: trainer on GPU 0, instance on GPUs 1-3 (k = 1, 3
-leaders). B: two trainers on GPUs 0-1, instance on GPUs 2-3 (k = 1, 2). Every process:
-NCCL_NVLS_ENABLE=0. GPU_BENCH_ONLY="A3:1,4;B2" picks scenarios and depths."""
+leaders). B: two trainers on GPUs 0-1, instance on GPUs 2-3 (k = 1, 2). On 2 GPUs: P, GPU 0 to
+GPU 1; H1 and H2, a host-memory trainer to GPUs 0-1 (k = 1, 2). Every process:
+NCCL_NVLS_ENABLE=0. GPU_BENCH_ONLY="A3:1,4;B2" picks scenarios and depths. A scenario name with an
+"s" appended (B2s) runs with --shared-host-copies: leaders read the trainers' host copies in place,
+so there is no P2P stage."""
 import json
 import os
 import statistics
@@ -61,23 +64,27 @@ def span(results, start, end):
     return max(x[end] for x in results) - min(x[start] for x in results)
 
 
-def stages(name, trainers, instance, k):
+def stages(name, trainers, instance, k, shared):
     """Each stage alone as the update runs it: every trainer GPU offloads its share, each of the
-    k leaders receives and uploads its stripe, the instance broadcasts (k = 1) or all-gathers."""
+    k leaders receives (unless it reads in place) and uploads its stripe, the instance broadcasts
+    (k = 1) or all-gathers."""
     s = {}
-    if None not in trainers:  # a host-memory trainer has no D2H
+    if None not in trainers:
         r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // len(trainers)), str(CHUNK), str(DEPTH_STAGE)] for g in trainers])
         s["d2h"] = gbps(sum(x["bytes"] for x in r), span(r, "d2h_start", "d2h_end"))
+    else:  # a host-memory trainer offloads with memcpy on its pool
+        r = run_all([[bench, "host-offload", str(STAGE_BYTES // len(trainers)), str(CHUNK), str(DEPTH_STAGE)]
+                     for _ in trainers])
+        s["host_offload"] = gbps(sum(x["bytes"] for x in r), span(r, "start", "end"))
     r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE)] for g in instance[:k]])
     s["h2d"] = gbps(sum(x["bytes"] for x in r), span(r, "h2d_start", "h2d_end"))
-    # P2P: every trainer process writes its share of each stripe into that leader's slots.
-    dirs = [tempfile.mkdtemp() for _ in range(k)]
-    per_leader = STAGE_BYTES // k
-    args = [str(len(trainers)), str(per_leader), str(CHUNK), str(DEPTH_STAGE), P2P]
-    cmds = [[bench, "p2p-recv", d] + args for d in dirs]
-    cmds += [[bench, "p2p-send", d, str(i)] + args for d in dirs for i in range(len(trainers))]
-    r = [x for x in run_all(cmds, timeout=240) if x]
-    s["p2p"] = gbps(sum(x["bytes"] for x in r), span(r, "start", "end"))
+    if not shared:  # P2P: every trainer process writes its share of each stripe into that leader's slots
+        dirs = [tempfile.mkdtemp() for _ in range(k)]
+        args = [str(len(trainers)), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE), P2P]
+        cmds = [[bench, "p2p-recv", d] + args for d in dirs]
+        cmds += [[bench, "p2p-send", d, str(i)] + args for d in dirs for i in range(len(trainers))]
+        r = [x for x in run_all(cmds, timeout=240) if x]
+        s["p2p"] = gbps(sum(x["bytes"] for x in r), span(r, "start", "end"))
     with tempfile.TemporaryDirectory() as d:
         r = run_all([[bench, "bcast", d, str(rank), str(len(instance)), str(g), str(STAGE_BYTES), str(CHUNK),
                       str(DEPTH_STAGE), str(k)] for rank, g in enumerate(instance)])
@@ -88,13 +95,15 @@ def stages(name, trainers, instance, k):
     return s
 
 
-def job(name, trainers, instance, k, depth):
+def job(name, trainers, instance, k, depth, shared):
     cmd = [ferry, "local", "--gpus", "--trainers", str(len(trainers)), "--instances", "1", "--workers", str(len(instance)),
            "--stripes", str(k), "--chunk-bytes", str(CHUNK), "--depth", str(depth), "--versions", str(VERSIONS),
            "--no-checksums", "--no-verify", "--transport", P2P, "--json", "--timeout", "400"]
     cmd += ["--model-bytes", str(2 * GiB)] if quick else ["--model", "llama3-8b"]
     if None in trainers:
         cmd.append("--host-trainers")
+    if shared:
+        cmd.append("--shared-host-copies")
     t = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=560)
     ok = p.returncode == 0
@@ -130,23 +139,28 @@ for part in (only.split(";") if only else ["A1", "A3", "B1", "B2"]):
 
 tables = []
 for name, depths in picked.items():
-    trainers, instance, k = SCENARIOS[name]
-    s = stages(name, trainers, instance, k)
+    shared = name.endswith("s")
+    trainers, instance, k = SCENARIOS[name.removesuffix("s")]
+    s = stages(name, trainers, instance, k, shared)
     for d in depths:
-        job(name, trainers, instance, k, d)
+        job(name, trainers, instance, k, d, shared)
     jobs = raw["jobs"][name]
     model = max(j["model_bytes"] for j in jobs.values()) or STAGE_BYTES
     collective = "broadcast" if k == 1 else f"all-gather of {k} stripes"
-    rates = {"D2H": s.get("d2h", float("inf")), f"P2P ({P2P}, {len(trainers)} sender(s) to {k} leader(s))": s["p2p"],
+    p2p = "none: leaders read the host copies in place" if shared else f"{P2P}, {len(trainers)} sender(s) to {k} leader(s)"
+    rates = {"D2H": s.get("d2h", float("inf")), "offload (host memcpy)": s.get("host_offload", float("inf")),
+             f"P2P ({p2p})": s.get("p2p", float("inf")),
              f"H2D ({k} leader GPU(s))": s["h2d"], f"NCCL {collective}": s["collective"]}
     slow_name, slow = min(rates.items(), key=lambda kv: kv[1])
     slow_s = model / slow / 1e9
     best_d = min(jobs, key=lambda d: jobs[d]["update_s"])
-    t = [f"### {name}: trainers on GPUs {trainers}, instance on GPUs {instance}, k = {k}", "",
+    t = [f"### {name}: trainers on GPUs {trainers}, instance on GPUs {instance}, k = {k}"
+         f"{', shared host copies' if shared else ''}", "",
          "| stage alone | GB/s | seconds for the model |", "| --- | ---: | ---: |"]
     t += [f"| {n} | {v:.1f} | {model / v / 1e9:.3f} |" for n, v in rates.items() if v != float("inf")]
     t += ["", f"slowest stage: {slow_name}; model {model / 1e9:.2f} GB", "",
-          "| depth | update s | whole update / slowest stage | trainer stall / whole update | update GB/s | depth-1 / this depth | rollout GPUs verified |",
+          "| depth | update s | whole update / slowest stage | trainer stall / whole update | update GB/s | "
+          f"depth-{depths[0]} / this depth | rollout GPUs verified |",
           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for d in depths:
         j = jobs[d]
@@ -154,19 +168,22 @@ for name, depths in picked.items():
                  f"{model / j['update_s'] / 1e9:.1f} | {jobs[depths[0]]['update_s'] / j['update_s']:.2f} | "
                  f"{j['gpus_verified']}/{len(instance)} |")
     b = jobs[best_d]
-    stall = (f"; stall at best depth / D2H alone: {b['stall_s'] / (model / rates['D2H'] / 1e9):.2f}"
-             if rates["D2H"] != float("inf") else "")
-    t += ["", f"depth-1 / best depth ({best_d}): {jobs[depths[0]]['update_s'] / b['update_s']:.2f}{stall}", "",
+    offload = "D2H" if "d2h" in s else "offload (host memcpy)"
+    stall = f"; stall at best depth / {offload} alone: {b['stall_s'] / (model / rates[offload] / 1e9):.2f}"
+    t += ["", f"depth-{depths[0]} / best depth ({best_d}): {jobs[depths[0]]['update_s'] / b['update_s']:.2f}{stall}", "",
           f"Stages inside the update at depth {best_d} (busy seconds of the busiest participant, against "
           f"{b['update_s']:.3f} s for the whole update): " +
           ", ".join(f"{n} {v:.3f}" for n, v in b["busy"].items()), ""]
     tables.append("\n".join(t))
 
-for x, y in (("B2", "B1"), ("A3", "A1"), ("H2", "H1")):
+# Striped against one leader, and shared host copies against P2P writes, of whatever ran.
+pairs = [(f"{a}{s}", f"{b}{t}") for a, b in (("B2", "B1"), ("A3", "A1"), ("H2", "H1")) for s, t in (("", ""), ("s", "s"), ("s", ""))]
+pairs += [(f"{n}s", n) for n in SCENARIOS]
+for x, y in dict.fromkeys(pairs):
     if x in raw["jobs"] and y in raw["jobs"]:
         fx = min(j["update_s"] for j in raw["jobs"][x].values())
         fy = min(j["update_s"] for j in raw["jobs"][y].values())
-        tables.append(f"{x} (striped) against {y} at their best depths: {fy / fx:.2f}x faster\n")
+        tables.append(f"{x} against {y} at their best depths: {fy / fx:.2f}x faster\n")
 
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, "gpu.json"), "w") as f:

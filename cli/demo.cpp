@@ -13,7 +13,8 @@ namespace ferry::cli {
 namespace {
 
 /// `ferry demo --gpu`: the same job as processes, one per GPU of this host. Unless flags say
-/// otherwise: one trainer shard, one instance of the other GPUs, P2P through cma.
+/// otherwise: one trainer shard, one instance of the other GPUs, and (one host) the leaders read
+/// the trainer's host copy in place, with cma for the control links and any write.
 int run_gpu_demo(const CLI::App& demo, const job_config& config, bool json) {
   process_flags f{.job = config, .json = json, .gpus = true};
   const int gpus = visible_gpus();
@@ -21,10 +22,14 @@ int run_gpu_demo(const CLI::App& demo, const job_config& config, bool json) {
   if (!demo.count("--instances")) f.job.instances = 1;
   if (!demo.count("--workers") && gpus > static_cast<int>(f.job.trainers))
     f.job.workers_per_instance = (gpus - f.job.trainers) / f.job.instances;
-  if (!demo.count("--transport")) f.job.transport = "cma";
+  if (!demo.count("--transport")) {
+    f.job.transport = "cma";
+    f.job.shared_host_copies = true;
+  }
   if (gpus < 2) return std::fprintf(stderr, "ferry demo --gpu: needs 2 GPUs or more, %d visible\n", gpus), 2;
-  log::info("demo: {} trainer GPU(s), {} instance(s) x {} GPUs, {} MiB model, over {}", f.job.trainers, f.job.instances,
-            f.job.workers_per_instance, f.job.model_bytes >> 20, f.job.transport);
+  log::info("demo: {} trainer GPU(s), {} instance(s) x {} GPUs, {} MiB model, over {}{}", f.job.trainers,
+            f.job.instances, f.job.workers_per_instance, f.job.model_bytes >> 20, f.job.transport,
+            f.job.shared_host_copies ? ", leaders reading the trainers' host copies in place" : "");
   return run_local(f);
 }
 
@@ -40,7 +45,7 @@ void add_demo(CLI::App& app, command_table& commands) {
   demo->add_flag("--json", *json, "print one JSON object instead of the table");
   demo->add_flag("--gpu", *gpu,
                  "the job on this host's GPUs instead, one process per GPU (by default one trainer and one "
-                 "instance of the other GPUs, over cma)");
+                 "instance of the other GPUs; without --transport, leaders read the trainer's host copy in place)");
 
   auto run = [demo, config, json, gpu] {
     if (*gpu) return run_gpu_demo(*demo, *config, *json);

@@ -89,7 +89,8 @@ int run_coordinator(const process_flags& f) {
                   .instance_sizes = std::vector<std::uint32_t>(f.job.instances, f.job.workers_per_instance),
                   .chunk_bytes = f.job.chunk_bytes,
                   .depth = f.job.depth,
-                  .stripes = f.job.stripes};
+                  .stripes = f.job.stripes,
+                  .shared_host_copies = f.job.shared_host_copies};
   // GPU nodes pin tens of GiB on their loop thread at plan time: give their heartbeats room.
   shape.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
   coordinator coord(host, job_actor, shape);
@@ -427,6 +428,7 @@ std::vector<std::string> job_args(const std::string& self, const std::string& co
 std::vector<std::string> with_process_flags(const process_flags& f, std::vector<std::string> args) {
   if (!f.job.checksums) args.push_back("--no-checksums");
   if (!f.job.verify) args.push_back("--no-verify");
+  if (f.job.shared_host_copies) args.push_back("--shared-host-copies");
   args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
   if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
   if (f.model != "synthetic") args.insert(args.end(), {"--model", f.model});

@@ -20,6 +20,9 @@ void add_job_options(CLI::App& app, job_config& c) {
   app.add_option("--versions", c.versions, "versions to publish")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--transport", c.transport, "inproc, tcp, cma (tcp links, same-host copies) or fabric")
       ->check(CLI::IsMember({"inproc", "tcp", "cma", "fabric"}))->capture_default_str();
+  app.add_flag("--shared-host-copies", c.shared_host_copies,
+               "trainers keep host copies in shared memory and leaders read chunks there in place, "
+               "with no point-to-point copy (every node on one host)");
   app.add_flag("!--no-checksums", c.checksums, "skip the per-chunk xxh3 check (benchmarks)");
   app.add_flag("!--no-verify", c.verify, "skip per-tensor digests and the final byte compare");
 }

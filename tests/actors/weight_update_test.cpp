@@ -46,10 +46,8 @@ INSTANTIATE_TEST_SUITE_P(weight_update, depths, ::testing::Values(1u, 2u, 4u, 8u
 /// instance all-gathers; k = 1 is the classic point-to-point + broadcast.
 class stripes : public ::testing::TestWithParam<std::tuple<std::string, std::uint32_t>> {};
 
-TEST_P(stripes, every_stripe_count_delivers_the_same_bytes) {
-  auto c = small_job();
-  c.transport = std::get<0>(GetParam());
-  c.stripes = std::get<1>(GetParam());
+/// Runs `c` (3 versions) and checks that each arrived verified, through `c.stripes` leaders.
+void expect_every_version_verified(const job_config& c) {
   const auto r = run_local_job(c);
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_TRUE(r.verified) << r.error;
@@ -57,8 +55,27 @@ TEST_P(stripes, every_stripe_count_delivers_the_same_bytes) {
   ASSERT_EQ(r.versions.size(), 3u);
   for (const auto& v : r.versions) EXPECT_TRUE(v.verified);
 }
+
+TEST_P(stripes, every_stripe_count_delivers_the_same_bytes) {
+  auto c = small_job();
+  c.transport = std::get<0>(GetParam());
+  c.stripes = std::get<1>(GetParam());
+  expect_every_version_verified(c);
+}
 INSTANTIATE_TEST_SUITE_P(weight_update, stripes,
                          ::testing::Combine(::testing::Values("inproc", "tcp"), ::testing::Values(1u, 2u, 3u)));
+
+/// Shared host copies: leaders read each chunk in the trainer's host copy instead of receiving a
+/// write (host leaders copy it into their receive slot for the chain).
+class shared_host_copies : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(shared_host_copies, leaders_reading_in_place_deliver_the_same_bytes) {
+  auto c = small_job();
+  c.stripes = GetParam();
+  c.shared_host_copies = true;
+  expect_every_version_verified(c);
+}
+INSTANTIATE_TEST_SUITE_P(weight_update, shared_host_copies, ::testing::Values(1u, 3u));
 
 TEST(weight_update, chunks_too_small_for_every_stripe_leave_some_empty) {
   auto c = small_job();

@@ -62,7 +62,12 @@ void for_each_message(F&& f) {
   f(job_stop{.reason = "done"});
   f(publish_started{.shard = 1, .version = 9});
   f(shard_offloaded{.shard = 1, .version = 9, .seconds = 0.125});
-  f(chunk_sent{.version = 9, .chunk = 4, .slot = 1, .checksum = 0xfeedull});
+  f(chunk_sent{.version = 9,
+               .chunk = 4,
+               .slot = 1,
+               .checksum = 0xfeedull,
+               .source = {.pid = 4242, .fd = 7, .inode = 99, .host = 1, .bytes = 1 << 20},
+               .source_offset = 4096});
   f(slot_free{.slot = 1});
   f(chunk_announce{.version = 9, .chunk = 4, .checksum = 0xfeedull});
   f(version_complete{

@@ -12,6 +12,7 @@
 #include "runtime/actor.hpp"
 #include "runtime/messages.hpp"
 #include "runtime/node.hpp"
+#include "runtime/same_host.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/errc.hpp"
 
@@ -404,7 +405,7 @@ TEST(cma_links, failed_copies_are_acked_with_their_error_and_the_link_stays) {
 
   // A hand-driven writer: node 1 on a raw socket, naming sources in this process.
   const auto here = static_cast<std::uint32_t>(::getpid());
-  const auto host = tcp_link::same_host_tag();
+  const auto host = same_host_tag();
   auto address = [](const void* p) {
     return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
   };

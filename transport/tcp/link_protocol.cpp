@@ -1,10 +1,6 @@
 #include "transport/tcp/link_protocol.hpp"
 
-#include <sys/stat.h>
-#include <xxhash.h>
-
 #include <algorithm>
-#include <fstream>
 #include <string>
 
 namespace ferry::tcp_link {
@@ -199,16 +195,6 @@ std::optional<write_ack> parse_write_ack(std::span<const std::byte> body) {
   a.id = r.be<std::uint64_t>();
   a.status = r.be<std::uint16_t>();
   return a;
-}
-
-std::uint64_t same_host_tag() {
-  std::string boot_id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  struct stat ns {};
-  if (::stat("/proc/self/ns/pid", &ns) == 0) {
-    boot_id += "/pid:" + std::to_string(ns.st_dev) + ":" + std::to_string(ns.st_ino);
-  }
-  return XXH3_64bits(boot_id.data(), boot_id.size());
 }
 
 }  // namespace ferry::tcp_link

@@ -111,8 +111,4 @@ std::optional<write_header> parse_write(std::span<const std::byte> body);
 std::optional<write_ack> parse_write_ack(std::span<const std::byte> body);
 std::optional<local_write_header> parse_local_write(std::span<const std::byte> body);
 
-/// This process's host and pid namespace as 64 bits: a hash of the kernel's boot id and of the
-/// pid namespace's inode. Two processes may copy from each other by pid only if theirs are equal.
-std::uint64_t same_host_tag();
-
 }  // namespace ferry::tcp_link

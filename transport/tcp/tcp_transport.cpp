@@ -12,6 +12,7 @@
 #include <deque>
 
 #include "runtime/log.hpp"
+#include "runtime/same_host.hpp"
 #include "transport/errc.hpp"
 #include "transport/tcp/link_protocol.hpp"
 
@@ -676,7 +677,7 @@ std::error_code tcp_transport::start(transport_events events) {
     ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     copier_ = std::make_unique<process_copier>(loop_, options_.copy_threads);
     pid_ = ::getpid();
-    host_tag_ = tcp_link::same_host_tag();
+    host_tag_ = same_host_tag();
     log::debug("tcp {}: same-host copies (cma) on {} threads", self_, copier_->threads());
   }
   events_ = std::move(events);

@@ -131,7 +131,7 @@ class tcp_transport final : public transport, public std::enable_shared_from_thi
   /// Same-host mode, while open: copies incoming writes.
   std::unique_ptr<process_copier> copier_;
   pid_t pid_ = 0;               ///< ours, named in our LOCAL_WRITE frames
-  std::uint64_t host_tag_ = 0;  ///< `tcp_link::same_host_tag()`
+  std::uint64_t host_tag_ = 0;  ///< `same_host_tag()`
 };
 
 }  // namespace ferry
