@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
                                       .length = region};
       ferry_run(loop, *t, remote, src, max_size, window, 2 * window);
       for (auto size : sizes) {
-        by_size[size].by_way["ferry"].gbps.push_back(
+        by_size[size].by_way[ways[2]].gbps.push_back(
             ferry_run(loop, *t, remote, src, size, window, count_for(size)));
       }
       t->close();
