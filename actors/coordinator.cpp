@@ -12,15 +12,15 @@ namespace {
 std::string worker_name(std::uint32_t instance, std::uint32_t rank) {
   return std::to_string(instance) + "." + std::to_string(rank);
 }
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+double ms_between(clock::time_point from, clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
 }
 }  // namespace
 
 template <message M>
 void coordinator::handle(std::function<void(const envelope_header&, const M&)> fn) {
   on<M>([this, fn = std::move(fn)](const envelope_header& h, const M& m) {
-    last_seen_[h.from.node] = std::chrono::steady_clock::now();
+    last_seen_[h.from.node] = host().clock().now();
     if (!stopping_) fn(h, m);
   });
 }
@@ -75,7 +75,7 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) { lost(h.from.node, "left: " + m.reason); });
   handle<publish_started>([this](const envelope_header&, const publish_started& m) {
     auto& v = versions_[m.version];
-    if (!v.started) v.started = std::chrono::steady_clock::now();
+    if (!v.started) v.started = this->host().clock().now();
     published_ = std::max(published_, m.version);
     resume();
   });
@@ -137,7 +137,7 @@ void coordinator::broadcast_all(F make) {
 void coordinator::watch_heartbeats() {
   heartbeat_timer_ = host().clock().async_wait(shape_.heartbeat_timeout / 4, [this](std::error_code ec) {
     if (ec || stopping_) return;
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = host().clock().now();
     std::vector<node_id> silent;
     auto check = [&](const address& who) {
       auto it = last_seen_.find(who.node);
@@ -197,7 +197,7 @@ bool coordinator::leads(const address& worker) const {
 void coordinator::regroup(const std::string& reason) {
   if (failed_) return;
   if (!regroup_since_) {
-    regroup_since_ = std::chrono::steady_clock::now();
+    regroup_since_ = host().clock().now();
     regroup_reason_ = reason;
   } else {
     regroup_reason_ += "; " + reason;
@@ -311,7 +311,7 @@ void coordinator::plan_in_force() {
   for (const auto& [rank, t] : trainers_) send(t.who, ready);
   if (regroup_since_) {
     const regroup_report r{.epoch = epoch(),
-                           .milliseconds = ms_since(*regroup_since_),
+                           .milliseconds = ms_between(*regroup_since_, host().clock().now()),
                            .reason = regroup_reason_,
                            .leaders_lost_mid_update = std::exchange(leaders_lost_mid_update_, 0),
                            .leaders = leader_nodes()};
@@ -404,7 +404,7 @@ void coordinator::check_complete() {
     delivered_ = version;
     const version_report report{.version = version,
                                 .bytes = plan_->total_bytes(),
-                                .seconds = v.started ? ms_since(*v.started) / 1e3 : 0,
+                                .seconds = v.started ? ms_between(*v.started, host().clock().now()) / 1e3 : 0,
                                 .offloaded_seconds = v.offloaded_seconds,
                                 .busy = v.busy,
                                 .workers = static_cast<std::uint32_t>(workers_.size()),

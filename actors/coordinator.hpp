@@ -9,6 +9,7 @@
 
 #include "actors/messages.hpp"
 #include "runtime/actor.hpp"
+#include "runtime/clock.hpp"
 
 namespace ferry {
 
@@ -102,7 +103,7 @@ class coordinator final : public actor {
     }
   };
   struct version_state {
-    std::optional<std::chrono::steady_clock::time_point> started;
+    std::optional<clock::time_point> started;
     double offloaded_seconds = 0;
     std::uint32_t shards_done = 0;
     std::map<std::uint32_t, tensor_digest> trainer_digests;
@@ -139,14 +140,14 @@ class coordinator final : public actor {
   job_shape shape_;
   std::map<std::uint32_t, trainer_entry> trainers_;
   std::map<worker_key, worker_entry> workers_;
-  std::map<node_id, std::chrono::steady_clock::time_point> last_seen_;
+  std::map<node_id, clock::time_point> last_seen_;
   std::optional<plan> plan_;
   region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer
   bool started_ = false;   ///< the first plan was made
   bool in_force_ = false;  ///< every worker is ready for the current epoch
   bool failed_ = false;
   bool stopping_ = false;
-  std::optional<std::chrono::steady_clock::time_point> regroup_since_;
+  std::optional<clock::time_point> regroup_since_;
   std::string regroup_reason_;
   std::uint32_t leaders_lost_mid_update_ = 0;  ///< since the regroup began
   std::uint32_t regroups_ = 0;

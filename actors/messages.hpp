@@ -9,7 +9,7 @@
 #include "actors/tensor.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/message_registry.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
 

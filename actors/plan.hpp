@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "actors/tensor.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
 

@@ -1,39 +1,32 @@
 #include "actors/rollout_worker.hpp"
 
-#include <signal.h>
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
-#include "collectives/host/chain_broadcast.hpp"
 #include "runtime/await.hpp"
+#include "runtime/copy_engine.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
-#include "runtime/worker_pool.hpp"
 
 namespace ferry {
-namespace {
-
-bool process_gone(std::int32_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
-
-}  // namespace
 
 rollout_worker::mapped_copy::~mapped_copy() {
   if (pinned) pinned->unpin(bytes.span());
 }
 
 rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
-                               std::uint32_t rank, std::vector<tensor_ref> tensors, copy_engine& copies,
-                               worker_options options)
+                               std::uint32_t rank, std::vector<tensor_ref> tensors, worker_options options)
     : actor(host, id),
       coordinator_(coordinator),
       instance_(instance),
       rank_(rank),
       tensors_(std::move(tensors)),
-      copies_(copies),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      upload_meter_(host.env(), host.id(), stage::upload),
+      broadcast_meter_(host.env(), host.id(), stage::broadcast),
+      apply_meter_(host.env(), host.id(), stage::apply) {
   for (auto& t : tensors_) {
     if (t.data) continue;
     owned_.emplace_back(t.spec.nbytes);
@@ -147,7 +140,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   plan_ = std::move(next);
   set_epoch(plan_->epoch);
   // A regroup may follow a trainer's death: let go of its host copies (readers keep theirs).
-  std::erase_if(sources_, [](const auto& s) { return process_gone(s.first.pid); });
+  std::erase_if(sources_, [this](const auto& s) { return !host().env().platform().process_alive(s.first.pid); });
   const auto& inst = *it;
   // The collective's ranks: the leaders in stripe order (rank s owns stripe s), then the others.
   std::vector<address> members;
@@ -197,8 +190,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   g->stripe = stripe;
   g->credits = std::make_unique<slot_counter>(plan_->depth);
   for (std::uint32_t i = 0; i < plan_->depth; ++i) g->free_slots.push_back(i);
-  g->broadcast = options_.make_broadcast ? options_.make_broadcast(*this, members, plan_->epoch)
-                                         : std::make_unique<chain_broadcast>(*this, members, plan_->epoch, chain_tag);
+  g->broadcast = options_.make_broadcast(*this, members, plan_->epoch);
   gen_ = g;
   changed();
 
@@ -213,6 +205,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   });
   // The old epoch's readers of the staging (apply, upload) finish first, so that no write of the
   // new epoch lands under them; then the worker says what it holds.
+  if (in_flight_ > 0) note("new epoch waits for old readers");
   ++fibers_;
   host().loop().spawn([this, g] {
     if (wait_for([&] { return g != gen_ || in_flight_ == 0; }) && g == gen_) {
@@ -239,7 +232,8 @@ worker_ready rollout_worker::holdings() const {
 
 void rollout_worker::on_slot_landed(write_imm imm) {
   const auto value = imm_value(imm);
-  if (!gen_ || !imm_of_epoch(value, epoch())) return;  // a write of an older epoch landing late
+  if (!gen_) return;
+  if (!imm_of_epoch(value, epoch())) return note("stale write dropped");  // an older epoch's, landing late
   const std::uint32_t slot = imm_number(value);
   auto& g = *gen_;
   if (auto it = g.sent.find(slot); it != g.sent.end()) {
@@ -270,22 +264,18 @@ void rollout_worker::on_chunk_sent(const chunk_sent& m) {
 std::shared_ptr<const rollout_worker::mapped_copy> rollout_worker::map_source(const shared_memory_ref& ref) {
   if (auto it = sources_.find(ref); it != sources_.end()) return it->second;
   std::string why;
-  auto mapped = host_buffer::map_shared(ref, why);
+  auto mapped = host().env().platform().map_shared(ref, why);
   if (!mapped) {
     fail("cannot read a trainer's host copy in place (every trainer and leader must share one host): " + why);
     return nullptr;
   }
   auto copy = std::make_shared<mapped_copy>(std::move(*mapped));
   if (on_device()) {
-    std::unique_lock one_at_a_time(pinning_mutex_);  // another fiber's pin: wait for it as a fiber
-    if (pinning_.joinable()) pinning_.join();         // done: it posted its completion and returns
-    std::error_code pinned;
-    await<>([&](auto done) {
-      pinning_ = std::jthread([&, done = std::move(done)]() mutable {
-        pinned = options_.memory->pin(copy->bytes.span());
-        host().loop().post(std::move(done));
-      });
-    });
+    auto [pinned] = await<std::error_code>(
+        [&](auto done) {
+          host().env().platform().async_blocking([memory = options_.memory, bytes = copy->bytes.span()] { return memory->pin(bytes); },
+                                                 std::move(done));
+        });
     if (pinned) {
       fail("cannot pin a trainer's host copy: " + pinned.message());
       return nullptr;
@@ -302,7 +292,7 @@ std::shared_ptr<const rollout_worker::mapped_copy> rollout_worker::map_source(co
 bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected) {
   if (!options_.checksums || expected == 0) return true;
   std::uint64_t actual = 0;
-  worker_pool::shared().run(host().loop(), [&] { actual = XXH3_64bits(bytes.data(), bytes.size()); });
+  host().env().cpu().run(bytes.size(), [&] { actual = XXH3_64bits(bytes.data(), bytes.size()); });
   return actual == expected;
 }
 
@@ -354,7 +344,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
           slot = in_place;
           w->source = std::move(copy);
         } else {  // the host chain broadcasts from registered memory: the receive slot
-          worker_pool::shared().run(host().loop(), [&] {
+          host().env().cpu().run(part.bytes, [&] {
             std::memcpy(slot.data() + part.offset, in_place.data() + part.offset, part.bytes);
           });
           if (!current(g)) return;
@@ -407,10 +397,10 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
   if (!w.mine || !on_device()) return collect(g, w, target, finish);
   // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
   const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
-  upload_meter_.begin();
-  copies_.async_copy({{target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
+  const auto began = upload_meter_.begin();
+  host().env().copies().async_copy({{target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
                      [=, this](std::error_code ec) {
-                       upload_meter_.end();
+                       upload_meter_.end(began, w.version, w.chunk, part.bytes);
                        free_slot();
                        if (ec) fail("upload of chunk " + std::to_string(c.id) + " failed: " + ec.message());
                        collect(g, w, target, finish);
@@ -425,18 +415,18 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w
     auto both = [pending, finish] {
       if (--*pending == 0) finish(true);
     };
-    broadcast_meter_.begin();
-    g->broadcast->async_broadcast(target, [this, both, g](std::error_code ec) {
-      broadcast_meter_.end();
+    const auto began = broadcast_meter_.begin();
+    g->broadcast->async_broadcast(target, [this, both, g, w, began, bytes = target.bytes.size()](std::error_code ec) {
+      broadcast_meter_.end(began, w.version, w.chunk, bytes);
       // A member died or the epoch moved on: the regroup resends what the instance lacks.
       if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
       both();
     });
     return apply(w.version, w.chunk, target.bytes, both);
   }
-  broadcast_meter_.begin();
-  auto collected = [this, g, w, target, finish](std::error_code ec) {
-    broadcast_meter_.end();
+  const auto began = broadcast_meter_.begin();
+  auto collected = [this, g, w, target, finish, began](std::error_code ec) {
+    broadcast_meter_.end(began, w.version, w.chunk, target.bytes.size());
     if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
     if (ec || !current(g)) return finish(false);  // the regroup resends what is missing
     // Who did not receive the whole chunk from a trainer verifies it, off the loop. Device slots
@@ -444,8 +434,8 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w
     auto actual = std::make_shared<std::uint64_t>(0);
     const bool check = options_.checksums && w.checksum != 0 && !on_device();
     const auto bytes = target.bytes;
-    worker_pool::shared().async_run(
-        host().loop(), [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
+    host().env().cpu().async_run(
+        check ? bytes.size() : 0, [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
         [this, g, w, check, actual, bytes, finish] {
           if (!current(g)) return finish(false);  // the new epoch may already be writing this slot
           if (check && *actual != w.checksum) {
@@ -467,15 +457,16 @@ buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t byte
   return {.bytes = {slots_.data() + offset, bytes}, .region = *slots_region_, .offset = offset};
 }
 
-void rollout_worker::apply(std::uint64_t, std::uint32_t chunk, std::span<const std::byte> bytes,
+void rollout_worker::apply(std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
                            std::function<void()> done) {
   std::vector<copy_piece> pieces;
   for (const auto& p : plan_->chunks[chunk].pieces) {
     pieces.push_back({tensors_[plan_->local_of[p.tensor]].data + p.tensor_offset, bytes.data() + p.chunk_offset, p.bytes});
   }
-  apply_meter_.begin();
-  copies_.async_copy(std::move(pieces), [this, chunk, done = std::move(done)](std::error_code ec) {
-    apply_meter_.end();
+  const auto began = apply_meter_.begin();
+  host().env().copies().async_copy(std::move(pieces), [this, version, chunk, began, bytes = bytes.size(),
+                                                       done = std::move(done)](std::error_code ec) {
+    apply_meter_.end(began, version, chunk, bytes);
     if (ec) fail("apply of chunk " + std::to_string(chunk) + " failed: " + ec.message());
     done();
   });
@@ -529,8 +520,10 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
     });
     return;
   }
-  worker_pool::shared().async_run(
-      host().loop(),
+  std::uint64_t model_bytes = 0;
+  for (const auto& t : tensors_) model_bytes += t.spec.nbytes;
+  host().env().cpu().async_run(
+      model_bytes,
       [this, report, plan = plan_] {
         for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
           const auto& t = tensors_[plan->local_of[i]];
@@ -556,13 +549,13 @@ void rollout_worker::digest_through_host(version_complete& report) {
     const std::byte* bytes = t.data;
     if (t.device >= 0) {
       auto [ec] = await<std::error_code>([&](auto done) {
-        copies_.async_copy({{digest_bounce_.data(), t.data, t.spec.nbytes}}, std::move(done));
+        host().env().copies().async_copy({{digest_bounce_.data(), t.data, t.spec.nbytes}}, std::move(done));
       });
       if (ec) return fail("cannot read tensor '" + t.spec.name + "' for its digest: " + ec.message());
       bytes = digest_bounce_.data();
     }
     XXH128_hash_t h{};
-    worker_pool::shared().run(host().loop(), [&] { h = XXH3_128bits(bytes, t.spec.nbytes); });
+    host().env().cpu().run(t.spec.nbytes, [&] { h = XXH3_128bits(bytes, t.spec.nbytes); });
     report.digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
   }
 }

@@ -11,7 +11,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <thread>
 
 #include "actors/messages.hpp"
 #include "actors/stage_meter.hpp"
@@ -19,15 +18,10 @@
 #include "collectives/broadcast.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
-#include "runtime/copy_engine.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
 
 namespace ferry {
-
-/// Builds the instance's broadcast group for an epoch; every member calls it with the same members.
-using broadcast_factory = std::function<std::unique_ptr<broadcast_group>(
-    actor& owner, const std::vector<address>& members, std::uint32_t epoch)>;
 
 struct worker_options {
   bool checksums = true;  ///< verify each chunk's xxh3-64 before applying it
@@ -36,7 +30,7 @@ struct worker_options {
   /// its receive slot. A device: every member has `depth` device slots and a leader uploads
   /// each received chunk into one (the UPLOAD stage) before broadcasting it.
   device_memory* memory = nullptr;
-  /// The broadcast group; null: the host chain over the transport.
+  /// Builds the instance's broadcast group for each epoch (the host chain, NCCL, ...); required.
   broadcast_factory make_broadcast;
   std::chrono::milliseconds heartbeat_interval{250};
 };
@@ -46,8 +40,9 @@ class rollout_worker final : public actor {
  public:
   /// `tensors` say where each tensor lands; a null `data` makes the worker keep the bytes itself
   /// (read them in `on_tensor`).
+  /// Copies, CPU work and the platform go through `host`'s environment.
   rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
-                 std::vector<tensor_ref> tensors, copy_engine& copies, worker_options options = {});
+                 std::vector<tensor_ref> tensors, worker_options options);
   ~rollout_worker() override;
 
   /// Registers with the coordinator.
@@ -153,7 +148,6 @@ class rollout_worker final : public actor {
   std::vector<tensor_ref> tensors_;
   std::vector<host_buffer> owned_;
   host_buffer digest_bounce_;  ///< device tensors: host bytes to hash, the largest tensor's size
-  copy_engine& copies_;
   worker_options options_;
 
   std::shared_ptr<const worker_plan> plan_;
@@ -164,10 +158,6 @@ class rollout_worker final : public actor {
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
   /// Trainers' shared host copies mapped here; dropped when their trainer's process is gone.
   std::map<shared_memory_ref, std::shared_ptr<const mapped_copy>> sources_;
-  /// Pins a newly mapped copy: seconds for GiBs, so neither on the loop (heartbeats) nor on a pool
-  /// thread (CUDA state on a thread that outlives main crashes the process at exit).
-  std::jthread pinning_;
-  boost::fibers::mutex pinning_mutex_;
   std::byte* device_slots_ = nullptr;  ///< `depth` broadcast slots on the device
   std::shared_ptr<generation> gen_;
   std::uint64_t generations_ = 0;

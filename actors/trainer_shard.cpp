@@ -5,18 +5,19 @@
 #include "collectives/broadcast.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
-#include "runtime/worker_pool.hpp"
+#include "runtime/copy_engine.hpp"
 
 namespace ferry {
 
 trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::uint32_t shard,
-                             std::vector<tensor_ref> tensors, copy_engine& copies, trainer_options options)
+                             std::vector<tensor_ref> tensors, trainer_options options)
     : actor(host, id),
       coordinator_(coordinator),
       shard_(shard),
       tensors_(std::move(tensors)),
-      copies_(copies),
-      options_(options) {
+      options_(options),
+      offload_meter_(host.env(), host.id(), stage::offload),
+      send_meter_(host.env(), host.id(), stage::send) {
   on<plan_ready>([this](const envelope_header&, const plan_ready& m) { adopt_plan(m); });
   on<job_ready>([this](const envelope_header& h, const job_ready& m) {
     if (h.epoch != epoch()) return;
@@ -204,12 +205,11 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
 }
 
 void trainer_shard::run_publish(std::uint64_t version) {
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = host().clock().now();
   const auto plan = plan_;  // a regroup during the offload must not pull the chunk table away
   auto& copy = copies_of_[version % 2];
   copy.version = version;
   copy.offloaded = 0;
-  copy.complete = false;
   offload_meter_.reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
@@ -221,29 +221,28 @@ void trainer_shard::run_publish(std::uint64_t version) {
       const auto& t = tensors_[plan->local_of[p.tensor]];
       pieces.push_back({copy.bytes.data() + c.shard_offset + p.chunk_offset, t.data + p.tensor_offset, p.bytes});
     }
-    offload_meter_.begin();
-    auto [ec] = await<std::error_code>([&](auto done) { copies_.async_copy(std::move(pieces), std::move(done)); });
+    const auto began = offload_meter_.begin();
+    auto [ec] = await<std::error_code>([&](auto done) { host().env().copies().async_copy(std::move(pieces), std::move(done)); });
     if (ec) {
-      offload_meter_.end();
+      offload_meter_.end(began, version, id, c.bytes);
       return fail("offload of chunk " + std::to_string(id) + " failed: " + ec.message());
     }
     if (options_.checksums) {
       const std::byte* bytes = copy.bytes.data() + c.shard_offset;
-      worker_pool::shared().run(host().loop(), [&] { copy.checksums[id] = XXH3_64bits(bytes, c.bytes); });
+      host().env().cpu().run(c.bytes, [&] { copy.checksums[id] = XXH3_64bits(bytes, c.bytes); });
     }
-    offload_meter_.end();
+    offload_meter_.end(began, version, id, c.bytes);
     ++copy.offloaded;
     changed();
     if (stopped_ || failed_) return;
   }
-  copy.complete = true;
-  const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double stall = std::chrono::duration<double>(host().clock().now() - started).count();
   send(coordinator_, shard_offloaded{.shard = shard_, .version = version, .seconds = stall});
   if (on_offloaded) on_offloaded(version, stall);
 
   shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_meter_.seconds()}};
   if (options_.digests) {
-    worker_pool::shared().run(host().loop(), [&] {
+    host().env().cpu().run(plan->shard_bytes[shard_], [&] {
       for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
         if (plan->local_of[i] < 0 || plan->owner[i] != shard_) continue;
         const auto h = XXH3_128bits(copy.bytes.data() + plan->stream_offset[i], plan->tensors[i].nbytes);
@@ -305,7 +304,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     chunk_sent sent{.version = version, .chunk = id, .slot = slot, .checksum = copy->checksums[id],
                     .chunk_checksum = copy->checksums[id]};
     if (r->stripes > 1 && options_.checksums) {
-      worker_pool::shared().run(host().loop(), [&] { sent.checksum = XXH3_64bits(bytes, part.bytes); });
+      host().env().cpu().run(part.bytes, [&] { sent.checksum = XXH3_64bits(bytes, part.bytes); });
       if (!current()) break;
     }
     if (plan->shared_host_copies) {  // the leader reads the stripe in place
@@ -317,13 +316,13 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
       continue;
     }
     ++r->in_flight;
-    send_meter_.begin();
+    const auto began = send_meter_.begin();
     // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
     host().transport().async_write(
         std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->chunk_bytes + part.offset,
         make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)),
-        [this, r, sent, generation](std::error_code ec) {
-          send_meter_.end();
+        [this, r, sent, generation, began, bytes = part.bytes](std::error_code ec) {
+          send_meter_.end(began, sent.version, sent.chunk, bytes);
           --r->in_flight;
           changed();
           if (generation != send_generation_) return;

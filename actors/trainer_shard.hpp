@@ -15,7 +15,6 @@
 #include "actors/stage_meter.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
-#include "runtime/copy_engine.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
 
@@ -36,8 +35,9 @@ struct trainer_options {
 /// Owning loop only.
 class trainer_shard final : public actor {
  public:
+  /// Copies and CPU work go through `host`'s environment.
   trainer_shard(node& host, actor_id id, address coordinator, std::uint32_t shard, std::vector<tensor_ref> tensors,
-                copy_engine& copies, trainer_options options = {});
+                trainer_options options = {});
   ~trainer_shard() override;
 
   /// Registers the shard's tensors with the coordinator.
@@ -90,7 +90,6 @@ class trainer_shard final : public actor {
     std::uint64_t offset = 0;  ///< of `bytes` in `host_copies_`
     std::uint64_t version = 0;
     std::size_t offloaded = 0;  ///< chunks of `version` offloaded so far, in send order
-    bool complete = false;
     std::vector<std::uint64_t> checksums;  ///< per plan chunk
   };
 
@@ -110,7 +109,6 @@ class trainer_shard final : public actor {
   address coordinator_;
   std::uint32_t shard_;
   std::vector<tensor_ref> tensors_;
-  copy_engine& copies_;
   trainer_options options_;
 
   std::shared_ptr<const shard_plan> plan_;

@@ -22,9 +22,10 @@
 
 #include "actors/messages.hpp"
 #include "collectives/nccl/nccl_broadcast.hpp"
-#include "runtime/cuda/cuda_copy_engine.hpp"
-#include "runtime/cuda/cuda_device_memory.hpp"
-#include "runtime/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_copy_engine.hpp"
+#include "platform/cuda/cuda_device_memory.hpp"
+#include "platform/cuda/cuda_error.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"
@@ -111,7 +112,8 @@ int copy_stage(int device, std::uint64_t bytes, std::uint64_t chunk, std::uint32
 
 int host_offload_stage(std::uint64_t bytes, std::uint64_t chunk, std::uint32_t depth) {
   event_loop loop;
-  host_copy_engine engine(loop);
+  real_environment environment(loop);
+  auto& engine = environment.copies();
   const std::uint64_t n = bytes / chunk;
   host_buffer tensors(n * chunk), copy(n * chunk);  // both faulted in, as in the job
   std::error_code failure;
@@ -129,23 +131,24 @@ int host_offload_stage(std::uint64_t bytes, std::uint64_t chunk, std::uint32_t d
   return 0;
 }
 
-result<std::shared_ptr<transport>> open_transport(event_loop& loop, node_id id,
+result<std::shared_ptr<transport>> open_transport(environment& host, node_id id,
                                                   const std::string& scheme,
                                                   const std::string& provider,
-                                                  transport_environment& env) {
+                                                  transport_settings& env) {
   env.allow_unauthenticated = true;
   env.fabric_provider = provider;
-  return make_transport(scheme, loop, id, env);
+  return make_transport(scheme, host, id, env);
 }
 
 int p2p_recv(const std::filesystem::path& dir, std::uint32_t senders, std::uint64_t bytes,
              std::uint64_t chunk, std::uint32_t depth, const std::string& scheme,
              const std::string& provider) {
   event_loop loop;
-  transport_environment env;
-  auto t = open_transport(loop, 0, scheme, provider, env);
+  real_environment environment(loop);
+  transport_settings env;
+  auto t = open_transport(environment, 0, scheme, provider, env);
   if (!t) return std::fprintf(stderr, "p2p-recv: %s\n", t.error().message().c_str()), 1;
-  node n(loop, 0, *t, protocol());
+  node n(environment, 0, *t, protocol());
   if (auto ec = n.start()) return std::fprintf(stderr, "p2p-recv: %s\n", ec.message().c_str()), 1;
   host_buffer slots(std::size_t{senders} * depth * chunk);
   auto region = n.transport().register_region(slots.span());
@@ -176,10 +179,11 @@ int p2p_send(const std::filesystem::path& dir, std::uint32_t index, std::uint32_
              std::uint64_t bytes, std::uint64_t chunk, std::uint32_t depth,
              const std::string& scheme, const std::string& provider) {
   event_loop loop;
-  transport_environment env;
-  auto t = open_transport(loop, 1 + index, scheme, provider, env);
+  real_environment environment(loop);
+  transport_settings env;
+  auto t = open_transport(environment, 1 + index, scheme, provider, env);
   if (!t) return std::fprintf(stderr, "p2p-send: %s\n", t.error().message().c_str()), 1;
-  node n(loop, 1 + index, *t, protocol());
+  node n(environment, 1 + index, *t, protocol());
   if (auto ec = n.start()) return std::fprintf(stderr, "p2p-send: %s\n", ec.message().c_str()), 1;
   wait_for_file(dir / "recv");
   std::ifstream in(dir / "recv");
@@ -216,10 +220,11 @@ int bcast_rank(const std::filesystem::path& dir, std::uint32_t rank, std::uint32
                int device, std::uint64_t bytes, std::uint64_t chunk, std::uint32_t depth,
                std::uint32_t stripes) {
   event_loop loop;
-  transport_environment env;
-  auto t = open_transport(loop, rank + 1, "tcp", "", env);
+  real_environment environment(loop);
+  transport_settings env;
+  auto t = open_transport(environment, rank + 1, "tcp", "", env);
   if (!t) return std::fprintf(stderr, "bcast: %s\n", t.error().message().c_str()), 1;
-  node n(loop, rank + 1, *t, protocol());
+  node n(environment, rank + 1, *t, protocol());
   if (auto ec = n.start()) return std::fprintf(stderr, "bcast: %s\n", ec.message().c_str()), 1;
   write_file(dir / fmt::format("rank.{}", rank), n.transport().local_address() + "\n");
   std::vector<address> members;

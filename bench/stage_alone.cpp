@@ -14,6 +14,7 @@
 #include "actors/plan.hpp"
 #include "actors/synthetic_model.hpp"
 #include "collectives/host/chain_broadcast.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
@@ -74,7 +75,7 @@ std::vector<std::uint64_t> layout(const plan& p, const std::vector<tensor_spec>&
 /// One measurement session: nodes, memory and chains for one shape, on the calling thread.
 class session {
  public:
-  explicit session(const stage_shape& shape) : shape_(shape), copies_(loop_) {}
+  explicit session(const stage_shape& shape) : shape_(shape), env_(loop_) {}
 
   ~session() {
     chains_.clear();
@@ -102,8 +103,8 @@ class session {
 
   stage_shape shape_;
   event_loop loop_;
-  transport_environment environment_;
-  host_copy_engine copies_;
+  real_environment env_;
+  transport_settings environment_;
   std::optional<plan> plan_;
   std::vector<std::unique_ptr<node>> nodes_;
 
@@ -146,12 +147,12 @@ bool session::prepare(std::string& why) {
   for (int i = 0; i < 32; ++i) environment_.secret.push_back(static_cast<std::byte>(random()));
   const std::uint32_t node_count = shape_.trainers + worker_count();
   for (node_id id = 0; id < node_count; ++id) {
-    auto t = make_transport(shape_.transport, loop_, id, environment_);
+    auto t = make_transport(shape_.transport, env_, id, environment_);
     if (!t) {
       why = "cannot create the " + shape_.transport + " transport: " + t.error().message();
       return false;
     }
-    nodes_.push_back(std::make_unique<node>(loop_, id, *t, protocol()));
+    nodes_.push_back(std::make_unique<node>(env_, id, *t, protocol()));
     if (auto ec = nodes_.back()->start()) {
       why = "cannot start node " + std::to_string(id) + ": " + ec.message();
       return false;
@@ -254,7 +255,7 @@ double session::offload() {
                             p.bytes});
         }
         auto [ec] = await<std::error_code>(
-            [&](auto done) { copies_.async_copy(std::move(pieces), std::move(done)); });
+            [&](auto done) { env_.copies().async_copy(std::move(pieces), std::move(done)); });
         if (ec) error_ = "offload copy failed: " + ec.message();
       }
       --pending;
@@ -359,7 +360,7 @@ double session::apply() {
           pieces.push_back({worker_tensors_[w].data() + worker_at_[p.tensor] + p.tensor_offset,
                             source + p.chunk_offset, p.bytes});
         }
-        copies_.async_copy(std::move(pieces),
+        env_.copies().async_copy(std::move(pieces),
                            [this, slot, credit, &slots, &pending](std::error_code ec) {
                              if (ec) error_ = "apply copy failed: " + ec.message();
                              slots.push_back(slot);

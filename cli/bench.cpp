@@ -9,7 +9,7 @@
 #include <sstream>
 #include <thread>
 
-#include "actors/local_job.hpp"
+#include "jobs/local_job.hpp"
 #include "actors/plan.hpp"
 #include "bench/stage_alone.hpp"
 #include "cli/commands.hpp"

@@ -18,6 +18,7 @@
 #include "cli/commands.hpp"
 #include "cli/job.hpp"
 #include "cli/launch.hpp"
+#include "jobs/virtual_chaos.hpp"
 #include "runtime/log.hpp"
 #include "runtime/message.hpp"
 
@@ -26,6 +27,8 @@ namespace {
 
 struct chaos_flags {
   process_flags common;
+  bool virtual_time = false;
+  std::string trace_path;
   std::uint64_t seed = 1;
   double kill_rate = 0.5;
   double update_bound_s = 30;  ///< an update, or the job's silence, longer than this is a hang
@@ -38,6 +41,64 @@ struct chaos_tally {
   std::string hang;   ///< why the run was given up, if it was
   std::string crash;  ///< the first node that died without being killed
 };
+
+/// `ferry chaos --virtual`: the whole job in this process on virtual time (jobs/virtual_chaos).
+/// The job flags the user gave override the defaults of virtual_chaos_config.
+int run_virtual_chaos(const chaos_flags& f, const CLI::App& app) {
+  const auto& job = f.common.job;
+  virtual_chaos_config c{.seed = f.seed, .trace_path = f.trace_path};
+  auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
+  if (given("--versions")) c.versions = job.versions;
+  if (given("--trainers")) c.trainers = job.trainers;
+  if (given("--instances")) c.instances = job.instances;
+  if (given("--workers")) c.workers_per_instance = job.workers_per_instance;
+  if (given("--model-bytes")) c.model_bytes = job.model_bytes;
+  if (given("--chunk-bytes")) c.chunk_bytes = job.chunk_bytes;
+  if (given("--depth")) c.depth = job.depth;
+  if (given("--stripes")) c.stripes = job.stripes;
+  if (given("--transport") && job.transport != "inproc") {
+    return std::fprintf(stderr, "ferry chaos: --virtual runs on the inproc transport (virtual time has no sockets)\n"), 2;
+  }
+  log::set_level(log::level::off);  // regroups and failed updates are the point here: counted, not logged
+  const auto r = run_virtual_chaos(c);
+  nlohmann::json faults = nlohmann::json::object();
+  for (const auto& [name, times] : r.faults) faults[name] = times;
+  nlohmann::json out{{"verified", r.verified},
+                     {"virtual", true},
+                     {"seed", r.seed},
+                     {"versions", r.delivered},
+                     {"depth", r.depth},
+                     {"stripes", r.stripes},
+                     {"kills", r.kills},
+                     {"leader_kills", r.leader_kills},
+                     {"leader_kills_mid_update", r.leader_kills_mid_update},
+                     {"trainer_kills", r.trainer_kills},
+                     {"joins", r.joins},
+                     {"regroups", r.regroups},
+                     {"regroup_ms_median", r.regroup_ms_median},
+                     {"regroup_ms_max", r.regroup_ms_max},
+                     {"faults", faults},
+                     {"trace_digest", fmt::format("{:016x}", r.trace_digest)},
+                     {"trace_events", r.trace_events},
+                     {"virtual_seconds", r.virtual_seconds},
+                     {"wall_seconds", r.wall_seconds}};
+  if (!r.verified) out["error"] = r.error;
+  if (f.common.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("chaos (virtual time, seed %llu, depth %u, stripes %u): %llu versions, %u kills (%u leaders, %u of them "
+                "mid-update; %u trainers), %u joins, %u regroups: median %.3f ms, worst %.3f ms of virtual time; "
+                "trace %016llx (%llu events); %.3f s virtual in %.2f s wall; %s\n",
+                static_cast<unsigned long long>(r.seed), r.depth, r.stripes, static_cast<unsigned long long>(r.delivered),
+                r.kills, r.leader_kills, r.leader_kills_mid_update, r.trainer_kills, r.joins, r.regroups,
+                r.regroup_ms_median, r.regroup_ms_max, static_cast<unsigned long long>(r.trace_digest),
+                static_cast<unsigned long long>(r.trace_events), r.virtual_seconds, r.wall_seconds,
+                r.verified ? "verified" : "NOT verified");
+    for (const auto& [name, times] : r.faults) std::printf("  %s: %u\n", name.c_str(), times);
+    if (!r.verified) std::printf("chaos: %s\n", r.error.c_str());
+  }
+  return r.verified ? 0 : 1;
+}
 
 int run_chaos(const chaos_flags& f) {
   const auto& job = f.common.job;
@@ -222,7 +283,10 @@ void add_chaos(CLI::App& app, command_table& commands) {
                     "seconds an update (or the job's silence) may last before the run counts as hung")
       ->check(CLI::PositiveNumber)->capture_default_str();
   chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
-  commands[chaos] = [xf] { return run_chaos(*xf); };
+  chaos->add_flag("--virtual", xf->virtual_time,
+                  "the whole job in this process on virtual time, faults at seeded moments (deterministic)");
+  chaos->add_option("--trace", xf->trace_path, "with --virtual: write the run's timeline as Chrome trace JSON");
+  commands[chaos] = [xf, chaos] { return xf->virtual_time ? run_virtual_chaos(*xf, *chaos) : run_chaos(*xf); };
 }
 
 }  // namespace ferry::cli

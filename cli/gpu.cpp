@@ -11,9 +11,9 @@
 
 #if FERRY_HAS_CUDA
 #include "collectives/nccl/nccl_broadcast.hpp"
-#include "runtime/cuda/cuda_copy_engine.hpp"
-#include "runtime/cuda/cuda_device_memory.hpp"
-#include "runtime/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_copy_engine.hpp"
+#include "platform/cuda/cuda_device_memory.hpp"
+#include "platform/cuda/cuda_error.hpp"
 #endif
 
 namespace ferry::cli {

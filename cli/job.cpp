@@ -30,7 +30,8 @@
 #include "runtime/host_buffer.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
-#include "runtime/worker_pool.hpp"
+#include "collectives/host/chain_broadcast.hpp"
+#include "platform/real_environment.hpp"
 #include "transport/factory.hpp"
 #include "transport/tcp/link_auth.hpp"
 
@@ -41,7 +42,7 @@ constexpr node_id coordinator_node = 0;
 constexpr actor_id job_actor = 1;
 
 /// The transport environment of a job process: the job secret comes from the environment only.
-std::optional<std::string> prepare_environment(const process_flags& f, transport_environment& env) {
+std::optional<std::string> prepare_environment(const process_flags& f, transport_settings& env) {
   // Bad values fail here, at once, rather than as a refused plan after every node registered.
   if (auto error = check_job_options(f.job); !error.empty()) return error;
   if (f.job.transport == "inproc") return "--transport inproc cannot span processes; use tcp, cma or fabric";
@@ -77,12 +78,13 @@ bool run_with_timeout(event_loop& loop, const process_flags& f, const std::funct
 }
 
 int run_coordinator(const process_flags& f) {
-  transport_environment env;
+  transport_settings env;
   if (auto error = prepare_environment(f, env)) return std::fprintf(stderr, "ferry coordinator: %s\n", error->c_str()), 2;
   event_loop loop;
-  auto t = make_transport(f.job.transport, loop, coordinator_node, env);
+  real_environment environment(loop);
+  auto t = make_transport(f.job.transport, environment, coordinator_node, env);
   if (!t) return std::fprintf(stderr, "ferry coordinator: cannot open the transport: %s\n", t.error().message().c_str()), 1;
-  node host(loop, coordinator_node, *t, protocol());
+  node host(environment, coordinator_node, *t, protocol());
   if (auto ec = host.start()) return std::fprintf(stderr, "ferry coordinator: %s\n", ec.message().c_str()), 1;
 
   job_shape shape{.trainers = f.job.trainers,
@@ -171,21 +173,9 @@ struct node_flags {
 };
 
 int run_node(const node_flags& f) {
-  transport_environment env;
+  transport_settings env;
   if (auto error = prepare_environment(f.common, env)) return std::fprintf(stderr, "ferry node: %s\n", error->c_str()), 2;
   event_loop loop;
-  auto opened = make_transport(f.common.job.transport, loop, f.id, env);
-  if (!opened) return std::fprintf(stderr, "ferry node: cannot open the transport: %s\n", opened.error().message().c_str()), 1;
-  node host(loop, f.id, *opened, protocol());
-  if (auto ec = host.start()) return std::fprintf(stderr, "ferry node: %s\n", ec.message().c_str()), 1;
-  if (auto ec = host.transport().add_peer(coordinator_node, f.common.coordinator_address)) {
-    return std::fprintf(stderr, "ferry node: --coordinator '%s': %s\n", f.common.coordinator_address.c_str(),
-                        ec.message().c_str()), 2;
-  }
-  const address coordinator_address{coordinator_node, job_actor};
-  host_copy_engine host_copies(loop);
-  const auto& job = f.common.job;
-  const auto model = f.common.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(job.model_bytes);
   // GPU mode: tensors on the device, the CUDA copy engine, pinned staging, an NCCL instance group.
   std::unique_ptr<gpu_context> gpu;
   if (f.device >= 0) {
@@ -193,7 +183,18 @@ int run_node(const node_flags& f) {
     gpu = open_gpu(loop, f.device, why);
     if (!gpu) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 2;
   }
-  copy_engine& copies = gpu ? *gpu->copies : static_cast<copy_engine&>(host_copies);
+  real_environment environment(loop, gpu ? gpu->copies.get() : nullptr);
+  auto opened = make_transport(f.common.job.transport, environment, f.id, env);
+  if (!opened) return std::fprintf(stderr, "ferry node: cannot open the transport: %s\n", opened.error().message().c_str()), 1;
+  node host(environment, f.id, *opened, protocol());
+  if (auto ec = host.start()) return std::fprintf(stderr, "ferry node: %s\n", ec.message().c_str()), 1;
+  if (auto ec = host.transport().add_peer(coordinator_node, f.common.coordinator_address)) {
+    return std::fprintf(stderr, "ferry node: --coordinator '%s': %s\n", f.common.coordinator_address.c_str(),
+                        ec.message().c_str()), 2;
+  }
+  const address coordinator_address{coordinator_node, job_actor};
+  const auto& job = f.common.job;
+  const auto model = f.common.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(job.model_bytes);
   device_memory* memory = gpu ? gpu->memory.get() : nullptr;
 
   std::optional<std::string> failure;
@@ -238,7 +239,7 @@ int run_node(const node_flags& f) {
       tensors = gpu->allocate(shards[f.shard], why);
       if (tensors.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
     }
-    trainer_shard shard(host, job_actor, coordinator_address, f.shard, tensors, copies,
+    trainer_shard shard(host, job_actor, coordinator_address, f.shard, tensors,
                         {.checksums = job.checksums, .digests = job.verify, .memory = memory});
     watch_stop(shard);
     shard.on_failed = [&](const std::string& why) { failure = why; };
@@ -267,8 +268,8 @@ int run_node(const node_flags& f) {
       auto pending = std::make_shared<std::size_t>(tensors.size());
       for (std::size_t i = 0; i < tensors.size(); ++i) {
         ++fills;
-        worker_pool::shared().async_run(
-            loop, [&, i, v = version] { fill_version(storage[i].span(), tensors[i].spec.name, v); },
+        environment.cpu().async_run(
+            tensors[i].spec.nbytes, [&, i, v = version] { fill_version(storage[i].span(), tensors[i].spec.name, v); },
             [&, pending, publish] {
               --fills;
               if (--*pending > 0 || stopped) return;
@@ -314,9 +315,9 @@ int run_node(const node_flags& f) {
       destinations = gpu->allocate(model, why);
       if (destinations.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
     }
-    worker_options options{.checksums = job.checksums, .digests = job.verify, .memory = memory};
-    if (gpu) options.make_broadcast = gpu->make_broadcast;
-    rollout_worker worker(host, job_actor, coordinator_address, f.instance, f.rank, destinations, copies, options);
+    const worker_options options{.checksums = job.checksums, .digests = job.verify, .memory = memory,
+                                 .make_broadcast = gpu ? gpu->make_broadcast : host_chain(chain_tag)};
+    rollout_worker worker(host, job_actor, coordinator_address, f.instance, f.rank, destinations, options);
     watch_stop(worker);
     worker.on_failed = [&](const std::string& why) { failure = why; };
     worker.on_version = [&](std::uint64_t v) { log::debug("worker {}.{}: version {} applied", f.instance, f.rank, v); };

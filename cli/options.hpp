@@ -2,7 +2,7 @@
 /// Job flags shared by `demo`, `local`, `coordinator`, `node` and `bench`.
 #include <CLI/CLI.hpp>
 
-#include "actors/local_job.hpp"
+#include "jobs/local_job.hpp"
 
 namespace ferry::cli {
 

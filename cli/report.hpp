@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "actors/local_job.hpp"
+#include "jobs/local_job.hpp"
 
 namespace ferry::cli {
 

@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <system_error>
+#include <vector>
 
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
+
+class actor;
 
 /// One of `stripes` parts of a buffer: equal 256-byte aligned parts, the last ones shorter or
 /// empty. Striping splits a chunk this way across an instance's leaders.
@@ -57,5 +61,10 @@ class broadcast_group {
   /// once with `errc::stopped`.
   virtual void abort() = 0;
 };
+
+/// Builds an instance's broadcast group for an epoch; every member calls it with the same members
+/// (the collective's ranks, in order) and `owner`, the member's actor, sends its messages.
+using broadcast_factory = std::function<std::unique_ptr<broadcast_group>(
+    actor& owner, const std::vector<address>& members, std::uint32_t epoch)>;
 
 }  // namespace ferry

@@ -3,6 +3,7 @@
 #include <boost/fiber/operations.hpp>
 
 #include "runtime/node.hpp"
+#include "runtime/trace.hpp"
 
 namespace ferry {
 
@@ -13,6 +14,11 @@ actor::~actor() {
   // The mailbox fiber refers to this actor: let it see the closed mailbox and end.
   if (!finished_) host_.loop().run_until([this] { return finished_; });
   host_.detach(*this);
+}
+
+void actor::note(std::string what) {
+  const auto now = host_.clock().now().time_since_epoch().count();
+  host_.env().trace().record({.node = self_.node, .instant = true, .start_ns = now, .end_ns = now, .label = std::move(what)});
 }
 
 void actor::start() {

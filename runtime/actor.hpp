@@ -42,6 +42,10 @@ class actor {
   void stop();
   bool finished() const { return finished_; }
 
+  /// Puts a protocol event (a stale write dropped, a new epoch waiting for old readers) on the
+  /// node's timeline, where tests and the simulation count it.
+  void note(std::string what);
+
   std::uint32_t epoch() const { return epoch_; }
   void set_epoch(std::uint32_t e) { epoch_ = e; }
 

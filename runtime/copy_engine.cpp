@@ -12,7 +12,7 @@ void host_copy_engine::async_copy(std::vector<copy_piece> pieces, completion don
   constexpr std::size_t min_part = std::size_t{4} << 20;
   std::size_t total = 0;
   for (const auto& p : pieces) total += p.bytes;
-  const std::size_t parts = std::clamp<std::size_t>(total / min_part, 1, pool_.threads());
+  const std::size_t parts = std::clamp<std::size_t>(total / min_part, 1, cpu_.parallelism());
   const std::size_t per_part = (total + parts - 1) / parts;
   std::vector<std::vector<copy_piece>> groups(1);
   std::size_t in_group = 0;
@@ -33,8 +33,10 @@ void host_copy_engine::async_copy(std::vector<copy_piece> pieces, completion don
   auto left = std::make_shared<std::size_t>(groups.size());
   auto finish = std::make_shared<completion>(std::move(done));
   for (auto& group : groups) {
-    pool_.async_run(
-        loop_,
+    std::uint64_t bytes = 0;
+    for (const auto& p : group) bytes += p.bytes;
+    cpu_.async_run(
+        bytes,
         [group = std::move(group)] {
           for (const auto& p : group) std::memcpy(p.dst, p.src, p.bytes);
         },

@@ -1,15 +1,14 @@
 #pragma once
 /// Copies between tensors and staging buffers: offload (device -> host copy), upload
-/// (slot -> device), apply (slot -> engine weights). On hosts it is memcpy on worker threads;
-/// on GPUs cudaMemcpyAsync on a dedicated stream with the completion delivered to the loop.
+/// (slot -> device), apply (slot -> engine weights). On hosts it is memcpy on the environment's
+/// executor; on GPUs cudaMemcpyAsync on a dedicated stream (platform/cuda).
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <system_error>
 #include <vector>
 
-#include "runtime/event_loop.hpp"
-#include "runtime/worker_pool.hpp"
+#include "runtime/environment.hpp"
 
 namespace ferry {
 
@@ -29,15 +28,14 @@ class copy_engine {
   virtual void async_copy(std::vector<copy_piece> pieces, completion done) = 0;
 };
 
-/// memcpy on a worker pool; a large copy runs on several of its threads at once.
+/// memcpy on an executor; a large copy runs as several works at once.
 class host_copy_engine final : public copy_engine {
  public:
-  explicit host_copy_engine(event_loop& loop, worker_pool& pool = worker_pool::shared()) : loop_(loop), pool_(pool) {}
+  explicit host_copy_engine(executor& cpu) : cpu_(cpu) {}
   void async_copy(std::vector<copy_piece> pieces, completion done) override;
 
  private:
-  event_loop& loop_;
-  worker_pool& pool_;
+  executor& cpu_;
 };
 
 }  // namespace ferry

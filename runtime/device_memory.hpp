@@ -1,7 +1,7 @@
 #pragma once
 /// Where staging for the instance broadcast lives, and how host buffers become DMA-able.
 /// Hosts: plain host memory. GPUs: cudaMalloc on one device, cudaHostRegister for host buffers
-/// (runtime/cuda/). Base header: no CUDA types.
+/// (platform/cuda/). Base header: no CUDA types.
 #include <cstddef>
 #include <span>
 

@@ -99,12 +99,17 @@ void event_loop::turn(bool may_block) {
   if (scheduler_->has_ready_workers()) {
     boost::this_fiber::yield();
   } else if (may_block && !stopping_) {
-    io_.run_one();
+    if (!idle_) {
+      io_.run_one();
+    } else if (!idle_()) {
+      stalled_ = stopping_ = true;
+    }
   }
 }
 
 void event_loop::run_until(const std::function<bool()>& done) {
   if (io_.stopped()) io_.restart();
+  if (stalled_) return;
   stopping_ = false;
   while (!stopping_ && !done()) turn(true);
 }

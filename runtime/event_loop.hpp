@@ -44,6 +44,12 @@ class event_loop {
   /// Ends `run` after the current handler; thread-safe.
   void stop();
 
+  /// Virtual time: when nothing is ready, the loop calls `idle()` instead of blocking; it makes
+  /// something ready (jumps the clock to the next timer) or returns false, which stops the loop
+  /// as `stalled()`: nothing can ever become ready again. Set before running.
+  void on_idle(std::function<bool()> idle) { idle_ = std::move(idle); }
+  bool stalled() const { return stalled_; }
+
   /// Queues `fn` to run on the loop; thread-safe. The way other threads hand results back.
   /// The destructor waits for posts still inside Asio, so a thread may post the completion that
   /// lets the owner destroy the loop (see `posting_`).
@@ -61,6 +67,8 @@ class event_loop {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   fiber_scheduler* scheduler_ = nullptr;
   bool stopping_ = false;
+  bool stalled_ = false;
+  std::function<bool()> idle_;
   std::exception_ptr failure_;
   /// Calls of `post` not yet returned. Asio queues the handler, unlocks, and only then signals
   /// its condition variable: the loop may already run the handler (and its owner destroy the

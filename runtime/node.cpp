@@ -9,14 +9,9 @@ namespace ferry {
 
 std::uint64_t node_stats::rejected_total() const { return std::accumulate(rejected.begin(), rejected.end(), 0ull); }
 
-node::node(event_loop& loop, node_id id, std::shared_ptr<ferry::transport> transport,
+node::node(environment& env, node_id id, std::shared_ptr<ferry::transport> transport,
            const message_registry& registry, codec_limits limits)
-    : loop_(loop),
-      id_(id),
-      transport_(std::move(transport)),
-      registry_(registry),
-      limits_(limits),
-      clock_(std::make_unique<real_clock>(loop.io())) {}
+    : env_(env), id_(id), transport_(std::move(transport)), registry_(registry), limits_(limits) {}
 
 node::~node() { close(); }
 
@@ -52,7 +47,7 @@ void node::route(address to, frame f) {
     return;
   }
   // Local delivery goes through the same strict decoder, on a later turn of the loop.
-  loop_.post([this, f = std::move(f)] { receive(id_, std::span(f).subspan(frame_prefix_bytes)); });
+  loop().post([this, f = std::move(f)] { receive(id_, std::span(f).subspan(frame_prefix_bytes)); });
 }
 
 void node::on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler) {

@@ -8,9 +8,10 @@
 
 #include "runtime/clock.hpp"
 #include "runtime/codec.hpp"
+#include "runtime/environment.hpp"
 #include "runtime/event_loop.hpp"
 #include "runtime/message_registry.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
 
@@ -26,16 +27,17 @@ struct node_stats {
   std::uint64_t rejected_for(errc e) const { return rejected[static_cast<int>(e)]; }
 };
 
-/// Owning loop only.
+/// Owning loop only. Its actors reach time, threads and the OS through `env()`.
 class node {
  public:
-  node(event_loop& loop, node_id id, std::shared_ptr<transport> transport, const message_registry& registry,
+  node(environment& env, node_id id, std::shared_ptr<transport> transport, const message_registry& registry,
        codec_limits limits = {});
   ~node();
 
   node_id id() const { return id_; }
-  event_loop& loop() { return loop_; }
-  class clock& clock() { return *clock_; }
+  environment& env() { return env_; }
+  event_loop& loop() { return env_.loop(); }
+  class clock& clock() { return env_.clock(); }
   ferry::transport& transport() { return *transport_; }
   const message_registry& registry() const { return registry_; }
   const node_stats& stats() const { return stats_; }
@@ -61,12 +63,11 @@ class node {
   void receive(node_id from, std::span<const std::byte> payload);
   void reject(node_id from, std::error_code why);
 
-  event_loop& loop_;
+  environment& env_;
   node_id id_;
   std::shared_ptr<ferry::transport> transport_;
   const message_registry& registry_;
   codec_limits limits_;
-  std::unique_ptr<class clock> clock_;
   std::map<actor_id, actor*> actors_;
   std::map<std::uint8_t, std::function<void(const write_notice&)>> write_handlers_;
   std::function<void(node_id, std::error_code)> peer_lost_;

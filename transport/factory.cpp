@@ -5,21 +5,24 @@
 
 namespace ferry {
 
-result<std::shared_ptr<transport>> make_transport(const std::string& scheme, event_loop& loop, node_id self,
-                                                  transport_environment& environment) {
-  if (scheme == "inproc") return inproc_transport::make(loop, environment.inproc, self);
+result<std::shared_ptr<transport>> make_transport(const std::string& scheme, environment& env, node_id self,
+                                                  transport_settings& settings) {
+  if (scheme == "inproc") return inproc_transport::make(env, settings.inproc, self);
+  // Real I/O would block a loop whose clock only moves when nothing is ready.
+  if (env.is_virtual()) return fail(errc::invalid_argument);
+  auto& loop = env.loop();
   if (scheme == "tcp" || scheme == "cma") {
     tcp_options options;
-    options.bind_host = environment.bind_host;
-    options.port = environment.port;
-    options.secret = environment.secret;
-    options.allow_unauthenticated = environment.allow_unauthenticated;
+    options.bind_host = settings.bind_host;
+    options.port = settings.port;
+    options.secret = settings.secret;
+    options.allow_unauthenticated = settings.allow_unauthenticated;
     options.same_host_copy = scheme == "cma";
     return tcp_transport::make(loop, self, options);
   }
   if (scheme == "fabric") {
     fabric_options options;
-    options.provider = environment.fabric_provider;
+    options.provider = settings.fabric_provider;
     auto t = fabric_transport::make(loop, self, options);
     if (!t) return fail(t.error());
     return std::shared_ptr<transport>(*t);

@@ -5,15 +5,15 @@
 #include <string>
 #include <vector>
 
-#include "runtime/event_loop.hpp"
+#include "runtime/environment.hpp"
 #include "transport/inproc/inproc_transport.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
 
 /// What the transports of one process share: the inproc directory, the job secret, where to
 /// bind, the libfabric provider. Outlives every transport made from it.
-struct transport_environment {
+struct transport_settings {
   inproc_network inproc;
   std::vector<std::byte> secret;       ///< tcp's and cma's job secret; empty: unauthenticated
   bool allow_unauthenticated = false;  ///< tcp/cma without a secret (tests, in-process jobs)
@@ -22,8 +22,9 @@ struct transport_environment {
   std::string fabric_provider;         ///< "" picks the best available
 };
 
-/// The transport for `scheme`, or `errc::invalid_argument` for an unknown scheme.
-result<std::shared_ptr<transport>> make_transport(const std::string& scheme, event_loop& loop, node_id self,
-                                                  transport_environment& environment);
+/// The transport for `scheme` on `env`'s loop, or `errc::invalid_argument` for an unknown scheme
+/// or one that does real I/O on a virtual environment (only inproc runs on virtual time).
+result<std::shared_ptr<transport>> make_transport(const std::string& scheme, environment& env, node_id self,
+                                                  transport_settings& settings);
 
 }  // namespace ferry

@@ -8,7 +8,7 @@
 
 #include "runtime/errc.hpp"
 #include "transport/errc.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
 

@@ -71,7 +71,7 @@ void chain_broadcast::on_ready(const chain_ready& m) {
 
 void chain_broadcast::on_landed(std::uint32_t stamp) {
   // A write of an older epoch's chain may land after this chain replaced it: not ours.
-  if (!imm_of_epoch(stamp, epoch_)) return;
+  if (!imm_of_epoch(stamp, epoch_)) return owner_.note("stale write dropped");
   // The imm carries the low 16 bits of seq; the oldest unreceived call with those bits is it.
   const auto seq16 = imm_number(stamp);
   for (auto& [seq, c] : calls_) {
@@ -117,6 +117,7 @@ void chain_broadcast::abort() {
   std::vector<completion> stopped;
   for (auto it = calls_.begin(); it != calls_.end();) {
     if (it->second.forwarding) {
+      owner_.note("old epoch's chain forward still reads its slot");
       ++it;
       continue;
     }
@@ -124,6 +125,12 @@ void chain_broadcast::abort() {
     it = calls_.erase(it);
   }
   for (auto& done : stopped) done(errc::stopped);
+}
+
+broadcast_factory host_chain(std::uint8_t imm_tag) {
+  return [imm_tag](actor& owner, const std::vector<address>& members, std::uint32_t epoch) {
+    return std::make_unique<chain_broadcast>(owner, members, epoch, imm_tag);
+  };
 }
 
 }  // namespace ferry

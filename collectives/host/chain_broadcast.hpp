@@ -70,4 +70,7 @@ class chain_broadcast final : public broadcast_group {
   std::shared_ptr<int> alive_ = std::make_shared<int>();  ///< write completions check it: expired once destroyed
 };
 
+/// The host chain as the broadcast of every epoch; its writes carry `imm_tag`.
+broadcast_factory host_chain(std::uint8_t imm_tag);
+
 }  // namespace ferry

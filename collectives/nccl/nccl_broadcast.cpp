@@ -8,8 +8,9 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
-#include "runtime/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_error.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
 
@@ -47,6 +48,7 @@ struct nccl_broadcast::state {
   ncclComm_t comm = nullptr;       ///< written by the init thread before it posts; loop afterwards
   std::error_code init_error;      ///< likewise
   cudaStream_t stream = nullptr;
+  bool initializing = false;  ///< loop only: the communicator is being made on a blocking thread
   bool up = false;          ///< loop only: the communicator is usable
   bool aborted = false;     ///< loop only
   std::error_code failure;  ///< loop only: why every operation fails
@@ -125,8 +127,8 @@ nccl_broadcast::nccl_broadcast(actor& owner, std::vector<address> members, std::
 
 nccl_broadcast::~nccl_broadcast() {
   abort();
-  if (init_.joinable()) init_.join();
-  if (state_->comm) {
+  // A communicator still being made is released by its completion (`start_init`).
+  if (!state_->initializing && state_->comm) {
     ncclCommAbort(state_->comm);
     state_->comm = nullptr;
   }
@@ -140,7 +142,7 @@ nccl_broadcast::~nccl_broadcast() {
 }
 
 void nccl_broadcast::on_id(const nccl_group_id& m) {
-  if (rank_ == 0 || m.epoch != epoch_ || m.size != size() || init_.joinable()) return;
+  if (rank_ == 0 || m.epoch != epoch_ || m.size != size() || state_->initializing || state_->up) return;
   if (m.id.size() != sizeof(ncclUniqueId)) {
     log::warn("nccl group {}: an id of {} bytes, expected {}", epoch_, m.id.size(),
               sizeof(ncclUniqueId));
@@ -150,38 +152,45 @@ void nccl_broadcast::on_id(const nccl_group_id& m) {
 }
 
 void nccl_broadcast::start_init(std::vector<std::uint8_t> id) {
-  if (init_.joinable() || state_->aborted) return;
+  if (state_->initializing || state_->up || state_->aborted) return;
   auto st = state_;
-  init_ = std::thread([st, id = std::move(id), device = device_, ranks = static_cast<int>(size()),
-                       rank = static_cast<int>(rank_)] {
-    ncclUniqueId uid;
-    std::memcpy(&uid, id.data(), sizeof uid);
-    ncclComm_t comm = nullptr;
-    std::error_code ec = make_cuda_error(cudaSetDevice(device));
-    if (!ec) {
-      // Non-blocking, so the wait can be abandoned (abort) instead of hanging on a dead peer.
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      ncclResult_t r = ncclCommInitRankConfig(&comm, ranks, uid, rank, &config);
-      while (r == ncclInProgress && !st->stop) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-        if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
-      }
-      if (st->stop)
-        ec = errc::stopped;
-      else if (r != ncclSuccess)
-        ec = make_nccl_error(r);
-      if (ec && comm) {
-        ncclCommAbort(comm);
-        comm = nullptr;
-      }
-    }
-    st->comm = comm;
-    st->init_error = ec;
-    st->loop->post([st] {
-      if (st->self) st->self->on_init_done();
-    });
-  });
+  st->initializing = true;
+  owner_.host().env().platform().async_blocking(
+      [st, id = std::move(id), device = device_, ranks = static_cast<int>(size()), rank = static_cast<int>(rank_)] {
+        ncclUniqueId uid;
+        std::memcpy(&uid, id.data(), sizeof uid);
+        ncclComm_t comm = nullptr;
+        std::error_code ec = make_cuda_error(cudaSetDevice(device));
+        if (!ec) {
+          // Non-blocking, so the wait can be abandoned (abort) instead of hanging on a dead peer.
+          ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+          config.blocking = 0;
+          ncclResult_t r = ncclCommInitRankConfig(&comm, ranks, uid, rank, &config);
+          while (r == ncclInProgress && !st->stop) {
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
+          }
+          if (st->stop)
+            ec = errc::stopped;
+          else if (r != ncclSuccess)
+            ec = make_nccl_error(r);
+          if (ec && comm) {
+            ncclCommAbort(comm);
+            comm = nullptr;
+          }
+        }
+        st->comm = comm;
+        return ec;
+      },
+      [st](std::error_code ec) {
+        st->initializing = false;
+        st->init_error = ec;
+        if (st->self) return st->self->on_init_done();
+        if (st->comm) {  // the group went while its communicator was being made
+          ncclCommAbort(st->comm);
+          st->comm = nullptr;
+        }
+      });
 }
 
 void nccl_broadcast::on_init_done() {

@@ -1,13 +1,12 @@
 #pragma once
 /// The instance broadcast (and the all-gather of striping) over NCCL, between the GPUs of one
 /// rollout instance, one rank per process or thread. Rank 0 (the leader) makes the ncclUniqueId
-/// and sends it to the others in a message; every member creates its communicator on a worker
-/// thread (ncclCommInitRank blocks until all ranks joined) while calls queue up; operations run
+/// and sends it to the others in a message; every member creates its communicator on a blocking
+/// thread of the platform (ncclCommInitRank blocks until all ranks joined) while calls queue up; operations run
 /// on the group's own stream and complete on the loop through a stream host function.
 /// A group serves one epoch: regrouping aborts it and builds a new one.
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "collectives/broadcast.hpp"
@@ -60,7 +59,6 @@ class nccl_broadcast final : public broadcast_group {
   std::uint32_t rank_ = 0;
   std::vector<std::uint8_t> id_;  ///< rank 0: the group's id, sent to every joiner
   std::shared_ptr<state> state_;
-  std::thread init_;
   std::vector<op> queued_;
 };
 

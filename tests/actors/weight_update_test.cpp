@@ -1,4 +1,4 @@
-#include "actors/local_job.hpp"
+#include "jobs/local_job.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
-#include "runtime/cuda/cuda_copy_engine.hpp"
+#include "platform/cuda/cuda_copy_engine.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <thread>
 
-#include "runtime/cuda/cuda_device_memory.hpp"
-#include "runtime/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_device_memory.hpp"
+#include "platform/cuda/cuda_error.hpp"
 #include "runtime/host_buffer.hpp"
 
 namespace ferry {

@@ -8,8 +8,9 @@
 #include <thread>
 
 #include "actors/messages.hpp"
-#include "runtime/cuda/cuda_device_memory.hpp"
-#include "runtime/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_device_memory.hpp"
+#include "platform/cuda/cuda_error.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"
@@ -33,16 +34,17 @@ void run_rank(std::uint32_t rank, std::uint32_t ranks, std::vector<std::string>&
   constexpr std::uint32_t chunks = 6;  // more than the 2 slots, so slots are reused
   constexpr std::size_t stripe = std::size_t{4} << 20;
   event_loop loop;
-  transport_environment env;
+  real_environment environment(loop);
+  transport_settings env;
   env.allow_unauthenticated = true;
-  auto t = make_transport("tcp", loop, rank + 1, env);
+  auto t = make_transport("tcp", environment, rank + 1, env);
   if (!t) {
     out.error = "transport: " + t.error().message();
     sync.arrive_and_wait();
     sync.arrive_and_wait();
     return;
   }
-  node n(loop, rank + 1, *t, protocol());
+  node n(environment, rank + 1, *t, protocol());
   (void)n.start();
   {
     std::lock_guard lock(mutex);

@@ -11,6 +11,7 @@
 #include "actors/plan.hpp"
 #include "runtime/codec.hpp"
 #include "runtime/messages.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/node.hpp"
 #include "transport/errc.hpp"
 #include "transport/inproc/inproc_transport.hpp"
@@ -118,9 +119,10 @@ TEST(job_limits, frame_size_is_capped_at_the_configured_bytes) {
 /// past one; the registration's tensors never reach a plan.
 TEST(job_limits, coordinator_refuses_a_registration_past_a_limit) {
   event_loop loop;
+  real_environment env{loop};
   inproc_network network;
-  node hub{loop, 0, inproc_transport::make(loop, network, 0), protocol()};
-  node trainer{loop, 1, inproc_transport::make(loop, network, 1), protocol()};
+  node hub{env, 0, inproc_transport::make(env, network, 0), protocol()};
+  node trainer{env, 1, inproc_transport::make(env, network, 1), protocol()};
   ASSERT_FALSE(hub.start());
   ASSERT_FALSE(trainer.start());
   job_shape shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 1024};

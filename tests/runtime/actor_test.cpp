@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "runtime/messages.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/node.hpp"
 #include "transport/errc.hpp"
 #include "transport/inproc/inproc_transport.hpp"
@@ -31,9 +32,10 @@ class echo : public actor {
 struct two_nodes : ::testing::Test {
   message_registry registry = runtime_registry();
   event_loop loop;
+  real_environment env{loop};
   inproc_network network;
-  node a{loop, 1, inproc_transport::make(loop, network, 1), registry};
-  node b{loop, 2, inproc_transport::make(loop, network, 2), registry};
+  node a{env, 1, inproc_transport::make(env, network, 1), registry};
+  node b{env, 2, inproc_transport::make(env, network, 2), registry};
   void SetUp() override {
     ASSERT_FALSE(a.start());
     ASSERT_FALSE(b.start());

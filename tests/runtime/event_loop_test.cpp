@@ -8,7 +8,7 @@
 
 #include "runtime/await.hpp"
 #include "runtime/clock.hpp"
-#include "runtime/worker_pool.hpp"
+#include "platform/worker_pool.hpp"
 
 namespace ferry {
 namespace {

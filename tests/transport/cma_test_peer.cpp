@@ -9,6 +9,7 @@
 #include <string>
 
 #include "runtime/actor.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   }
   const auto registry = test::test_registry();
   event_loop loop;
+  real_environment env(loop);
   tcp_options options;
   options.secret = *secret;
   options.same_host_copy = true;
@@ -39,7 +41,7 @@ int main(int argc, char** argv) {
   if (const char* threads = std::getenv("CMA_TEST_COPY_THREADS"))
     options.copy_threads = static_cast<unsigned>(std::stoul(threads));
   auto transport = tcp_transport::make(loop, self, options);
-  node n(loop, self, transport, registry);
+  node n(env, self, transport, registry);
   if (auto ec = n.start()) {
     std::fprintf(stderr, "cma_test_peer: start: %s\n", ec.message().c_str());
     return 2;

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "runtime/actor.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/errc.hpp"
@@ -42,7 +43,7 @@ class cma_processes : public ::testing::Test {
     options.secret = *secret;
     options.same_host_copy = true;
     transport_ = tcp_transport::make(loop_, 1, options);
-    node_.emplace(loop_, 1, transport_, registry_);
+    node_.emplace(env_, 1, transport_, registry_);
     ASSERT_FALSE(node_->start());
     ASSERT_EQ(transport_->scheme(), "cma");
     driver_.emplace(*node_, 1);
@@ -128,6 +129,7 @@ class cma_processes : public ::testing::Test {
 
   message_registry registry_ = test::test_registry();
   event_loop loop_;
+  real_environment env_{loop_};
   std::shared_ptr<tcp_transport> transport_;
   std::optional<node> node_;
   pid_t child_ = 0;

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <thread>
 
+#include "platform/real_environment.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
@@ -21,6 +22,7 @@ using test::raw_peer;
 struct tcp_auth : ::testing::Test {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   tcp_options server_options() {
     tcp_options o;
     o.secret = test::test_secret('s');
@@ -30,7 +32,7 @@ struct tcp_auth : ::testing::Test {
     return o;
   }
   std::shared_ptr<tcp_transport> server = tcp_transport::make(loop, 2, server_options());
-  node b{loop, 2, server, registry};
+  node b{env, 2, server, registry};
   std::vector<std::byte> target = std::vector<std::byte>(4096);
   region_desc region;
 
@@ -227,10 +229,11 @@ TEST_F(tcp_auth, links_per_node_are_capped) {
 TEST(tcp_unauthenticated, works_when_both_sides_allow_it) {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   tcp_options o;
   o.allow_unauthenticated = true;
   auto ta = tcp_transport::make(loop, 1, o), tb = tcp_transport::make(loop, 2, o);
-  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  node a{env, 1, ta, registry}, b{env, 2, tb, registry};
   ASSERT_FALSE(a.start());
   ASSERT_FALSE(b.start());
   ASSERT_FALSE(ta->add_peer(2, tb->local_address()));

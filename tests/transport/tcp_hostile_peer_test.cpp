@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "platform/real_environment.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
@@ -39,10 +40,11 @@ struct attack_log {
 TEST(tcp_hostile_peer, garbage_peers_are_dropped_while_a_good_peer_is_served) {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   tcp_options o;
   o.secret = test::test_secret();
   auto ta = tcp_transport::make(loop, 1, o), tb = tcp_transport::make(loop, 2, o);
-  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  node a{env, 1, ta, registry}, b{env, 2, tb, registry};
   ASSERT_FALSE(a.start());
   ASSERT_FALSE(b.start());
   ASSERT_FALSE(ta->add_peer(2, tb->local_address()));

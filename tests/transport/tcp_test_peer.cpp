@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/actor.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -31,10 +32,11 @@ int main(int argc, char** argv) {
   }
   const auto registry = test::test_registry();
   event_loop loop;
+  real_environment env(loop);
   tcp_options options;
   options.secret = *secret;
   auto transport = tcp_transport::make(loop, self, options);
-  node n(loop, self, transport, registry);
+  node n(env, self, transport, registry);
   if (auto ec = n.start()) {
     std::fprintf(stderr, "tcp_test_peer: start: %s\n", ec.message().c_str());
     return 2;

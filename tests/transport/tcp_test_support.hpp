@@ -18,7 +18,7 @@
 #include "runtime/messages.hpp"
 #include "transport/tcp/link_auth.hpp"
 #include "transport/tcp/link_protocol.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry::test {
 

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <thread>
 
+#include "platform/real_environment.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/messages.hpp"
 #include "runtime/node.hpp"
@@ -42,10 +43,11 @@ tcp_options secret_options(std::string_view scheme = "tcp") {
 struct tcp_pair : ::testing::TestWithParam<std::string> {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   std::shared_ptr<tcp_transport> ta = tcp_transport::make(loop, 1, secret_options(GetParam()));
   std::shared_ptr<tcp_transport> tb = tcp_transport::make(loop, 2, secret_options(GetParam()));
-  node a{loop, 1, ta, registry};
-  node b{loop, 2, tb, registry};
+  node a{env, 1, ta, registry};
+  node b{env, 2, tb, registry};
   void SetUp() override {
     ASSERT_FALSE(a.start());
     ASSERT_FALSE(b.start());
@@ -320,6 +322,7 @@ INSTANTIATE_TEST_SUITE_P(schemes, tcp_pair, ::testing::Values("tcp", "cma"),
 
 TEST(tcp_transport_config, start_needs_a_secret_or_explicit_unauthenticated_mode) {
   event_loop loop;
+  real_environment env{loop};
   auto plain = tcp_transport::make(loop, 1, {});
   EXPECT_EQ(plain->start({}), transport_errc::unauthenticated);
   tcp_options short_secret;
@@ -335,6 +338,7 @@ TEST(tcp_transport_config, start_needs_a_secret_or_explicit_unauthenticated_mode
 
 TEST(tcp_transport_config, peer_addresses_are_parsed_strictly) {
   event_loop loop;
+  real_environment env{loop};
   auto t = tcp_transport::make(loop, 1, secret_options());
   EXPECT_FALSE(t->add_peer(2, "127.0.0.1:4000"));
   EXPECT_FALSE(t->add_peer(3, "[::1]:4000"));
@@ -357,9 +361,10 @@ bool run_until(event_loop& loop, const std::function<bool()>& done) {
 TEST(cma_links, a_cma_writer_and_a_tcp_receiver_do_not_mix) {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   auto ta = tcp_transport::make(loop, 1, secret_options("cma"));
   auto tb = tcp_transport::make(loop, 2, secret_options("tcp"));
-  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  node a{env, 1, ta, registry}, b{env, 2, tb, registry};
   ASSERT_FALSE(a.start());
   ASSERT_FALSE(b.start());
   ASSERT_FALSE(ta->add_peer(2, tb->local_address()));
@@ -384,8 +389,9 @@ TEST(cma_links, a_cma_writer_and_a_tcp_receiver_do_not_mix) {
 TEST(cma_links, failed_copies_are_acked_with_their_error_and_the_link_stays) {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   auto tb = tcp_transport::make(loop, 2, secret_options("cma"));
-  node b{loop, 2, tb, registry};
+  node b{env, 2, tb, registry};
   ASSERT_FALSE(b.start());
   std::vector<std::byte> target(1 << 20);
   const auto region = *tb->register_region(target);
@@ -463,11 +469,12 @@ TEST(cma_links, failed_copies_are_acked_with_their_error_and_the_link_stays) {
 TEST(cma_links, past_max_copies_per_link_the_link_waits_and_every_write_lands) {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   auto receiver_options = secret_options("cma");
   receiver_options.max_copies_per_link = 2;
   auto ta = tcp_transport::make(loop, 1, secret_options("cma"));
   auto tb = tcp_transport::make(loop, 2, receiver_options);
-  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  node a{env, 1, ta, registry}, b{env, 2, tb, registry};
   ASSERT_FALSE(a.start());
   ASSERT_FALSE(b.start());
   ASSERT_FALSE(ta->add_peer(2, tb->local_address()));
@@ -497,9 +504,10 @@ TEST(cma_links, past_max_copies_per_link_the_link_waits_and_every_write_lands) {
 TEST(cma_links, close_stops_copies_and_every_write_completes_once) {
   message_registry registry = test::test_registry();
   event_loop loop;
+  real_environment env{loop};
   auto ta = tcp_transport::make(loop, 1, secret_options("cma"));
   auto tb = tcp_transport::make(loop, 2, secret_options("cma"));
-  node a{loop, 1, ta, registry}, b{loop, 2, tb, registry};
+  node a{env, 1, ta, registry}, b{env, 2, tb, registry};
   ASSERT_FALSE(a.start());
   ASSERT_FALSE(b.start());
   ASSERT_FALSE(ta->add_peer(2, tb->local_address()));

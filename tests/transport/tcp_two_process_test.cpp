@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "runtime/actor.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -38,10 +39,11 @@ TEST(tcp_two_processes, messages_and_a_256_mib_write_verified_by_the_child) {
 
   const auto registry = test::test_registry();
   event_loop loop;
+  real_environment env(loop);
   tcp_options options;
   options.secret = *secret;
   auto transport = tcp_transport::make(loop, 1, options);
-  node n(loop, 1, transport, registry);
+  node n(env, 1, transport, registry);
   ASSERT_FALSE(n.start());
 
   std::vector<std::byte> source(bytes);

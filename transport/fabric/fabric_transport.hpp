@@ -8,7 +8,7 @@
 #include <string>
 
 #include "runtime/event_loop.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
 

@@ -16,18 +16,30 @@ void inproc_network::attach(node_id id, std::weak_ptr<inproc_transport> t) {
   nodes_[id] = std::move(t);
 }
 
+void inproc_network::sever(node_id id) {
+  auto dead = find(id);
+  if (dead) dead->close();
+  std::vector<std::shared_ptr<inproc_transport>> others;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [n, weak] : nodes_) {
+      if (auto t = weak.lock()) others.push_back(std::move(t));
+    }
+  }
+  for (auto& t : others) t->loop_.post([t, id] { t->peer_died(id); });
+}
+
 void inproc_network::detach(node_id id) {
   std::lock_guard lock(mutex_);
   nodes_.erase(id);
 }
 
-std::shared_ptr<inproc_transport> inproc_transport::make(event_loop& loop, inproc_network& network, node_id self,
-                                                         worker_pool& copies) {
-  return std::shared_ptr<inproc_transport>(new inproc_transport(loop, network, self, copies));
+std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inproc_network& network, node_id self) {
+  return std::shared_ptr<inproc_transport>(new inproc_transport(env, network, self));
 }
 
-inproc_transport::inproc_transport(event_loop& loop, inproc_network& network, node_id self, worker_pool& copies)
-    : loop_(loop), network_(network), self_(self), copies_(copies), regions_(self) {}
+inproc_transport::inproc_transport(environment& env, inproc_network& network, node_id self)
+    : loop_(env.loop()), cpu_(env.cpu()), network_(network), self_(self), regions_(self) {}
 
 inproc_transport::~inproc_transport() { close(); }
 
@@ -46,8 +58,17 @@ void inproc_transport::close() {
   network_.detach(self_);
 }
 
-std::error_code inproc_transport::add_peer(node_id, std::string_view) { return {}; }
-void inproc_transport::remove_peer(node_id) {}
+std::error_code inproc_transport::add_peer(node_id peer, std::string_view) {
+  peers_.insert(peer);
+  return {};
+}
+
+void inproc_transport::remove_peer(node_id peer) { peers_.erase(peer); }
+
+void inproc_transport::peer_died(node_id peer) {
+  if (!open_ || peers_.erase(peer) == 0 || !events_.on_peer_lost) return;
+  events_.on_peer_lost(peer, make_error_code(std::errc::connection_reset));
+}
 
 void inproc_transport::async_send(node_id to, frame f, completion done) {
   auto peer = network_.find(to);
@@ -77,8 +98,8 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   if (!target) return fail_with(target.error());
 
   const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
-  copies_.async_run(
-      loop_, [dst = *target, local] { std::memcpy(dst.data(), local.data(), local.size()); },
+  cpu_.async_run(
+      local.size(), [dst = *target, local] { std::memcpy(dst.data(), local.data(), local.size()); },
       [peer, notice, done = std::move(done)] {
         peer->loop_.post([peer, notice] { peer->deliver_write(notice); });
         done({});

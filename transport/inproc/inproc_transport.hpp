@@ -1,14 +1,16 @@
 #pragma once
-/// Transport between nodes of one process (embedding, tests, the demo): frames are posted to
-/// the peer's loop and bulk writes are memcpy on the worker pool, checked like remote ones.
+/// Transport between nodes of one process (embedding, tests, the demo, virtual time): frames are
+/// posted to the peer's loop and bulk writes are memcpy on the environment's executor, checked
+/// like remote ones.
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
+#include "runtime/environment.hpp"
 #include "runtime/event_loop.hpp"
-#include "runtime/worker_pool.hpp"
+#include "runtime/transport.hpp"
 #include "transport/region_table.hpp"
-#include "transport/transport.hpp"
 
 namespace ferry {
 
@@ -18,6 +20,9 @@ class inproc_transport;
 class inproc_network {
  public:
   std::shared_ptr<inproc_transport> find(node_id id) const;
+  /// Node `id` dies as a process would: its transport closes at once, and every node that knows
+  /// it as a peer learns that the link broke. For simulated failures.
+  void sever(node_id id);
 
  private:
   friend class inproc_transport;
@@ -30,8 +35,7 @@ class inproc_network {
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
 class inproc_transport final : public transport, public std::enable_shared_from_this<inproc_transport> {
  public:
-  static std::shared_ptr<inproc_transport> make(event_loop& loop, inproc_network& network, node_id self,
-                                                worker_pool& copies = worker_pool::shared());
+  static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network, node_id self);
   ~inproc_transport() override;
 
   std::string_view scheme() const override { return "inproc"; }
@@ -47,15 +51,18 @@ class inproc_transport final : public transport, public std::enable_shared_from_
                    write_imm imm, completion done) override;
 
  private:
-  inproc_transport(event_loop& loop, inproc_network& network, node_id self, worker_pool& copies);
-  /// Runs on this transport's loop.
+  friend class inproc_network;
+  inproc_transport(environment& env, inproc_network& network, node_id self);
+  /// Run on this transport's loop.
   void deliver_frame(node_id from, const frame& f);
   void deliver_write(const write_notice& notice);
+  void peer_died(node_id peer);
 
   event_loop& loop_;
+  executor& cpu_;
   inproc_network& network_;
   node_id self_;
-  worker_pool& copies_;
+  std::set<node_id> peers_;  ///< added and not removed: who learns of this node's death
   region_table regions_;
   transport_events events_;
   bool open_ = false;

@@ -12,7 +12,7 @@
 #include <system_error>
 
 #include "runtime/event_loop.hpp"
-#include "runtime/worker_pool.hpp"
+#include "platform/worker_pool.hpp"
 
 namespace ferry {
 

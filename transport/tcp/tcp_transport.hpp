@@ -17,7 +17,7 @@
 #include "transport/region_table.hpp"
 #include "transport/tcp/link_auth.hpp"
 #include "transport/tcp/process_copier.hpp"
-#include "transport/transport.hpp"
+#include "runtime/transport.hpp"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "runtime/worker_pool.hpp"
+#include "platform/worker_pool.hpp"
 
 #include <algorithm>
 #include <thread>

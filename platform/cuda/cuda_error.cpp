@@ -1,4 +1,4 @@
-#include "runtime/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_error.hpp"
 
 #include <cuda_runtime.h>
 

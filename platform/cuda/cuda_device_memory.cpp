@@ -1,8 +1,8 @@
-#include "runtime/cuda/cuda_device_memory.hpp"
+#include "platform/cuda/cuda_device_memory.hpp"
 
 #include <cuda_runtime.h>
 
-#include "runtime/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_error.hpp"
 
 namespace ferry {
 

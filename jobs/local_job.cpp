@@ -1,4 +1,4 @@
-#include "actors/local_job.hpp"
+#include "jobs/local_job.hpp"
 
 #include <fmt/format.h>
 
@@ -11,6 +11,8 @@
 #include "actors/rollout_worker.hpp"
 #include "actors/synthetic_model.hpp"
 #include "actors/trainer_shard.hpp"
+#include "collectives/host/chain_broadcast.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"
@@ -50,11 +52,11 @@ trainer_memory allocate(const std::vector<tensor_spec>& specs) {
 job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress) {
   job_result result;
   event_loop loop;
-  transport_environment environment;
+  real_environment env(loop);
+  transport_settings settings;
   // One process, one job: a fresh random secret authenticates the tcp links between its nodes.
   std::random_device random;
-  for (int i = 0; i < 32; ++i) environment.secret.push_back(static_cast<std::byte>(random()));
-  host_copy_engine copies(loop);
+  for (int i = 0; i < 32; ++i) settings.secret.push_back(static_cast<std::byte>(random()));
 
   const auto model = synthetic_transformer(config.model_bytes);
   const auto shards = split_over_shards(model, config.trainers);
@@ -65,12 +67,12 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   std::vector<std::unique_ptr<node>> nodes;
   auto add_node = [&]() -> node* {
     const auto id = static_cast<node_id>(nodes.size());
-    auto t = make_transport(config.transport, loop, id, environment);
+    auto t = make_transport(config.transport, env, id, settings);
     if (!t) {
       result.error = "cannot create the " + config.transport + " transport: " + t.error().message();
       return nullptr;
     }
-    nodes.push_back(std::make_unique<node>(loop, id, *t, protocol()));
+    nodes.push_back(std::make_unique<node>(env, id, *t, protocol()));
     if (auto ec = nodes.back()->start()) {
       result.error = "cannot start node " + std::to_string(id) + ": " + ec.message();
       return nullptr;
@@ -111,14 +113,15 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   coord.start();
 
   const trainer_options trainer_opts{.checksums = config.checksums, .digests = config.verify};
-  const worker_options worker_opts{.checksums = config.checksums, .digests = config.verify};
+  const worker_options worker_opts{.checksums = config.checksums, .digests = config.verify,
+                                   .make_broadcast = host_chain(chain_tag)};
   std::vector<trainer_memory> memory;
   std::vector<std::unique_ptr<trainer_shard>> trainers;
   for (std::uint32_t s = 0; s < config.trainers; ++s) {
     node* n = add_node();
     if (!n) return result;
     memory.push_back(allocate(shards[s]));
-    trainers.push_back(std::make_unique<trainer_shard>(*n, 1, coord.self(), s, memory.back().refs, copies, trainer_opts));
+    trainers.push_back(std::make_unique<trainer_shard>(*n, 1, coord.self(), s, memory.back().refs, trainer_opts));
   }
   std::vector<std::unique_ptr<rollout_worker>> workers;
   for (std::uint32_t i = 0; i < config.instances; ++i) {
@@ -127,7 +130,7 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
       if (!n) return result;
       std::vector<tensor_ref> destinations;
       for (const auto& t : model) destinations.push_back({.spec = t});
-      workers.push_back(std::make_unique<rollout_worker>(*n, 1, coord.self(), i, r, destinations, copies, worker_opts));
+      workers.push_back(std::make_unique<rollout_worker>(*n, 1, coord.self(), i, r, destinations, worker_opts));
     }
   }
   for (auto& t : trainers) t->join();
@@ -140,8 +143,8 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
     for (auto& m : memory) {
       for (auto& t : m.refs) {
         ++filling;
-        worker_pool::shared().async_run(
-            loop, [&t, v] { fill_version({t.data, t.spec.nbytes}, t.spec.name, v); }, [&] { --filling; });
+        env.cpu().async_run(
+            t.spec.nbytes, [&t, v] { fill_version({t.data, t.spec.nbytes}, t.spec.name, v); }, [&] { --filling; });
       }
     }
     loop.run_until([&] { return filling == 0; });

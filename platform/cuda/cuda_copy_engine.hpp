@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "runtime/copy_engine.hpp"
+#include "runtime/event_loop.hpp"
 #include "runtime/errc.hpp"
 
 namespace ferry {

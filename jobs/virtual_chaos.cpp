@@ -1,0 +1,419 @@
+#include "jobs/virtual_chaos.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "actors/coordinator.hpp"
+#include "actors/rollout_worker.hpp"
+#include "actors/synthetic_model.hpp"
+#include "actors/trainer_shard.hpp"
+#include "collectives/host/chain_broadcast.hpp"
+#include "runtime/host_buffer.hpp"
+#include "runtime/node.hpp"
+#include "runtime/virtual_environment.hpp"
+#include "transport/factory.hpp"
+
+namespace ferry {
+
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+/// The seed's draws. std::mt19937_64 is specified to the bit, so a seed means one run anywhere.
+class draws {
+ public:
+  explicit draws(std::uint64_t seed) : rng_(seed) {}
+  std::uint64_t below(std::uint64_t n) { return n == 0 ? 0 : rng_() % n; }
+  clock::duration up_to(clock::duration d) { return clock::duration(below(static_cast<std::uint64_t>(d.count()) + 1)); }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+enum class fault { leader_kill, double_regroup, trainer_kill };
+constexpr const char* leader_fault = "leader killed mid-update";
+constexpr const char* double_fault = "two regroups within one chunk time";
+constexpr const char* trainer_fault = "trainer killed mid-update, rejoined";
+constexpr const char* late_fault = "late joiner as the last event";
+
+struct trainer_member {
+  node* host = nullptr;
+  std::uint32_t shard = 0;
+  std::vector<host_buffer> storage;
+  std::unique_ptr<trainer_shard> actor;
+  bool alive = true;
+  bool publishing = false;
+  std::uint64_t version = 0;
+};
+
+struct worker_member {
+  node* host = nullptr;
+  std::uint32_t instance = 0, rank = 0;
+  std::unique_ptr<rollout_worker> actor;
+  bool alive = true;
+};
+
+class chaos_job {
+ public:
+  explicit chaos_job(const virtual_chaos_config& c);
+  ~chaos_job();
+  virtual_chaos_result run();
+
+ private:
+  node& add_node();
+  void add_trainer(std::uint32_t shard);
+  void add_worker(std::uint32_t instance, std::uint32_t rank);
+  void publish_next(trainer_member& t);
+  /// Runs `fn` after `delay` of virtual time; the run does not end while one is pending.
+  void after(clock::duration delay, std::function<void()> fn);
+  void on_update(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders);
+  void inject(fault f, const std::vector<node_id>& leaders);
+  void kill_worker(worker_member& w);
+  void note(const std::string& what);
+  std::vector<worker_member*> live_workers();
+  bool settled();
+  void verify();
+
+  virtual_chaos_config config_;
+  virtual_chaos_result result_;
+  draws draws_;
+  std::vector<tensor_spec> model_;
+  std::vector<std::vector<tensor_spec>> shards_;
+  std::vector<fault> faults_;  ///< still to inject, one per update
+  bool late_joiner_ = false;
+  clock::duration update_time_{};  ///< the first update's, which scales fault moments
+
+  event_loop loop_;
+  virtual_environment env_;
+  transport_settings settings_;
+  std::vector<std::unique_ptr<node>> nodes_;  ///< every node, the killed ones too, until the end
+  std::unique_ptr<coordinator> coordinator_;
+  std::vector<std::unique_ptr<trainer_member>> trainers_;
+  std::vector<std::unique_ptr<worker_member>> workers_;
+  std::vector<std::uint32_t> next_rank_;  ///< per instance: the rank a late joiner takes
+  std::vector<double> regroup_ms_;
+  std::uint32_t pending_ = 0;  ///< timed events not yet fired
+  std::optional<std::string> failure_;
+  bool publishing_done_ = false;
+  bool late_joined_ = false;
+};
+
+chaos_job::chaos_job(const virtual_chaos_config& c) : config_(c), draws_(c.seed), env_(loop_) {
+  result_.seed = c.seed;
+  // Drawn whether given or not, so that giving the drawn values changes no later draw.
+  constexpr std::uint32_t depths[] = {1, 2, 4};
+  const std::uint32_t stripes[] = {1, 2, c.workers_per_instance};
+  const auto depth = depths[draws_.below(3)];
+  const auto stripe_count = stripes[draws_.below(3)];
+  config_.depth = c.depth ? c.depth : depth;
+  config_.stripes = c.stripes ? c.stripes : stripe_count;
+  result_.depth = config_.depth;
+  result_.stripes = config_.stripes;
+  model_ = synthetic_transformer(c.model_bytes);
+  shards_ = split_over_shards(model_, c.trainers);
+  if (!c.trace_path.empty()) env_.trace().keep_records();
+
+  // One fault per update from version 2 on (the first measures the update time): the seed picks
+  // the first kind, so every kind comes up across seeds, then up to two more at random.
+  faults_.push_back(static_cast<fault>(c.seed % 3));
+  for (std::uint64_t extra = draws_.below(3); extra > 0; --extra) faults_.push_back(static_cast<fault>(draws_.below(3)));
+  late_joiner_ = draws_.below(2) == 0;
+}
+
+chaos_job::~chaos_job() {
+  if (coordinator_) coordinator_->stop_job();
+  workers_.clear();
+  trainers_.clear();
+  coordinator_.reset();
+}
+
+node& chaos_job::add_node() {
+  const auto id = static_cast<node_id>(nodes_.size());
+  auto t = make_transport("inproc", env_, id, settings_);
+  nodes_.push_back(std::make_unique<node>(env_, id, *t, protocol()));
+  (void)nodes_.back()->start();
+  if (id != 0) (void)nodes_.back()->transport().add_peer(0, nodes_.front()->transport().local_address());
+  return *nodes_.back();
+}
+
+void chaos_job::note(const std::string& what) {
+  const auto now = env_.clock().now().time_since_epoch().count();
+  env_.trace().record({.node = 0, .instant = true, .start_ns = now, .end_ns = now, .label = what});
+}
+
+void chaos_job::after(clock::duration delay, std::function<void()> fn) {
+  ++pending_;
+  env_.clock().async_wait(delay, [this, fn = std::move(fn)](std::error_code) {
+    --pending_;
+    if (!failure_) fn();
+  });
+}
+
+void chaos_job::add_trainer(std::uint32_t shard) {
+  auto t = std::make_unique<trainer_member>();
+  t->host = &add_node();
+  t->shard = shard;
+  std::vector<tensor_ref> refs;
+  for (const auto& s : shards_[shard]) {
+    t->storage.emplace_back(s.nbytes);
+    refs.push_back({.spec = s, .data = t->storage.back().data()});
+  }
+  t->actor = std::make_unique<trainer_shard>(*t->host, 1, coordinator_->self(), shard, refs,
+                                             trainer_options{.checksums = true, .digests = true});
+  auto& member = *t;
+  member.actor->on_ready = [this, &member] { publish_next(member); };
+  member.actor->on_delivered = [this, &member](std::uint64_t v, bool) {
+    if (v >= member.version) member.publishing = false;
+    publish_next(member);
+  };
+  member.actor->on_update_failed = [&member](std::uint64_t v, const std::string&) {
+    if (v >= member.version) member.publishing = false;
+  };
+  member.actor->on_failed = [this, &member](const std::string& why) {
+    if (member.alive) failure_ = "trainer shard " + std::to_string(member.shard) + " failed: " + why;
+  };
+  member.actor->join();
+  trainers_.push_back(std::move(t));
+}
+
+void chaos_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
+  auto w = std::make_unique<worker_member>();
+  w->host = &add_node();
+  w->instance = instance;
+  w->rank = rank;
+  std::vector<tensor_ref> destinations;
+  for (const auto& t : model_) destinations.push_back({.spec = t});
+  w->actor = std::make_unique<rollout_worker>(
+      *w->host, 1, coordinator_->self(), instance, rank, destinations,
+      worker_options{.checksums = true, .digests = true, .make_broadcast = host_chain(chain_tag)});
+  auto& member = *w;
+  member.actor->on_failed = [this, &member](const std::string& why) {
+    if (member.alive) failure_ = fmt::format("worker {}.{} failed: {}", member.instance, member.rank, why);
+  };
+  member.actor->join();
+  workers_.push_back(std::move(w));
+}
+
+void chaos_job::publish_next(trainer_member& t) {
+  if (t.publishing || !t.alive || publishing_done_ || !t.actor->ready()) return;
+  t.publishing = true;
+  t.version = std::max(t.version + 1, t.actor->next_version());
+  // "Training" makes version v: new bytes in every tensor (free on virtual time).
+  for (std::size_t i = 0; i < t.storage.size(); ++i) fill_version(t.storage[i].span(), shards_[t.shard][i].name, t.version);
+  std::string why;
+  if (!t.actor->publish(t.version, why)) failure_ = "publish refused: " + why;
+}
+
+std::vector<worker_member*> chaos_job::live_workers() {
+  std::vector<worker_member*> live;
+  for (auto& w : workers_) {
+    if (w->alive) live.push_back(w.get());
+  }
+  return live;
+}
+
+void chaos_job::kill_worker(worker_member& w) {
+  if (!w.alive) return;
+  w.alive = false;
+  ++result_.kills;
+  const auto& plan = coordinator_->current_plan();
+  bool leads = false;
+  for (const auto& inst : plan ? plan->instances : std::vector<instance_plan>{}) {
+    for (auto l : inst.leaders) leads = leads || inst.workers.at(l).node == w.host->id();
+  }
+  if (leads) {
+    ++result_.leader_kills;
+    if (!coordinator_->idle()) {
+      ++result_.leader_kills_mid_update;
+      ++result_.faults[leader_fault];
+    }
+  }
+  note(fmt::format("kill worker {}.{} (node {})", w.instance, w.rank, w.host->id()));
+  settings_.inproc.sever(w.host->id());
+  // A replacement takes its place, as a cluster's launcher would start one.
+  after(microseconds(100) + draws_.up_to(update_time_ * 2), [this, instance = w.instance, rank = w.rank] {
+    ++result_.joins;
+    note(fmt::format("replace worker {}.{}", instance, rank));
+    add_worker(instance, rank);
+  });
+}
+
+void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
+  const auto moment = draws_.up_to(update_time_);
+  switch (f) {
+    case fault::leader_kill:
+      after(moment, [this, leaders, pick = draws_.below(leaders.size())] {
+        for (std::size_t i = 0; i < leaders.size(); ++i) {
+          const auto id = leaders[(pick + i) % leaders.size()];
+          for (auto& w : workers_) {
+            if (w->alive && w->host->id() == id) return kill_worker(*w);
+          }
+        }
+      });
+      break;
+    case fault::double_regroup: {
+      // The second kill lands before the first regroup's chunk could have crossed one stage.
+      const auto chunk_time = update_time_ * config_.chunk_bytes / std::max<std::uint64_t>(config_.model_bytes, 1);
+      const auto gap = draws_.up_to(chunk_time);
+      const auto first = draws_.below(1000), second = draws_.below(1000);
+      after(moment, [this, first, second, gap] {
+        auto live = live_workers();
+        if (live.size() < 2) return;
+        auto* a = live[first % live.size()];
+        auto* b = live[(first + 1 + second % (live.size() - 1)) % live.size()];
+        kill_worker(*a);
+        after(gap, [this, b] {
+          if (b->alive) ++result_.faults[double_fault];
+          kill_worker(*b);
+        });
+      });
+      break;
+    }
+    case fault::trainer_kill:
+      after(moment, [this, pick = draws_.below(config_.trainers)] {
+        trainer_member* victim = nullptr;
+        for (auto& t : trainers_) {
+          if (t->alive && t->shard == pick) victim = t.get();
+        }
+        if (!victim) return;
+        const bool mid_update = !coordinator_->idle();
+        victim->alive = false;
+        ++result_.kills;
+        ++result_.trainer_kills;
+        note(fmt::format("kill trainer shard {} (node {})", victim->shard, victim->host->id()));
+        settings_.inproc.sever(victim->host->id());
+        after(microseconds(100) + draws_.up_to(update_time_ * 2), [this, shard = victim->shard, mid_update] {
+          if (mid_update) ++result_.faults[trainer_fault];
+          ++result_.joins;
+          note(fmt::format("trainer shard {} rejoins", shard));
+          add_trainer(shard);
+        });
+      });
+      break;
+  }
+}
+
+void chaos_job::on_update(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders) {
+  if (catch_up || version < 2 || faults_.empty()) return;
+  const auto f = faults_.front();
+  faults_.erase(faults_.begin());
+  inject(f, leaders);
+}
+
+bool chaos_job::settled() {
+  if (!publishing_done_ || pending_ > 0 || !coordinator_->idle()) return false;
+  for (auto* w : live_workers()) {
+    if (w->actor->version() != result_.delivered) return false;
+  }
+  if (late_joiner_ && !late_joined_) {
+    // The job's last event: a worker joins once everything else is over.
+    late_joined_ = true;
+    const auto instance = static_cast<std::uint32_t>(draws_.below(config_.instances));
+    ++result_.joins;
+    ++result_.faults[late_fault];
+    note(fmt::format("late joiner {}.{}", instance, next_rank_[instance]));
+    add_worker(instance, next_rank_[instance]++);
+    return false;
+  }
+  return true;
+}
+
+void chaos_job::verify() {
+  std::map<std::string, std::vector<std::byte>> expected;
+  for (const auto& t : model_) {
+    auto& bytes = expected[t.name];
+    bytes.resize(t.nbytes);
+    fill_version(bytes, t.name, result_.delivered);
+  }
+  for (auto* w : live_workers()) {
+    for (const auto& t : w->actor->tensors()) {
+      if (std::memcmp(t.data, expected.at(t.spec.name).data(), t.spec.nbytes) != 0) {
+        failure_ = fmt::format("worker {}.{}: tensor '{}' differs from version {}", w->instance, w->rank, t.spec.name,
+                               result_.delivered);
+        return;
+      }
+    }
+  }
+  if (coordinator_->digest_mismatches() > 0) {
+    failure_ = fmt::format("{} update(s) delivered digests that differ from the trainers'", coordinator_->digest_mismatches());
+  }
+}
+
+virtual_chaos_result chaos_job::run() {
+  const auto wall_start = std::chrono::steady_clock::now();
+  auto& coordinator_node = add_node();
+  std::vector<std::uint32_t> sizes(config_.instances, config_.workers_per_instance);
+  next_rank_ = sizes;
+  coordinator_ = std::make_unique<coordinator>(
+      coordinator_node, 1,
+      job_shape{.trainers = config_.trainers, .instance_sizes = sizes, .chunk_bytes = config_.chunk_bytes,
+                .depth = config_.depth, .stripes = config_.stripes});
+  coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
+  coordinator_->on_regroup = [this](const regroup_report& r) { regroup_ms_.push_back(r.milliseconds); };
+  coordinator_->on_update = [this](std::uint64_t v, bool catch_up, const std::vector<node_id>& leaders) {
+    on_update(v, catch_up, leaders);
+  };
+  coordinator_->on_delivered = [this](const version_report& r) {
+    if (update_time_ == clock::duration{}) {
+      update_time_ = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(r.seconds));
+    }
+    result_.delivered = std::max(result_.delivered, r.version);
+    if (r.version >= config_.versions) publishing_done_ = true;
+  };
+  coordinator_->start();
+  for (std::uint32_t s = 0; s < config_.trainers; ++s) add_trainer(s);
+  for (std::uint32_t i = 0; i < config_.instances; ++i) {
+    for (std::uint32_t r = 0; r < config_.workers_per_instance; ++r) add_worker(i, r);
+  }
+
+  const auto limit = clock::time_point(std::chrono::duration_cast<clock::duration>(
+      std::chrono::duration<double>(config_.virtual_limit_seconds)));
+  loop_.run_until([&] { return failure_ || env_.clock().now() > limit || settled(); });
+  if (!failure_ && loop_.stalled()) failure_ = "stalled: nothing is ready and no timer is pending";
+  if (!failure_ && env_.clock().now() > limit) {
+    failure_ = fmt::format("hung: version {} of {} delivered after {} s of virtual time", result_.delivered,
+                           config_.versions, config_.virtual_limit_seconds);
+  }
+  if (!failure_) verify();
+
+  result_.verified = !failure_;
+  if (failure_) result_.error = *failure_;
+  result_.regroups = coordinator_->regroups();
+  if (!regroup_ms_.empty()) {
+    std::sort(regroup_ms_.begin(), regroup_ms_.end());
+    result_.regroup_ms_median = regroup_ms_[regroup_ms_.size() / 2];
+    result_.regroup_ms_max = regroup_ms_.back();
+  }
+  // What the actors noted (the job's own notes name members: "kill ...", "replace ...").
+  for (const auto& [label, times] : env_.trace().instants()) {
+    if (!label.starts_with("kill") && !label.starts_with("replace") && !label.starts_with("trainer") &&
+        !label.starts_with("late")) {
+      result_.faults[label] += static_cast<std::uint32_t>(times);
+    }
+  }
+  result_.trace_digest = env_.trace().digest();
+  result_.trace_events = env_.trace().count();
+  result_.virtual_seconds = std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count();
+  if (!config_.trace_path.empty()) {
+    if (auto ec = env_.trace().write_chrome(config_.trace_path)) {
+      result_.verified = false;
+      result_.error = "cannot write the trace to " + config_.trace_path + ": " + ec.message();
+    }
+  }
+  result_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return result_;
+}
+
+}  // namespace
+
+virtual_chaos_result run_virtual_chaos(const virtual_chaos_config& config) { return chaos_job(config).run(); }
+
+}  // namespace ferry
