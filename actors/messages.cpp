@@ -1,6 +1,6 @@
 #include "actors/messages.hpp"
 
-#include "collectives/host/chain_broadcast.hpp"
+#include "collectives/host/chain_messages.hpp"
 #include "collectives/nccl/nccl_messages.hpp"
 
 namespace ferry {

@@ -109,7 +109,7 @@ void event_loop::turn(bool may_block) {
 
 void event_loop::run_until(const std::function<bool()>& done) {
   if (io_.stopped()) io_.restart();
-  if (stalled_) return;
+  stalled_ = false;
   stopping_ = false;
   while (!stopping_ && !done()) turn(true);
 }

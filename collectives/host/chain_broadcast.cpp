@@ -7,8 +7,6 @@
 
 namespace ferry {
 
-void register_collective_messages(message_registry& registry) { registry.add<chain_ready>("chain_ready"); }
-
 chain_broadcast::chain_broadcast(actor& owner, std::vector<address> members, std::uint32_t epoch,
                                  std::uint8_t imm_tag)
     : owner_(owner), members_(std::move(members)), epoch_(epoch), tag_(imm_tag) {

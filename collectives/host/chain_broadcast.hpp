@@ -9,22 +9,10 @@
 #include <vector>
 
 #include "collectives/broadcast.hpp"
+#include "collectives/host/chain_messages.hpp"
 #include "runtime/actor.hpp"
-#include "runtime/message_registry.hpp"
 
 namespace ferry {
-
-/// Member -> predecessor: write broadcast number `seq` of group `epoch` into `region` at `offset`.
-struct chain_ready {
-  static constexpr msg_kind kind{128};
-  std::uint32_t epoch = 0;
-  std::uint64_t seq = 0;
-  region_desc region;
-  std::uint64_t offset = 0;
-  MSGPACK_DEFINE_MAP(epoch, seq, region, offset)
-};
-
-void register_collective_messages(message_registry& registry);
 
 /// Owning loop only. Installs a `chain_ready` handler on `owner` and a write observer on its node
 /// for `imm_tag`, so one chain per actor, one actor per tag; a newer chain replaces both, and the
