@@ -18,6 +18,7 @@
 #include "cli/commands.hpp"
 #include "cli/job.hpp"
 #include "cli/launch.hpp"
+#include "cli/options.hpp"
 #include "jobs/virtual_chaos.hpp"
 #include "runtime/log.hpp"
 #include "runtime/message.hpp"
@@ -28,7 +29,6 @@ namespace {
 struct chaos_flags {
   process_flags common;
   bool virtual_time = false;
-  std::string trace_path;
   std::uint64_t seed = 1;
   double kill_rate = 0.5;
   double update_bound_s = 30;  ///< an update, or the job's silence, longer than this is a hang
@@ -46,7 +46,8 @@ struct chaos_tally {
 /// The job flags the user gave override the defaults of virtual_chaos_config.
 int run_virtual_chaos(const chaos_flags& f, const CLI::App& app) {
   const auto& job = f.common.job;
-  virtual_chaos_config c{.seed = f.seed, .trace_path = f.trace_path};
+  if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
+  virtual_chaos_config c{.seed = f.seed, .trace_path = job.trace_path};
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
   if (given("--versions")) c.versions = job.versions;
   if (given("--trainers")) c.trainers = job.trainers;
@@ -104,6 +105,7 @@ int run_chaos(const chaos_flags& f) {
   const auto& job = f.common.job;
   if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
   if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp, cma or fabric\n"), 2;
+  if (!job.trace_path.empty()) return std::fprintf(stderr, "ferry chaos: --trace needs --virtual (real chaos runs have no merged timeline yet)\n"), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = make_job_directory("chaos");
   const auto address_file = (dir / "coordinator").string();
@@ -285,7 +287,6 @@ void add_chaos(CLI::App& app, command_table& commands) {
   chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
   chaos->add_flag("--virtual", xf->virtual_time,
                   "the whole job in this process on virtual time, faults at seeded moments (deterministic)");
-  chaos->add_option("--trace", xf->trace_path, "with --virtual: write the run's timeline as Chrome trace JSON");
   commands[chaos] = [xf, chaos] { return xf->virtual_time ? run_virtual_chaos(*xf, *chaos) : run_chaos(*xf); };
 }
 

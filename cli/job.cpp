@@ -77,11 +77,45 @@ bool run_with_timeout(event_loop& loop, const process_flags& f, const std::funct
   return !expired;
 }
 
+/// Keeps `env`'s timeline and writes it to `path` (when not empty) as the process's job ends.
+class trace_on_exit {
+ public:
+  trace_on_exit(environment& env, std::string path) : env_(env), path_(std::move(path)) {
+    if (!path_.empty()) env_.trace().keep_records();
+  }
+  ~trace_on_exit() {
+    if (path_.empty()) return;
+    if (auto ec = env_.trace().write_chrome(path_)) log::error("cannot write the trace to {}: {}", path_, ec.message());
+  }
+
+ private:
+  environment& env_;
+  std::string path_;
+};
+
+/// `ferry local --trace`: the processes' timelines, one file each, as one (node ids are job-wide,
+/// and every process's clock counts from the host's boot).
+std::error_code merge_traces(const std::vector<std::filesystem::path>& parts, const std::string& out) {
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& part : parts) {
+    std::ifstream in(part);
+    if (!in) continue;  // a process that died before writing one
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.contains("traceEvents")) continue;
+    for (auto& e : j["traceEvents"]) events.push_back(std::move(e));
+  }
+  std::ofstream file(out);
+  file << nlohmann::json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}.dump() << "\n";
+  file.close();
+  return file ? std::error_code{} : std::error_code(errno ? errno : EIO, std::generic_category());
+}
+
 int run_coordinator(const process_flags& f) {
   transport_settings env;
   if (auto error = prepare_environment(f, env)) return std::fprintf(stderr, "ferry coordinator: %s\n", error->c_str()), 2;
   event_loop loop;
   real_environment environment(loop);
+  const trace_on_exit trace(environment, f.job.trace_path);
   auto t = make_transport(f.job.transport, environment, coordinator_node, env);
   if (!t) return std::fprintf(stderr, "ferry coordinator: cannot open the transport: %s\n", t.error().message().c_str()), 1;
   node host(environment, coordinator_node, *t, protocol());
@@ -184,6 +218,7 @@ int run_node(const node_flags& f) {
     if (!gpu) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 2;
   }
   real_environment environment(loop, gpu ? gpu->copies.get() : nullptr);
+  const trace_on_exit trace(environment, f.common.job.trace_path);
   auto opened = make_transport(f.common.job.transport, environment, f.id, env);
   if (!opened) return std::fprintf(stderr, "ferry node: cannot open the transport: %s\n", opened.error().message().c_str()), 1;
   node host(environment, f.id, *opened, protocol());
@@ -360,8 +395,15 @@ int run_local(const process_flags& f) {
   const auto address_file = (dir / "coordinator").string();
 
   auto extra = [&](std::vector<std::string> args) { return with_process_flags(f, std::move(args)); };
+  std::vector<std::filesystem::path> traces;  // one per process, merged into --trace at the end
+  auto traced = [&](std::vector<std::string>& args) {
+    if (f.job.trace_path.empty()) return;
+    traces.push_back(dir / fmt::format("trace.{}.json", traces.size()));
+    args.insert(args.end(), {"--trace", traces.back().string()});
+  };
   auto coordinator_args = extra(job_args(self, "coordinator", f.job));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file});
+  traced(coordinator_args);
   if (f.gpus) coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout", "30"});
   if (f.json) coordinator_args.push_back("--json");
   const pid_t coordinator_pid = spawn(coordinator_args);
@@ -377,6 +419,7 @@ int run_local(const process_flags& f) {
       if (on_gpu) args.insert(args.end(), {"--device", std::to_string(next_gpu++)});
       args.insert(args.end(), {"--coordinator", address, "--node-id", std::to_string(next++)});
       args.insert(args.end(), role.begin(), role.end());
+      traced(args);
       children.push_back(spawn(args));
     };
     for (std::uint32_t s = 0; s < f.job.trainers; ++s) start_node({"--role", "trainer", "--shard", std::to_string(s)});
@@ -402,6 +445,12 @@ int run_local(const process_flags& f) {
     if (ok[i]) continue;
     log::error("local: node process {} failed (its byte check, its role or its exit)", children[i]);
     status = 1;
+  }
+  if (!traces.empty()) {
+    if (auto ec = merge_traces(traces, f.job.trace_path)) {
+      log::error("local: cannot write the trace to {}: {}", f.job.trace_path, ec.message());
+      status = 1;
+    }
   }
   std::filesystem::remove_all(dir);
   return status;

@@ -1,5 +1,9 @@
 #include "cli/options.hpp"
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
 #include "actors/plan.hpp"
 
 namespace ferry::cli {
@@ -25,6 +29,8 @@ void add_job_options(CLI::App& app, job_config& c) {
                "with no point-to-point copy (every node on one host)");
   app.add_flag("!--no-checksums", c.checksums, "skip the per-chunk xxh3 check (benchmarks)");
   app.add_flag("!--no-verify", c.verify, "skip per-tensor digests and the final byte compare");
+  app.add_option("--trace", c.trace_path,
+                 "write the timeline of every stage of every chunk here, as Chrome trace JSON (Perfetto opens it)");
 }
 
 std::string check_job_options(const job_config& c) {
@@ -33,6 +39,9 @@ std::string check_job_options(const job_config& c) {
            std::to_string(tensor_alignment);
   }
   if (c.model_bytes < (1u << 20)) return "--model-bytes " + std::to_string(c.model_bytes) + ": at least 1MiB";
+  if (!c.trace_path.empty() && !std::ofstream(c.trace_path)) {
+    return "--trace " + c.trace_path + ": cannot be written (" + std::strerror(errno) + ")";
+  }
   return "";
 }
 

@@ -53,6 +53,7 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   job_result result;
   event_loop loop;
   real_environment env(loop);
+  if (!config.trace_path.empty()) env.trace().keep_records();
   transport_settings settings;
   // One process, one job: a fresh random secret authenticates the tcp links between its nodes.
   std::random_device random;
@@ -179,6 +180,12 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   coord.stop_job();
   workers.clear();
   trainers.clear();
+  if (!config.trace_path.empty()) {
+    if (auto ec = env.trace().write_chrome(config.trace_path)) {
+      result.ok = result.verified = false;
+      result.error = "cannot write the trace to " + config.trace_path + ": " + ec.message();
+    }
+  }
   return result;
 }
 

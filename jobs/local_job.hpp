@@ -23,6 +23,7 @@ struct job_config {
   std::string transport = "inproc";
   bool checksums = true;
   bool verify = true;  ///< per-tensor digests every version, and a byte compare at the end
+  std::string trace_path;  ///< the timeline as Chrome trace JSON, when not empty
 };
 
 struct job_result {
