@@ -72,18 +72,27 @@ def pre_job_attacks(host, port, secret):
     expect_dropped(w.Link(host, port), w.link_frame(w.CONTROL, w.envelope(1, {"nonce": 1, "payload": ""})),
                    "CONTROL before the handshake")
 
-    # Handshakes in progress are capped (max_unauthenticated, 32 by default): idle connections
-    # past the cap get REFUSE(limit_exceeded) at once.
+    # Connections of one address in their handshake are capped (max_unauthenticated_per_address,
+    # 8 by default, well below max_unauthenticated, 32): each idle connection past the cap closes
+    # the address's oldest idle one, which gets REFUSE(limit_exceeded) and a close; the newest 8
+    # stay open.
     idle = [w.Link(host, port) for _ in range(40)]
-    refused = 0
-    for link in idle[32:]:
-        link.sock.settimeout(5)
+    time.sleep(0.5)  # the coordinator takes them in
+    refused, still_open = 0, 0
+    for i, link in enumerate(idle):
+        oldest = i < 32
+        link.sock.settimeout(5 if oldest else 0.2)
         try:
             frame_type, body = link.read_frame()
-            refused += frame_type == w.REFUSE and struct.unpack(">H", body)[0] == w.LIMIT_EXCEEDED
-        except (w.Closed, socket.timeout):
+            got_refuse = frame_type == w.REFUSE and struct.unpack(">H", body)[0] == w.LIMIT_EXCEEDED
+            refused += oldest and got_refuse and link.closed_by_peer()
+        except socket.timeout:
+            still_open += not oldest
+        except w.Closed:
             pass
-    check(refused == 8, f"max_unauthenticated: {refused} of 8 connections past the cap were refused")
+    check(refused == 32, f"max_unauthenticated_per_address: {refused} of the 32 oldest idle connections closed "
+                         "with REFUSE(limit_exceeded)")
+    check(still_open == 8, f"max_unauthenticated_per_address: {still_open} of the 8 newest idle connections open")
     for link in idle:
         link.close()
     time.sleep(0.5)  # the coordinator notices the closes
@@ -176,6 +185,22 @@ def job_round(host, port, secret, me):
     return expected
 
 
+def turned_away_by_reason(log):
+    """The connections a node's summaries ("tcp N: turned away ...") count, by reason."""
+    counts = {}
+    for line in log.splitlines():
+        one = re.search(r"turned away a connection from \S+ before its handshake: (.*)$", line)
+        if one:
+            counts[one.group(1)] = counts.get(one.group(1), 0) + 1
+            continue
+        many = re.search(r"turned away \d+ connections before their handshake in [\d.]+ s: (.*)$", line)
+        for entry in many.group(1).split("; ") if many else []:
+            m = re.match(r"(\d+) from \S+ \((.*)\)$", entry)
+            if m:
+                counts[m.group(2)] = counts.get(m.group(2), 0) + int(m.group(1))
+    return counts
+
+
 def main():
     ferry = os.path.abspath(sys.argv[1])
     work = tempfile.mkdtemp(prefix="ferry-hostile-")
@@ -259,13 +284,24 @@ def main():
         check(seen >= n, f"coordinator logged {seen} rejections '{reason}', expected at least {n}")
     refused_writes = len(re.findall(r"tcp 0: refused a write of \d+ bytes from node \d+", log))
     check(refused_writes >= 2 * rounds, f"coordinator logged {refused_writes} refused writes for {rounds} rounds")
-    refused_connections = len(re.findall(r"tcp 0: refused a connection from .*max_unauthenticated", log))
-    check(refused_connections >= 8, f"coordinator logged {refused_connections} connections refused by max_unauthenticated")
+    # Connections that failed before their handshake are summed up (at most a line a second), by reason.
+    turned_away = turned_away_by_reason(log)
+    for reason, n in [("closed while idle to make room (max_unauthenticated_per_address)", 32),
+                      ("peer not authenticated: authentication modes differ", 1),
+                      ("peer not authenticated: wrong proof: the peer does not hold the job secret", 1),
+                      ("peer unreachable: HELLO is for node 7", 1),
+                      ("peer violated the link protocol: oversize or empty handshake frame", 1),  # HTTP
+                      ("peer violated the link protocol: expected HELLO", 1),  # CONTROL first
+                      ("node 950 already has 4 links (max_links_per_node)", 1)]:
+        check(turned_away.get(reason, 0) >= n,
+              f"coordinator counted {turned_away.get(reason, 0)} connections turned away for '{reason}', expected {n}")
+    summaries = len(re.findall(r"tcp 0: turned away", log))
     dropped = len(re.findall(r"tcp 0: dropped .*", log))
-    check(dropped >= 8 * rounds + 5, f"coordinator logged {dropped} dropped links for {rounds} rounds")
+    check(dropped >= 8 * rounds, f"coordinator logged {dropped} dropped links for {rounds} rounds")
 
     print(f"hostile rounds during the job: {rounds}; rejections logged: {len(rejected)}; "
-          f"refused writes: {refused_writes}; dropped links: {dropped}; job: {verdict.get('versions')} versions, "
+          f"refused writes: {refused_writes}; dropped links: {dropped}; connections turned away before their "
+          f"handshake: {sum(turned_away.values())} in {summaries} lines; job: {verdict.get('versions')} versions, "
           f"verified {verdict.get('verified')}")
     if failures:
         print(f"{len(failures)} checks FAILED; coordinator log tail:\n" + log[-5000:])

@@ -44,16 +44,42 @@ std::string endpoint_text(const ip::tcp::endpoint& e) {
                    : a.to_string() + ":" + std::to_string(e.port());
 }
 
+/// Refused connections that may wait at once for their peer to close; past it they are closed
+/// right after the REFUSE, so that a flood of refused connections cannot pile up sockets.
+constexpr std::size_t max_lingering_refusals = 64;
+
+/// Writes REFUSE without waiting: a best effort for connections closed at once.
+void refuse_now(ip::tcp::socket& socket, transport_errc reason) {
+  const auto bytes = wire::encode_refuse(static_cast<std::uint16_t>(reason));
+  error_code ignored;
+  socket.non_blocking(true, ignored);
+  socket.write_some(asio::buffer(bytes), ignored);
+  socket.shutdown(ip::tcp::socket::shutdown_send, ignored);
+}
+
 /// Refuses a connection before it has a link: REFUSE, then wait (bounded) for the peer to close
-/// so that our close does not reset the connection before it read the reason.
+/// so that our close does not reset the connection before it read the reason. `lingering` counts
+/// the connections waiting so, together.
 void refuse_unlinked(ip::tcp::socket socket, transport_errc reason,
-                     std::chrono::milliseconds linger) {
+                     std::chrono::milliseconds linger,
+                     const std::shared_ptr<std::size_t>& lingering) {
+  if (*lingering >= max_lingering_refusals) {
+    refuse_now(socket, reason);
+    error_code ignored;
+    socket.close(ignored);
+    return;
+  }
   struct state {
     ip::tcp::socket socket;
     asio::steady_timer timer;
     std::vector<std::byte> bytes;
     std::array<std::byte, 256> sink;
+    std::shared_ptr<std::size_t> lingering;
+    bool finished = false;
     void finish() {
+      if (finished) return;
+      finished = true;
+      --*lingering;
       error_code ignored;
       timer.cancel(ignored);
       socket.close(ignored);
@@ -66,10 +92,12 @@ void refuse_unlinked(ip::tcp::socket socket, transport_errc reason,
     }
   };
   auto executor = socket.get_executor();
+  ++*lingering;
   auto s = std::make_shared<state>(state{std::move(socket),
                                          asio::steady_timer(executor),
                                          wire::encode_refuse(static_cast<std::uint16_t>(reason)),
-                                         {}});
+                                         {},
+                                         lingering});
   s->timer.expires_after(linger);
   s->timer.async_wait([s](const error_code& ec) {
     if (!ec) s->finish();
@@ -105,6 +133,13 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   bool handshaking() const { return phase_ == phase::handshaking; }
   bool closed() const { return phase_ == phase::closed; }
   bool refused_by_limit() const { return refused_by_limit_; }
+  /// Incoming links: their id in the owner's handshake budget.
+  std::uint64_t incoming_id() const { return incoming_id_; }
+  /// Incoming links: whether the peer has sent its first frame, or has bytes waiting to be read.
+  bool spoke() const {
+    error_code ec;
+    return spoke_ || socket_.available(ec) > 0;
+  }
   const std::string& remote() const { return remote_; }
   const ip::address& remote_ip() const { return remote_ip_; }
 
@@ -133,13 +168,15 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
         });
   }
 
-  void start_server(const ip::tcp::endpoint& remote) {
+  void start_server(const ip::tcp::endpoint& remote, std::uint64_t incoming_id) {
+    incoming_id_ = incoming_id;
     remote_ = endpoint_text(remote);
     remote_ip_ = remote.address();
     phase_ = phase::handshaking;
     arm_timer();
     auto self = shared_from_this();
     read_handshake([self](wire::frame_type type, std::span<const std::byte> body) {
+      self->spoke_ = true;
       self->on_hello(type, body);
     });
   }
@@ -172,6 +209,15 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     item.head = wire::encode(h);
     queue_.push_back(std::move(item));
     flush();
+  }
+
+  /// Closes a link in its handshake to make room for a newcomer: REFUSE(limit_exceeded) without
+  /// waiting, then the owner drops it like any failed handshake, saying `detail`.
+  void evict(std::string detail) {
+    if (closed()) return;
+    refused_by_limit_ = true;
+    refuse_now(socket_, transport_errc::limit_exceeded);
+    drop(transport_errc::limit_exceeded, detail);
   }
 
   /// Closes the link; everything pending completes with `why`, later, on the loop.
@@ -606,6 +652,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   node_id peer_;
   phase phase_ = phase::connecting;
   bool refused_by_limit_ = false;
+  std::uint64_t incoming_id_ = 0;
+  bool spoke_ = false;
   std::string remote_;
   ip::address remote_ip_;
   std::string detail_;
@@ -628,7 +676,14 @@ std::shared_ptr<tcp_transport> tcp_transport::make(event_loop& loop, node_id sel
 }
 
 tcp_transport::tcp_transport(event_loop& loop, node_id self, tcp_options options)
-    : loop_(loop), self_(self), options_(std::move(options)), regions_(self) {}
+    : loop_(loop),
+      self_(self),
+      options_(std::move(options)),
+      regions_(self),
+      handshake_budget_({.max_total = options_.max_unauthenticated,
+                         .max_per_address = options_.max_unauthenticated_per_address,
+                         .stale_after = options_.handshake_timeout_under_pressure}),
+      refusal_timer_(loop.io()) {}
 
 tcp_transport::~tcp_transport() {
   close();
@@ -699,8 +754,15 @@ void tcp_transport::close() {
   }
   auto incoming = std::move(incoming_);
   incoming_.clear();
+  handshaking_.clear();
+  handshake_budget_.clear();
   for (const auto& l : incoming) l->shut(errc::stopped);
-  unauthenticated_ = 0;
+  // What the last second turned away is still news.
+  error_code ignored;
+  refusal_timer_.cancel(ignored);
+  if (!refusals_.empty()) {
+    log::warn("tcp {}: {}", self_, refusals_.take(std::chrono::steady_clock::now()));
+  }
   // Copies into our regions stop here; their reports find their links closed.
   copier_.reset();
 }
@@ -729,26 +791,65 @@ void tcp_transport::on_accepted(ip::tcp::socket socket) {
   const auto remote = socket.remote_endpoint(ec);
   if (ec) return;  // already gone
   socket.set_option(ip::tcp::no_delay(true), ec);
-  const auto same_address = static_cast<std::size_t>(
-      std::count_if(incoming_.begin(), incoming_.end(),
-                    [&](const auto& l) { return l->remote_ip() == remote.address(); }));
-  std::string_view limit;
-  if (unauthenticated_ >= options_.max_unauthenticated) {
-    limit = "max_unauthenticated";
-  } else if (same_address >= options_.max_connections_per_address) {
-    limit = "max_connections_per_address";
+  const auto from = remote.address();
+  const auto same_address = static_cast<std::size_t>(std::count_if(
+      incoming_.begin(), incoming_.end(), [&](const auto& l) { return l->remote_ip() == from; }));
+  if (same_address >= options_.max_connections_per_address) {
+    return refuse_connection(std::move(socket), from, "max_connections_per_address");
   }
-  if (!limit.empty()) {
-    ++stats_.connections_refused;
-    log::warn("tcp {}: refused a connection from {}: limit {} reached", self_,
-              endpoint_text(remote), limit);
-    refuse_unlinked(std::move(socket), transport_errc::limit_exceeded, options_.handshake_timeout);
-    return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto verdict = handshake_budget_.consider(from, now, [this](std::uint64_t id) {
+    const auto it = handshaking_.find(id);
+    return it != handshaking_.end() && it->second->spoke();
+  });
+  if (!verdict.admit) return refuse_connection(std::move(socket), from, verdict.limit);
+  if (verdict.evict) {
+    if (const auto it = handshaking_.find(*verdict.evict); it != handshaking_.end()) {
+      auto victim = it->second->shared_from_this();
+      ++stats_.connections_evicted;
+      victim->evict(fmt::format("closed {} to make room ({})",
+                                victim->spoke() ? "after handshaking too long" : "while idle",
+                                verdict.limit));
+    }
   }
   auto l = std::make_shared<link>(*this, false, std::move(socket), 0);
+  const auto id = next_incoming_id_++;
   incoming_.insert(l);
-  ++unauthenticated_;
-  l->start_server(remote);
+  handshaking_.emplace(id, l.get());
+  handshake_budget_.add(id, from, now);
+  l->start_server(remote, id);
+}
+
+void tcp_transport::refuse_connection(ip::tcp::socket socket, const ip::address& from,
+                                      std::string_view limit) {
+  ++stats_.connections_refused;
+  turned_away(from, fmt::format("refused: limit {} reached", limit));
+  refuse_unlinked(std::move(socket), transport_errc::limit_exceeded, options_.handshake_timeout,
+                  lingering_refusals_);
+}
+
+void tcp_transport::turned_away(const ip::address& from, std::string reason) {
+  const auto now = std::chrono::steady_clock::now();
+  if (refusals_.add(from.to_string(), reason, now)) {
+    return log::warn("tcp {}: {}", self_, refusals_.take(now));
+  }
+  arm_refusal_timer();
+}
+
+void tcp_transport::arm_refusal_timer() {
+  if (refusal_timer_armed_) return;
+  refusal_timer_armed_ = true;
+  refusal_timer_.expires_at(refusals_.due());
+  refusal_timer_.async_wait([weak = weak_from_this()](const error_code& ec) {
+    auto self = weak.lock();
+    if (!self || ec) return;
+    self->refusal_timer_armed_ = false;
+    if (self->refusals_.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    // A refusal may have written the line since this timer was armed: then the rest waits.
+    if (now < self->refusals_.due()) return self->arm_refusal_timer();
+    log::warn("tcp {}: {}", self->self_, self->refusals_.take(now));
+  });
 }
 
 std::error_code tcp_transport::add_peer(node_id peer, std::string_view address) {
@@ -849,7 +950,8 @@ void tcp_transport::on_link_ready(link& l) {
     log::debug("tcp {}: link to node {} at {} is up", self_, l.peer(), l.remote());
     return;
   }
-  --unauthenticated_;
+  handshaking_.erase(l.incoming_id());
+  handshake_budget_.remove(l.incoming_id());
   ++stats_.links_accepted;
   log::debug("tcp {}: accepted node {} from {}", self_, l.peer(), l.remote());
 }
@@ -863,7 +965,8 @@ void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code
     if (auto it = peers_.find(l->peer()); it != peers_.end() && it->second.out == l)
       it->second.out.reset();
   } else if (incoming_.erase(l) > 0 && !was_ready) {
-    --unauthenticated_;
+    handshaking_.erase(l->incoming_id());
+    handshake_budget_.remove(l->incoming_id());
   }
   if (why == transport_errc::protocol_violation) ++stats_.protocol_violations;
   if (was_ready) {
@@ -871,10 +974,18 @@ void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code
   } else if (handshaking && !l->refused_by_limit()) {
     ++stats_.handshakes_failed;
   }
-  log::warn("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
-            l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from", l->peer(),
-            l->remote().empty() ? "?" : l->remote(), why.message(), detail.empty() ? "" : ": ",
-            detail);
+  if (!l->outgoing() && !was_ready) {
+    // Anyone can open connections: what fails before the proof is summed up, not logged each.
+    // A limit's own words say it all; other failures say what failed, then the detail.
+    turned_away(l->remote_ip(), detail.empty()          ? why.message()
+                                : l->refused_by_limit() ? detail
+                                                        : why.message() + ": " + detail);
+  } else {
+    log::warn("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
+              l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from", l->peer(),
+              l->remote().empty() ? "?" : l->remote(), why.message(), detail.empty() ? "" : ": ",
+              detail);
+  }
   // An incoming link's clean loss is reported by our own link to that peer, which breaks too.
   const bool report = was_ready && (l->outgoing() || why == transport_errc::protocol_violation);
   if (report && events_.on_peer_lost) events_.on_peer_lost(l->peer(), why);

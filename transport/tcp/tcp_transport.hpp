@@ -4,6 +4,7 @@
 /// Same-host mode (scheme "cma"): the link stays, but a write's bytes skip the socket; the
 /// receiver copies them out of the writer's memory (`process_copier`).
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -15,9 +16,11 @@
 #include "runtime/codec.hpp"
 #include "runtime/event_loop.hpp"
 #include "transport/region_table.hpp"
+#include "transport/tcp/handshake_budget.hpp"
 #include "transport/tcp/link_auth.hpp"
 #include "transport/tcp/process_copier.hpp"
 #include "runtime/transport.hpp"
+#include "transport/tcp/refusal_report.hpp"
 
 namespace ferry {
 
@@ -34,6 +37,12 @@ struct tcp_options {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Incoming connections that have not finished their handshake, all peers together.
   std::size_t max_unauthenticated = 32;
+  /// Incoming connections from one remote IP address that have not finished their handshake: a
+  /// share well below `max_unauthenticated`, so that one address cannot take the whole budget.
+  std::size_t max_unauthenticated_per_address = 8;
+  /// At either limit above, a newcomer is let in by closing the oldest connection that has sent
+  /// nothing yet, or is still handshaking after this long (`handshake_budget`).
+  std::chrono::milliseconds handshake_timeout_under_pressure{1000};
   /// Incoming connections from one remote IP address, in any state.
   std::size_t max_connections_per_address = 64;
   /// Authenticated incoming links of one node id (a reconnect may overlap its dead predecessor).
@@ -56,6 +65,8 @@ struct tcp_options {
 struct tcp_stats {
   std::uint64_t links_accepted = 0;       ///< incoming links that completed the handshake
   std::uint64_t connections_refused = 0;  ///< incoming connections refused by a limit
+  std::uint64_t connections_evicted =
+      0;  ///< connections closed before their handshake to make room for a newcomer
   std::uint64_t handshakes_failed =
       0;  ///< links of either side that did not complete the handshake
   std::uint64_t protocol_violations =
@@ -113,6 +124,12 @@ class tcp_transport final : public transport, public std::enable_shared_from_thi
   std::shared_ptr<link> link_to(node_id peer);
   void on_link_ready(link& l);
   void on_link_lost(const std::shared_ptr<link>& l, std::error_code why);
+  /// Refuses a connection that has no link yet (REFUSE, then close), and counts it.
+  void refuse_connection(boost::asio::ip::tcp::socket socket, const boost::asio::ip::address& from,
+                         std::string_view limit);
+  /// Counts a connection turned away before its handshake; logs a summary at most once a second.
+  void turned_away(const boost::asio::ip::address& from, std::string reason);
+  void arm_refusal_timer();
   void post_done(completion done, std::error_code ec);
   bool authenticated() const { return !options_.secret.empty(); }
 
@@ -124,7 +141,15 @@ class tcp_transport final : public transport, public std::enable_shared_from_thi
   std::optional<boost::asio::ip::tcp::acceptor> acceptor_;
   std::map<node_id, peer_entry> peers_;
   std::set<std::shared_ptr<link>> incoming_;
-  std::size_t unauthenticated_ = 0;
+  /// Incoming links still in their handshake, by their id in `handshake_budget_`.
+  std::map<std::uint64_t, link*> handshaking_;
+  handshake_budget handshake_budget_;
+  std::uint64_t next_incoming_id_ = 1;
+  refusal_report refusals_;
+  boost::asio::steady_timer refusal_timer_;
+  bool refusal_timer_armed_ = false;
+  /// Refused connections still waiting for their peer to read the REFUSE and close.
+  std::shared_ptr<std::size_t> lingering_refusals_ = std::make_shared<std::size_t>(0);
   std::uint64_t next_write_id_ = 1;
   tcp_stats stats_;
   bool open_ = false;
