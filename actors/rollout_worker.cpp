@@ -185,7 +185,6 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   }
 
   auto g = std::make_shared<generation>();
-  g->id = ++generations_;
   g->stripes = static_cast<std::uint32_t>(inst.leaders.size());
   g->stripe = stripe;
   g->credits = std::make_unique<slot_counter>(plan_->depth);

@@ -95,7 +95,6 @@ class rollout_worker final : public actor {
   /// The state of one epoch's staging; a new plan starts a new generation and abandons the old
   /// one's pending work (its completions still run, but touch nothing of the new generation).
   struct generation {
-    std::uint64_t id = 0;
     std::unique_ptr<broadcast_group> broadcast;
     std::uint32_t stripes = 1;             ///< leaders of the instance
     std::optional<std::uint32_t> stripe;   ///< this member's stripe, when it leads
@@ -160,7 +159,6 @@ class rollout_worker final : public actor {
   std::map<shared_memory_ref, std::shared_ptr<const mapped_copy>> sources_;
   std::byte* device_slots_ = nullptr;  ///< `depth` broadcast slots on the device
   std::shared_ptr<generation> gen_;
-  std::uint64_t generations_ = 0;
 
   std::map<std::uint64_t, version_progress> progress_;
   std::uint64_t complete_version_ = 0;

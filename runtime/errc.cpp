@@ -17,7 +17,6 @@ struct runtime_category_impl final : std::error_category {
       case errc::malformed_body: return "message body does not match its kind";
       case errc::unknown_actor: return "no such actor on this node";
       case errc::unknown_peer: return "no route to that node";
-      case errc::stale_epoch: return "message of an older epoch";
       case errc::stopped: return "stopped";
       case errc::timed_out: return "timed out";
       case errc::invalid_argument: return "invalid argument";

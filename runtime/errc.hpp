@@ -15,8 +15,8 @@ enum class errc : int {
   malformed_body,       ///< body does not decode as the kind's struct
   unknown_actor,        ///< no actor with that address lives on this node
   unknown_peer,         ///< no route to that node
-  stale_epoch,          ///< message of an older membership epoch
-  stopped,              ///< the loop or the peer is shut down
+  // 9 was stale_epoch, never raised: actors judge epochs themselves. Values stay as they were.
+  stopped = 10,         ///< the loop or the peer is shut down
   timed_out,
   invalid_argument,
   forged_sender,        ///< envelope sender is not the node the frame came from
