@@ -18,8 +18,7 @@ rollout_worker::mapped_copy::~mapped_copy() {
 
 rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
                                std::uint32_t rank, std::vector<tensor_ref> tensors, worker_options options)
-    : actor(host, id),
-      coordinator_(coordinator),
+    : job_member(host, id, coordinator, options.heartbeat_interval),
       instance_(instance),
       rank_(rank),
       tensors_(std::move(tensors)),
@@ -46,17 +45,10 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
     log::warn("worker {}.{}: update of version {} failed: {}", instance_, rank_, m.version, m.reason);
     progress_.erase(m.version);
   });
-  on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
-  on<job_stop>([this](const envelope_header&, const job_stop&) {
-    stopped_ = true;
-    changed();
-  });
 }
 
 rollout_worker::~rollout_worker() {
-  stopped_ = true;
-  host().clock().cancel(heartbeat_timer_);
-  changed();
+  stop_member();
   if (gen_) {
     gen_->credits->release();
     gen_->broadcast->abort();
@@ -75,44 +67,18 @@ void rollout_worker::join() {
   register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
                     .on_device = on_device()};
   for (const auto& t : tensors_) m.tensors.push_back(t.spec);
-  start();
-  send(coordinator_, m);
-  beat();
+  join_with(m);
 }
 
-void rollout_worker::leave(const std::string& reason) {
-  send(coordinator_, leave_job{.reason = reason});
-  stopped_ = true;
-  changed();
-}
+std::string rollout_worker::name() const { return "worker " + std::to_string(instance_) + "." + std::to_string(rank_); }
 
-void rollout_worker::beat() {
-  heartbeat_timer_ = host().clock().async_wait(options_.heartbeat_interval, [this](std::error_code ec) {
-    if (ec || stopped_ || failed_) return;
-    send(coordinator_, heartbeat{});
-    beat();
-  });
-}
-
-void rollout_worker::fail(const std::string& reason) {
-  if (failed_) return;
-  failed_ = true;
-  log::error("worker {}.{}: {}", instance_, rank_, reason);
-  changed();
+void rollout_worker::failing() {
   if (gen_) gen_->credits->release();
-  if (on_failed) on_failed(reason);
 }
 
 void rollout_worker::corrupted(const std::string& reason) {
   send(coordinator_, participant_error{.reason = reason});
   fail(reason);
-}
-
-template <class Pred>
-bool rollout_worker::wait_for(Pred pred) {
-  std::unique_lock lock(state_mutex_);
-  state_cv_.wait(lock, [&] { return failed_ || stopped_ || pred(); });
-  return !failed_ && !stopped_;
 }
 
 void rollout_worker::adopt_plan(const plan_ready& m) {

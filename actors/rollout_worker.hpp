@@ -4,19 +4,17 @@
 /// slots (the whole chunk when the instance has one leader); the instance then broadcasts (one
 /// leader) or all-gathers (several) it, and every member verifies and applies it. The first
 /// leader orders the instance's chunks.
-#include <boost/fiber/condition_variable.hpp>
-#include <boost/fiber/mutex.hpp>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 
+#include "actors/job_member.hpp"
 #include "actors/messages.hpp"
 #include "actors/stage_meter.hpp"
 #include "actors/trainer_shard.hpp"
 #include "collectives/broadcast.hpp"
-#include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
@@ -36,7 +34,7 @@ struct worker_options {
 };
 
 /// Owning loop only.
-class rollout_worker final : public actor {
+class rollout_worker final : public job_member {
  public:
   /// `tensors` say where each tensor lands; a null `data` makes the worker keep the bytes itself
   /// (read them in `on_tensor`).
@@ -47,11 +45,8 @@ class rollout_worker final : public actor {
 
   /// Registers with the coordinator.
   void join();
-  /// Tells the coordinator this member leaves (the job regroups without it), and stops.
-  void leave(const std::string& reason);
 
   bool is_leader() const { return leader_; }
-  bool failed() const { return failed_; }
   std::uint64_t version() const { return complete_version_; }
   const std::vector<tensor_ref>& tensors() const { return tensors_; }
 
@@ -59,7 +54,6 @@ class rollout_worker final : public actor {
   std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)> on_tensor;
   /// Every tensor of `version` is applied here.
   std::function<void(std::uint64_t version)> on_version;
-  std::function<void(const std::string&)> on_failed;
 
  private:
   struct received {
@@ -135,13 +129,9 @@ class rollout_worker final : public actor {
   /// Fiber: the per-tensor digests of device tensors, hashed from a pinned host bounce buffer.
   void digest_through_host(version_complete& report);
   worker_ready holdings() const;
-  void beat();
-  void fail(const std::string& reason);
-  void changed() { state_cv_.notify_all(); }
-  template <class Pred>
-  bool wait_for(Pred pred);
+  std::string name() const override;
+  void failing() override;
 
-  address coordinator_;
   std::uint32_t instance_;
   std::uint32_t rank_;
   std::vector<tensor_ref> tensors_;
@@ -164,12 +154,6 @@ class rollout_worker final : public actor {
   std::uint64_t complete_version_ = 0;
   stage_meter upload_meter_, broadcast_meter_, apply_meter_;
   int in_flight_ = 0;
-  int fibers_ = 0;
-  bool failed_ = false;
-  bool stopped_ = false;
-  std::uint64_t heartbeat_timer_ = 0;
-  boost::fibers::mutex state_mutex_;
-  boost::fibers::condition_variable state_cv_;
 };
 
 }  // namespace ferry

@@ -11,8 +11,7 @@ namespace ferry {
 
 trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::uint32_t shard,
                              std::vector<tensor_ref> tensors, trainer_options options)
-    : actor(host, id),
-      coordinator_(coordinator),
+    : job_member(host, id, coordinator, options.heartbeat_interval),
       shard_(shard),
       tensors_(std::move(tensors)),
       options_(options),
@@ -51,21 +50,10 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     changed();
     if (on_update_failed) on_update_failed(m.version, m.reason);
   });
-  on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
-  on<job_stop>([this](const envelope_header&, const job_stop&) {
-    stopped_ = true;
-    changed();
-  });
 }
 
 trainer_shard::~trainer_shard() {
-  stopped_ = true;
-  ++send_generation_;
-  host().clock().cancel(heartbeat_timer_);
-  changed();
-  for (auto& r : routes_) {
-    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
-  }
+  stop_member();
   if (fibers_ > 0) host().loop().run_until([this] { return fibers_ == 0; });
   release_host_copies();
 }
@@ -81,43 +69,23 @@ void trainer_shard::release_host_copies() {
 void trainer_shard::join() {
   register_trainer m{.shard = shard_, .transport_address = host().transport().local_address()};
   for (const auto& t : tensors_) m.tensors.push_back(t.spec);
-  start();
-  send(coordinator_, m);
-  beat();
+  join_with(m);
 }
 
-void trainer_shard::leave(const std::string& reason) {
-  send(coordinator_, leave_job{.reason = reason});
-  stopped_ = true;
-  ++send_generation_;
-  changed();
-}
-
-void trainer_shard::beat() {
-  heartbeat_timer_ = host().clock().async_wait(options_.heartbeat_interval, [this](std::error_code ec) {
-    if (ec || stopped_ || failed_) return;
-    send(coordinator_, heartbeat{});
-    beat();
-  });
-}
-
-void trainer_shard::fail(const std::string& reason) {
-  if (failed_) return;
-  failed_ = true;
-  ++send_generation_;
-  log::error("trainer shard {}: {}", shard_, reason);
-  changed();
+void trainer_shard::release_credits() {
   for (auto& r : routes_) {
     for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
   }
-  if (on_failed) on_failed(reason);
 }
 
-template <class Pred>
-bool trainer_shard::wait_for(Pred pred) {
-  std::unique_lock lock(state_mutex_);
-  state_cv_.wait(lock, [&] { return failed_ || stopped_ || pred(); });
-  return !failed_ && !stopped_;
+void trainer_shard::failing() {
+  ++send_generation_;
+  release_credits();
+}
+
+void trainer_shard::stopping() {
+  ++send_generation_;
+  release_credits();
 }
 
 void trainer_shard::adopt_plan(const plan_ready& m) {
@@ -127,9 +95,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   // A new epoch: senders of the old one stop; the coordinator says what to send next.
   ++send_generation_;
   ready_ = false;
-  for (auto& r : routes_) {
-    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
-  }
+  release_credits();
   routes_.clear();
   auto next = std::make_shared<shard_plan>(shard_plan{m.plan, {}, {}, {}});
   set_epoch(next->epoch);
@@ -256,9 +222,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
 void trainer_shard::start_sending(const update_go& go) {
   const auto generation = ++send_generation_;
   send_meter_.reset();
-  for (auto& r : routes_) {
-    for (std::uint32_t i = 0; i < plan_->depth; ++i) r->credits.release();
-  }
+  release_credits();
   routes_.clear();
   changed();
   for (const auto& rc : go.routes) {
@@ -335,10 +299,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
           send(r->leader, sent);
         });
   }
-  {
-    std::unique_lock lock(state_mutex_);
-    state_cv_.wait(lock, [&] { return r->in_flight == 0; });
-  }
+  wait_even_if_stopped([&] { return r->in_flight == 0; });
   // The last route of this update to finish reports the send stage's busy time.
   const bool all_sent = std::all_of(routes_.begin(), routes_.end(),
                                     [](const auto& x) { return x->chunks.empty() && x->in_flight == 0; });

@@ -3,17 +3,15 @@
 /// instance leaders when the coordinator says which (`update_go`), `depth` writes in flight per
 /// leader; with k leaders per instance, each gets one stripe of every chunk. Two host copies alternate by version, so a late joiner can be served the delivered
 /// version while the next one is offloaded.
-#include <boost/fiber/condition_variable.hpp>
-#include <boost/fiber/mutex.hpp>
 #include <array>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 
+#include "actors/job_member.hpp"
 #include "actors/messages.hpp"
 #include "actors/stage_meter.hpp"
-#include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
@@ -33,7 +31,7 @@ struct trainer_options {
 };
 
 /// Owning loop only.
-class trainer_shard final : public actor {
+class trainer_shard final : public job_member {
  public:
   /// Copies and CPU work go through `host`'s environment.
   trainer_shard(node& host, actor_id id, address coordinator, std::uint32_t shard, std::vector<tensor_ref> tensors,
@@ -42,8 +40,6 @@ class trainer_shard final : public actor {
 
   /// Registers the shard's tensors with the coordinator.
   void join();
-  /// Tells the coordinator this member leaves (the job regroups without it), and stops.
-  void leave(const std::string& reason);
   /// Starts publishing `version`, which must be newer than every version published before. The
   /// offload begins once the host copy it reuses is no longer needed (the version it holds settled).
   result<void> publish(std::uint64_t version, std::string& why);
@@ -51,7 +47,6 @@ class trainer_shard final : public actor {
   /// The plan is in force; `next_version()` is where the job stands.
   bool ready() const { return ready_; }
   std::uint64_t next_version() const { return next_version_; }
-  bool failed() const { return failed_; }
   std::uint64_t delivered() const { return delivered_; }
 
   /// The plan is in force (first time, or again after a regroup).
@@ -60,8 +55,6 @@ class trainer_shard final : public actor {
   std::function<void(std::uint64_t version, bool verified)> on_delivered;
   /// An update cannot complete (another shard died); publishing resumes after `on_ready`.
   std::function<void(std::uint64_t version, const std::string&)> on_update_failed;
-  /// The job failed; this shard stops.
-  std::function<void(const std::string&)> on_failed;
 
  private:
   /// One leader's share of an update: its stripe of each chunk.
@@ -100,13 +93,12 @@ class trainer_shard final : public actor {
   void run_publish(std::uint64_t version);
   void send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation);
   host_copy* copy_of(std::uint64_t version);
-  void beat();
-  void fail(const std::string& reason);
-  void changed() { state_cv_.notify_all(); }
-  template <class Pred>
-  bool wait_for(Pred pred);
+  std::string name() const override { return "trainer shard " + std::to_string(shard_); }
+  void failing() override;
+  void stopping() override;
+  /// Wakes every sender waiting for a credit, so that it sees the shard stopped or moved on.
+  void release_credits();
 
-  address coordinator_;
   std::uint32_t shard_;
   std::vector<tensor_ref> tensors_;
   trainer_options options_;
@@ -126,12 +118,6 @@ class trainer_shard final : public actor {
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
   std::vector<std::shared_ptr<route>> routes_;
   stage_meter offload_meter_, send_meter_;
-  bool failed_ = false;
-  bool stopped_ = false;
-  int fibers_ = 0;
-  std::uint64_t heartbeat_timer_ = 0;
-  boost::fibers::mutex state_mutex_;
-  boost::fibers::condition_variable state_cv_;
 };
 
 }  // namespace ferry

@@ -1,0 +1,45 @@
+#include "actors/job_member.hpp"
+
+#include "runtime/log.hpp"
+#include "runtime/node.hpp"
+
+namespace ferry {
+
+job_member::job_member(node& host, actor_id id, address coordinator, std::chrono::milliseconds heartbeat_interval)
+    : actor(host, id), coordinator_(coordinator), heartbeat_interval_(heartbeat_interval) {
+  on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
+  on<job_stop>([this](const envelope_header&, const job_stop&) { stop_member(); });
+}
+
+job_member::~job_member() { host().clock().cancel(heartbeat_timer_); }
+
+void job_member::leave(const std::string& reason) {
+  send(coordinator_, leave_job{.reason = reason});
+  stop_member();
+}
+
+void job_member::stop_member() {
+  stopped_ = true;
+  host().clock().cancel(heartbeat_timer_);
+  stopping();
+  changed();
+}
+
+void job_member::fail(const std::string& reason) {
+  if (failed_) return;
+  failed_ = true;
+  log::error("{}: {}", name(), reason);
+  failing();
+  changed();
+  if (on_failed) on_failed(reason);
+}
+
+void job_member::beat() {
+  heartbeat_timer_ = host().clock().async_wait(heartbeat_interval_, [this](std::error_code ec) {
+    if (ec || stopped_ || failed_) return;
+    send(coordinator_, heartbeat{});
+    beat();
+  });
+}
+
+}  // namespace ferry

@@ -1,0 +1,78 @@
+#pragma once
+/// What every member of a job does, trainer shard or rollout worker: registers with the
+/// coordinator, heartbeats, leaves, stops or fails when the job says so, and lets its fibers wait
+/// for its state to change.
+#include <boost/fiber/condition_variable.hpp>
+#include <boost/fiber/mutex.hpp>
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "actors/messages.hpp"
+#include "runtime/actor.hpp"
+
+namespace ferry {
+
+/// Owning loop only.
+class job_member : public actor {
+ public:
+  /// Tells the coordinator this member leaves (the job regroups without it), and stops.
+  void leave(const std::string& reason);
+  bool failed() const { return failed_; }
+
+  /// The job failed, or this member cannot go on; it stops.
+  std::function<void(const std::string&)> on_failed;
+
+ protected:
+  job_member(node& host, actor_id id, address coordinator, std::chrono::milliseconds heartbeat_interval);
+  /// Stops heart beating; a derived destructor has already ended its fibers.
+  ~job_member() override;
+
+  /// Starts the mailbox, registers with `registration`, and heartbeats from then on.
+  template <message M>
+  void join_with(const M& registration) {
+    start();
+    send(coordinator_, registration);
+    beat();
+  }
+  /// Fails this member once: logs, calls `failing()`, then `on_failed`.
+  void fail(const std::string& reason);
+  /// "trainer shard 1", "worker 0.2": the member in log lines.
+  virtual std::string name() const = 0;
+  /// The member's own part of failing and of leaving or stopping (waking its senders, ...).
+  virtual void failing() {}
+  virtual void stopping() {}
+
+  /// Wakes every fiber waiting in `wait_for`.
+  void changed() { state_cv_.notify_all(); }
+  /// Fiber only: suspends until `pred()` holds or the member stopped or failed; false then.
+  template <class Pred>
+  bool wait_for(Pred pred) {
+    std::unique_lock lock(state_mutex_);
+    state_cv_.wait(lock, [&] { return failed_ || stopped_ || pred(); });
+    return !failed_ && !stopped_;
+  }
+  /// Fiber only: suspends until `pred()` holds, stopped or not (work in flight must end).
+  template <class Pred>
+  void wait_even_if_stopped(Pred pred) {
+    std::unique_lock lock(state_mutex_);
+    state_cv_.wait(lock, pred);
+  }
+  /// Stops this member's work (the job stopped, it left, it is being destroyed).
+  void stop_member();
+
+  address coordinator_;
+  bool failed_ = false;
+  bool stopped_ = false;
+  int fibers_ = 0;  ///< fibers of this member still running; its destructor waits for them
+
+ private:
+  void beat();
+
+  std::chrono::milliseconds heartbeat_interval_;
+  std::uint64_t heartbeat_timer_ = 0;
+  boost::fibers::mutex state_mutex_;
+  boost::fibers::condition_variable state_cv_;
+};
+
+}  // namespace ferry
