@@ -74,35 +74,21 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
   handle<heartbeat>([](const envelope_header&, const heartbeat&) {});
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) { lost(h.from.node, "left: " + m.reason); });
   handle<publish_started>([this](const envelope_header&, const publish_started& m) {
-    auto& v = versions_[m.version];
-    if (!v.started) v.started = this->host().clock().now();
+    verdicts_.publish_started(m.version, this->host().clock().now());
     published_ = std::max(published_, m.version);
     resume();
   });
-  handle<shard_offloaded>([this](const envelope_header&, const shard_offloaded& m) {
-    auto& v = versions_[m.version];
-    v.offloaded_seconds = std::max(v.offloaded_seconds, m.seconds);
-  });
-  handle<shard_sent>([this](const envelope_header&, const shard_sent& m) {
-    auto& v = versions_[m.version];
-    v.busy.send = std::max(v.busy.send, m.send_seconds);
-  });
+  handle<shard_offloaded>([this](const envelope_header&, const shard_offloaded& m) { verdicts_.offloaded(m); });
+  handle<shard_sent>([this](const envelope_header&, const shard_sent& m) { verdicts_.sent(m); });
   handle<shard_done>([this](const envelope_header&, const shard_done& m) {
-    auto& v = versions_[m.version];
-    ++v.shards_done;
-    for (const auto& d : m.digests) v.trainer_digests[d.tensor] = d;
-    v.busy.offload = std::max(v.busy.offload, m.busy.offload);
+    verdicts_.shard_finished(m);
     check_complete();
   });
   handle<version_complete>([this](const envelope_header& h, const version_complete& m) {
     auto it = workers_.find({m.instance, m.rank});
     if (it == workers_.end() || it->second.who != h.from) return;
     it->second.complete_version = std::max(it->second.complete_version, m.version);
-    auto& v = versions_[m.version];
-    v.busy.upload = std::max(v.busy.upload, m.busy.upload);
-    v.busy.broadcast = std::max(v.busy.broadcast, m.busy.broadcast);
-    v.busy.apply = std::max(v.busy.apply, m.busy.apply);
-    if (!m.digests.empty()) v.worker_digests.push_back(m.digests);
+    verdicts_.worker_finished(m);
     check_complete();
   });
   handle<participant_error>([this](const envelope_header& h, const participant_error& m) {
@@ -375,43 +361,21 @@ void coordinator::start_update(std::uint64_t version, bool catch_up) {
 void coordinator::check_complete() {
   if (!active_ || failed_) return;
   const auto version = active_->version;
-  auto& v = versions_[version];
   for (const auto& [key, w] : workers_) {
     if (w.complete_version < version) return;
   }
-  if (!active_->catch_up && v.shards_done < shape_.trainers) return;  // digests and busy times still coming
+  if (!active_->catch_up && !verdicts_.shards_in(version, shape_.trainers)) return;  // digests, busy times to come
 
-  // Every digest a worker reported for this version must equal the trainers'.
-  bool match = v.trainer_digests.size() == plan_->tensors.size();
-  for (const auto& digests : v.worker_digests) {
-    match = match && digests.size() == plan_->tensors.size();
-    for (const auto& d : digests) {
-      auto it = v.trainer_digests.find(d.tensor);
-      if (it == v.trainer_digests.end() || !(it->second == d)) {
-        match = false;
-        log::error("coordinator: version {}: tensor '{}' differs on a worker", version,
-                   d.tensor < plan_->tensors.size() ? plan_->tensors[d.tensor].name : "?");
-      }
-    }
-  }
-  v.worker_digests.clear();
-  if (!match) ++mismatches_;
+  const bool match = verdicts_.digests_match(version, *plan_);
   const bool catch_up = active_->catch_up;
   active_.reset();
   if (catch_up) {
     log::info("coordinator: late joiner(s) caught up with version {}{}", version, match ? ", digests match" : "");
   } else {
     delivered_ = version;
-    const version_report report{.version = version,
-                                .bytes = plan_->total_bytes(),
-                                .seconds = v.started ? ms_between(*v.started, host().clock().now()) / 1e3 : 0,
-                                .offloaded_seconds = v.offloaded_seconds,
-                                .busy = v.busy,
-                                .workers = static_cast<std::uint32_t>(workers_.size()),
-                                .verified = match};
+    const auto report = verdicts_.deliver(version, *plan_, static_cast<std::uint32_t>(workers_.size()), match,
+                                          host().clock().now());
     for (const auto& [rank, t] : trainers_) send(t.who, version_delivered{.version = version, .verified = match});
-    // Keep the delivered version's digests for late joiners; drop older state.
-    std::erase_if(versions_, [&](const auto& e) { return e.first < version; });
     if (on_delivered) on_delivered(report);
   }
   resume();

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "actors/messages.hpp"
+#include "actors/verdict.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/clock.hpp"
 
@@ -33,17 +34,6 @@ struct job_shape {
   std::chrono::milliseconds heartbeat_timeout{10000};
   /// Caps on registrations (tensors, names, chunks, regions); breaking one fails the job.
   job_limits limits;
-};
-
-/// What one delivered version cost.
-struct version_report {
-  std::uint64_t version = 0;
-  std::uint64_t bytes = 0;       ///< model bytes (each worker received all of them)
-  double seconds = 0;            ///< first publish_started to the last worker's version_complete
-  double offloaded_seconds = 0;  ///< the slowest shard's publish -> offloaded (the trainer's stall)
-  stage_times busy;              ///< per stage, the busiest participant
-  std::uint32_t workers = 0;
-  bool verified = false;         ///< every worker's digests equal the trainers'
 };
 
 /// One change of membership, from detection to the new plan in force.
@@ -78,7 +68,7 @@ class coordinator final : public actor {
   /// No update or catch-up in flight, and the plan is in force.
   bool idle() const { return in_force_ && !active_; }
   /// Updates (catch-ups included) whose worker digests differed from the trainers'.
-  std::uint32_t digest_mismatches() const { return mismatches_; }
+  std::uint32_t digest_mismatches() const { return verdicts_.mismatches(); }
 
  private:
   using worker_key = std::pair<std::uint32_t, std::uint32_t>;  ///< instance, rank
@@ -101,14 +91,6 @@ class coordinator final : public actor {
     bool holds(std::uint64_t version, std::uint32_t chunk) const {
       return complete_version >= version || (partial_version == version && partial_chunks.contains(chunk));
     }
-  };
-  struct version_state {
-    std::optional<clock::time_point> started;
-    double offloaded_seconds = 0;
-    std::uint32_t shards_done = 0;
-    std::map<std::uint32_t, tensor_digest> trainer_digests;
-    std::vector<std::vector<tensor_digest>> worker_digests;
-    stage_times busy;
   };
   struct update {
     std::uint64_t version = 0;
@@ -151,14 +133,13 @@ class coordinator final : public actor {
   std::string regroup_reason_;
   std::uint32_t leaders_lost_mid_update_ = 0;  ///< since the regroup began
   std::uint32_t regroups_ = 0;
-  std::uint32_t mismatches_ = 0;
   std::uint64_t heartbeat_timer_ = 0;
 
   std::optional<update> active_;
   std::uint64_t delivered_ = 0;
   std::uint64_t published_ = 0;
   std::set<std::uint64_t> failed_versions_;
-  std::map<std::uint64_t, version_state> versions_;
+  version_verdicts verdicts_;
 };
 
 }  // namespace ferry
