@@ -212,7 +212,14 @@ void coordinator::regroup(const std::string& reason) {
       if (key.first == i) inst.workers.push_back(w.who);
     }
     if (inst.workers.empty()) continue;
-    inst.leaders = choose_leaders(inst.workers, i);
+    const bool on_devices = std::all_of(workers_.begin(), workers_.end(),
+                                        [&](const auto& e) { return e.first.first != i || e.second.on_device; });
+    std::optional<address> first_leader;
+    for (std::size_t o = 0; plan_ && o < plan_->instances.size(); ++o) {
+      const auto& old = plan_->instances[o];
+      if (old.id == i) first_leader = old.workers.at(old.leaders.at(0));
+    }
+    inst.leaders = choose_leaders(inst.workers, shape_.stripes, on_devices, first_leader);
     in.instances.push_back(std::move(inst));
   }
   if (in.instances.empty()) {
@@ -239,34 +246,6 @@ void coordinator::regroup(const std::string& reason) {
             epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
             plan_->instances.size(), workers_.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id);
   broadcast_all([&] { return plan_ready{.plan = *plan_, .peers = peers}; });
-}
-
-std::vector<std::uint32_t> coordinator::choose_leaders(const std::vector<address>& workers,
-                                                      std::uint32_t instance) const {
-  const auto size = static_cast<std::uint32_t>(workers.size());
-  std::uint32_t k = shape_.stripes;
-  if (k == 0) {
-    const bool on_devices = std::all_of(workers_.begin(), workers_.end(), [&](const auto& e) {
-      return e.first.first != instance || e.second.on_device;
-    });
-    k = on_devices ? size : 1;
-  }
-  k = std::clamp(k, 1u, size);
-  // The first leader keeps its role while it lives (it orders the instance's chunks); otherwise
-  // the lowest live rank takes over. The other leaders are the lowest ranks besides it.
-  std::uint32_t first = 0;
-  if (plan_) {
-    for (const auto& old : plan_->instances) {
-      if (old.id != instance) continue;
-      const auto at = std::find(workers.begin(), workers.end(), old.workers.at(old.leaders.at(0)));
-      if (at != workers.end()) first = static_cast<std::uint32_t>(at - workers.begin());
-    }
-  }
-  std::vector<std::uint32_t> leaders{first};
-  for (std::uint32_t r = 0; r < size && leaders.size() < k; ++r) {
-    if (r != first) leaders.push_back(r);
-  }
-  return leaders;
 }
 
 std::optional<std::vector<leader_route>> coordinator::leader_routes(const instance_plan& inst) {

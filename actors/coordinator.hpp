@@ -114,8 +114,6 @@ class coordinator final : public actor {
   template <class F>
   void broadcast_all(F make);
   std::uint32_t initial_workers() const;
-  /// The leaders of instance `instance` (of these `workers`) in stripe order.
-  std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t instance) const;
   /// Where the trainers write for each leader of `inst`; fails the job when one offered no slots.
   std::optional<std::vector<leader_route>> leader_routes(const instance_plan& inst);
 

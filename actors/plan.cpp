@@ -193,4 +193,20 @@ result<void> check_worker_tensors(const plan& p, std::span<const tensor_spec> wo
   return {};
 }
 
+std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
+                                          std::optional<address> first_leader) {
+  const auto size = static_cast<std::uint32_t>(workers.size());
+  const std::uint32_t k = std::clamp(stripes != 0 ? stripes : (on_devices ? size : 1u), 1u, size);
+  std::uint32_t first = 0;
+  if (first_leader) {
+    const auto at = std::find(workers.begin(), workers.end(), *first_leader);
+    if (at != workers.end()) first = static_cast<std::uint32_t>(at - workers.begin());
+  }
+  std::vector<std::uint32_t> leaders{first};
+  for (std::uint32_t r = 0; r < size && leaders.size() < k; ++r) {
+    if (r != first) leaders.push_back(r);
+  }
+  return leaders;
+}
+
 }  // namespace ferry

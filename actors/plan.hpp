@@ -4,6 +4,7 @@
 /// chunk, and fixes the send order.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -111,6 +112,15 @@ struct plan_inputs {
 /// Builds the plan, or says why it cannot: chunk size not a positive multiple of the alignment,
 /// a bad tensor table, a tensor owned by two shards, an empty instance, a limit of `in.limits`.
 result<plan> make_plan(const plan_inputs& in, std::string& why);
+
+/// The leaders of an instance whose live members are `workers` (rank order), in stripe order, as
+/// indices into `workers`. k = `stripes`, or (0) every member when all hold their tensors on
+/// devices (each leader then uploads through its own PCIe link) and one otherwise; at most the
+/// instance's size. `first_leader` (the previous plan's) keeps its role while it lives: it orders
+/// the instance's chunks. Otherwise the lowest live rank takes over; the other leaders are the
+/// lowest ranks besides it.
+std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
+                                          std::optional<address> first_leader);
 
 /// Checks a worker's registration against the plan: same names, dtypes and shapes.
 result<void> check_worker_tensors(const plan& p, std::span<const tensor_spec> worker, std::string& why);

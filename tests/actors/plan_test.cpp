@@ -106,5 +106,18 @@ TEST(plan, worker_registration_must_match_the_trainers) {
   EXPECT_NE(why.find("'extra', which no trainer publishes"), std::string::npos) << why;
 }
 
+TEST(choose_leaders, stripes_devices_and_the_first_leader_keeping_its_role) {
+  const std::vector<address> four{{10, 1}, {11, 1}, {12, 1}, {13, 1}};
+  using leaders = std::vector<std::uint32_t>;
+  EXPECT_EQ(choose_leaders(four, 0, false, std::nullopt), leaders{0});            // hosts: one leader
+  EXPECT_EQ(choose_leaders(four, 0, true, std::nullopt), (leaders{0, 1, 2, 3}));  // devices: every member
+  EXPECT_EQ(choose_leaders(four, 2, true, std::nullopt), (leaders{0, 1}));
+  EXPECT_EQ(choose_leaders(four, 9, false, std::nullopt), (leaders{0, 1, 2, 3}));  // at most the instance
+  // The previous first leader (node 12) lives: it stays first, the lowest other ranks follow.
+  EXPECT_EQ(choose_leaders(four, 3, false, address{12, 1}), (leaders{2, 0, 1}));
+  // It died: the lowest live rank takes over.
+  EXPECT_EQ(choose_leaders(four, 1, false, address{99, 1}), leaders{0});
+}
+
 }  // namespace
 }  // namespace ferry
