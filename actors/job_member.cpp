@@ -5,13 +5,16 @@
 
 namespace ferry {
 
-job_member::job_member(node& host, actor_id id, address coordinator, std::chrono::milliseconds heartbeat_interval)
+job_member::job_member(node& host, actor_id id, address coordinator,
+                       std::chrono::milliseconds heartbeat_interval)
     : actor(host, id), coordinator_(coordinator), heartbeat_interval_(heartbeat_interval) {
   on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
   on<job_stop>([this](const envelope_header&, const job_stop&) { stop_member(); });
 }
 
-job_member::~job_member() { host().clock().cancel(heartbeat_timer_); }
+job_member::~job_member() {
+  host().clock().cancel(heartbeat_timer_);
+}
 
 void job_member::leave(const std::string& reason) {
   send(coordinator_, leave_job{.reason = reason});

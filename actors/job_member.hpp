@@ -24,7 +24,8 @@ class job_member : public actor {
   std::function<void(const std::string&)> on_failed;
 
  protected:
-  job_member(node& host, actor_id id, address coordinator, std::chrono::milliseconds heartbeat_interval);
+  job_member(node& host, actor_id id, address coordinator,
+             std::chrono::milliseconds heartbeat_interval);
   /// Stops heart beating; a derived destructor has already ended its fibers.
   ~job_member() override;
 

@@ -23,8 +23,13 @@ class stage_meter {
   void end(started at, std::uint64_t version, std::uint32_t chunk, std::uint64_t bytes) {
     const auto now = env_.clock().now();
     if (--active_ == 0) busy_ += now - since_;
-    env_.trace().record({.node = node_, .what = what_, .version = version, .chunk = chunk, .bytes = bytes,
-                         .start_ns = at.time_since_epoch().count(), .end_ns = now.time_since_epoch().count()});
+    env_.trace().record({.node = node_,
+                         .what = what_,
+                         .version = version,
+                         .chunk = chunk,
+                         .bytes = bytes,
+                         .start_ns = at.time_since_epoch().count(),
+                         .end_ns = now.time_since_epoch().count()});
   }
   double seconds() const { return std::chrono::duration<double>(busy_).count(); }
   void reset() { busy_ = {}; }

@@ -60,7 +60,8 @@ bool version_verdicts::digests_match(std::uint64_t version, const plan& p) {
   return match;
 }
 
-version_report version_verdicts::deliver(std::uint64_t version, const plan& p, std::uint32_t workers, bool verified,
+version_report version_verdicts::deliver(std::uint64_t version, const plan& p,
+                                         std::uint32_t workers, bool verified,
                                          clock::time_point now) {
   const auto& v = versions_[version];
   const version_report report{

@@ -20,7 +20,7 @@ struct version_report {
   double offloaded_seconds = 0;  ///< the slowest shard's publish -> offloaded (the trainer's stall)
   stage_times busy;              ///< per stage, the busiest participant
   std::uint32_t workers = 0;
-  bool verified = false;         ///< every worker's digests equal the trainers'
+  bool verified = false;  ///< every worker's digests equal the trainers'
 };
 
 /// Owning loop only: the coordinator feeds it what members report, and asks for the verdict once

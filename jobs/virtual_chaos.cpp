@@ -32,7 +32,9 @@ class draws {
  public:
   explicit draws(std::uint64_t seed) : rng_(seed) {}
   std::uint64_t below(std::uint64_t n) { return n == 0 ? 0 : rng_() % n; }
-  clock::duration up_to(clock::duration d) { return clock::duration(below(static_cast<std::uint64_t>(d.count()) + 1)); }
+  clock::duration up_to(clock::duration d) {
+    return clock::duration(below(static_cast<std::uint64_t>(d.count()) + 1));
+  }
 
  private:
   std::mt19937_64 rng_;
@@ -124,7 +126,8 @@ chaos_job::chaos_job(const virtual_chaos_config& c) : config_(c), draws_(c.seed)
   // One fault per update from version 2 on (the first measures the update time): the seed picks
   // the first kind, so every kind comes up across seeds, then up to two more at random.
   faults_.push_back(static_cast<fault>(c.seed % 3));
-  for (std::uint64_t extra = draws_.below(3); extra > 0; --extra) faults_.push_back(static_cast<fault>(draws_.below(3)));
+  for (std::uint64_t extra = draws_.below(3); extra > 0; --extra)
+    faults_.push_back(static_cast<fault>(draws_.below(3)));
   late_joiner_ = draws_.below(2) == 0;
 }
 
@@ -140,7 +143,8 @@ node& chaos_job::add_node() {
   auto t = make_transport("inproc", env_, id, settings_);
   nodes_.push_back(std::make_unique<node>(env_, id, *t, protocol()));
   (void)nodes_.back()->start();
-  if (id != 0) (void)nodes_.back()->transport().add_peer(0, nodes_.front()->transport().local_address());
+  if (id != 0)
+    (void)nodes_.back()->transport().add_peer(0, nodes_.front()->transport().local_address());
   return *nodes_.back();
 }
 
@@ -178,7 +182,8 @@ void chaos_job::add_trainer(std::uint32_t shard) {
     if (v >= member.version) member.publishing = false;
   };
   member.actor->on_failed = [this, &member](const std::string& why) {
-    if (member.alive) failure_ = "trainer shard " + std::to_string(member.shard) + " failed: " + why;
+    if (member.alive)
+      failure_ = "trainer shard " + std::to_string(member.shard) + " failed: " + why;
   };
   member.actor->join();
   trainers_.push_back(std::move(t));
@@ -196,7 +201,8 @@ void chaos_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
       worker_options{.checksums = true, .digests = true, .make_broadcast = host_chain(chain_tag)});
   auto& member = *w;
   member.actor->on_failed = [this, &member](const std::string& why) {
-    if (member.alive) failure_ = fmt::format("worker {}.{} failed: {}", member.instance, member.rank, why);
+    if (member.alive)
+      failure_ = fmt::format("worker {}.{} failed: {}", member.instance, member.rank, why);
   };
   member.actor->join();
   workers_.push_back(std::move(w));
@@ -207,7 +213,8 @@ void chaos_job::publish_next(trainer_member& t) {
   t.publishing = true;
   t.version = std::max(t.version + 1, t.actor->next_version());
   // "Training" makes version v: new bytes in every tensor (free on virtual time).
-  for (std::size_t i = 0; i < t.storage.size(); ++i) fill_version(t.storage[i].span(), shards_[t.shard][i].name, t.version);
+  for (std::size_t i = 0; i < t.storage.size(); ++i)
+    fill_version(t.storage[i].span(), shards_[t.shard][i].name, t.version);
   std::string why;
   if (!t.actor->publish(t.version, why)) failure_ = "publish refused: " + why;
 }
@@ -239,11 +246,12 @@ void chaos_job::kill_worker(worker_member& w) {
   note(fmt::format("kill worker {}.{} (node {})", w.instance, w.rank, w.host->id()));
   settings_.inproc.sever(w.host->id());
   // A replacement takes its place, as a cluster's launcher would start one.
-  after(microseconds(100) + draws_.up_to(update_time_ * 2), [this, instance = w.instance, rank = w.rank] {
-    ++result_.joins;
-    note(fmt::format("replace worker {}.{}", instance, rank));
-    add_worker(instance, rank);
-  });
+  after(microseconds(100) + draws_.up_to(update_time_ * 2),
+        [this, instance = w.instance, rank = w.rank] {
+          ++result_.joins;
+          note(fmt::format("replace worker {}.{}", instance, rank));
+          add_worker(instance, rank);
+        });
 }
 
 void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
@@ -261,7 +269,8 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
       break;
     case fault::double_regroup: {
       // The second kill lands before the first regroup's chunk could have crossed one stage.
-      const auto chunk_time = update_time_ * config_.chunk_bytes / std::max<std::uint64_t>(config_.model_bytes, 1);
+      const auto chunk_time =
+          update_time_ * config_.chunk_bytes / std::max<std::uint64_t>(config_.model_bytes, 1);
       const auto gap = draws_.up_to(chunk_time);
       const auto first = draws_.below(1000), second = draws_.below(1000);
       after(moment, [this, first, second, gap] {
@@ -290,18 +299,20 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
         ++result_.trainer_kills;
         note(fmt::format("kill trainer shard {} (node {})", victim->shard, victim->host->id()));
         settings_.inproc.sever(victim->host->id());
-        after(microseconds(100) + draws_.up_to(update_time_ * 2), [this, shard = victim->shard, mid_update] {
-          if (mid_update) ++result_.faults[trainer_fault];
-          ++result_.joins;
-          note(fmt::format("trainer shard {} rejoins", shard));
-          add_trainer(shard);
-        });
+        after(microseconds(100) + draws_.up_to(update_time_ * 2),
+              [this, shard = victim->shard, mid_update] {
+                if (mid_update) ++result_.faults[trainer_fault];
+                ++result_.joins;
+                note(fmt::format("trainer shard {} rejoins", shard));
+                add_trainer(shard);
+              });
       });
       break;
   }
 }
 
-void chaos_job::on_update(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders) {
+void chaos_job::on_update(std::uint64_t version, bool catch_up,
+                          const std::vector<node_id>& leaders) {
   if (catch_up || version < 2 || faults_.empty()) return;
   const auto f = faults_.front();
   faults_.erase(faults_.begin());
@@ -336,14 +347,15 @@ void chaos_job::verify() {
   for (auto* w : live_workers()) {
     for (const auto& t : w->actor->tensors()) {
       if (std::memcmp(t.data, expected.at(t.spec.name).data(), t.spec.nbytes) != 0) {
-        failure_ = fmt::format("worker {}.{}: tensor '{}' differs from version {}", w->instance, w->rank, t.spec.name,
-                               result_.delivered);
+        failure_ = fmt::format("worker {}.{}: tensor '{}' differs from version {}", w->instance,
+                               w->rank, t.spec.name, result_.delivered);
         return;
       }
     }
   }
   if (coordinator_->digest_mismatches() > 0) {
-    failure_ = fmt::format("{} update(s) delivered digests that differ from the trainers'", coordinator_->digest_mismatches());
+    failure_ = fmt::format("{} update(s) delivered digests that differ from the trainers'",
+                           coordinator_->digest_mismatches());
   }
 }
 
@@ -352,18 +364,24 @@ virtual_chaos_result chaos_job::run() {
   auto& coordinator_node = add_node();
   std::vector<std::uint32_t> sizes(config_.instances, config_.workers_per_instance);
   next_rank_ = sizes;
-  coordinator_ = std::make_unique<coordinator>(
-      coordinator_node, 1,
-      job_shape{.trainers = config_.trainers, .instance_sizes = sizes, .chunk_bytes = config_.chunk_bytes,
-                .depth = config_.depth, .stripes = config_.stripes});
+  coordinator_ = std::make_unique<coordinator>(coordinator_node, 1,
+                                               job_shape{.trainers = config_.trainers,
+                                                         .instance_sizes = sizes,
+                                                         .chunk_bytes = config_.chunk_bytes,
+                                                         .depth = config_.depth,
+                                                         .stripes = config_.stripes});
   coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
-  coordinator_->on_regroup = [this](const regroup_report& r) { regroup_ms_.push_back(r.milliseconds); };
-  coordinator_->on_update = [this](std::uint64_t v, bool catch_up, const std::vector<node_id>& leaders) {
+  coordinator_->on_regroup = [this](const regroup_report& r) {
+    regroup_ms_.push_back(r.milliseconds);
+  };
+  coordinator_->on_update = [this](std::uint64_t v, bool catch_up,
+                                   const std::vector<node_id>& leaders) {
     on_update(v, catch_up, leaders);
   };
   coordinator_->on_delivered = [this](const version_report& r) {
     if (update_time_ == clock::duration{}) {
-      update_time_ = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(r.seconds));
+      update_time_ =
+          std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(r.seconds));
     }
     result_.delivered = std::max(result_.delivered, r.version);
     if (r.version >= config_.versions) publishing_done_ = true;
@@ -379,8 +397,8 @@ virtual_chaos_result chaos_job::run() {
   loop_.run_until([&] { return failure_ || env_.clock().now() > limit || settled(); });
   if (!failure_ && loop_.stalled()) failure_ = "stalled: nothing is ready and no timer is pending";
   if (!failure_ && env_.clock().now() > limit) {
-    failure_ = fmt::format("hung: version {} of {} delivered after {} s of virtual time", result_.delivered,
-                           config_.versions, config_.virtual_limit_seconds);
+    failure_ = fmt::format("hung: version {} of {} delivered after {} s of virtual time",
+                           result_.delivered, config_.versions, config_.virtual_limit_seconds);
   }
   if (!failure_) verify();
 
@@ -394,26 +412,30 @@ virtual_chaos_result chaos_job::run() {
   }
   // What the actors noted (the job's own notes name members: "kill ...", "replace ...").
   for (const auto& [label, times] : env_.trace().instants()) {
-    if (!label.starts_with("kill") && !label.starts_with("replace") && !label.starts_with("trainer") &&
-        !label.starts_with("late")) {
+    if (!label.starts_with("kill") && !label.starts_with("replace") &&
+        !label.starts_with("trainer") && !label.starts_with("late")) {
       result_.faults[label] += static_cast<std::uint32_t>(times);
     }
   }
   result_.trace_digest = env_.trace().digest();
   result_.trace_events = env_.trace().count();
-  result_.virtual_seconds = std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count();
+  result_.virtual_seconds =
+      std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count();
   if (!config_.trace_path.empty()) {
     if (auto ec = env_.trace().write_chrome(config_.trace_path)) {
       result_.verified = false;
       result_.error = "cannot write the trace to " + config_.trace_path + ": " + ec.message();
     }
   }
-  result_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  result_.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return result_;
 }
 
 }  // namespace
 
-virtual_chaos_result run_virtual_chaos(const virtual_chaos_config& config) { return chaos_job(config).run(); }
+virtual_chaos_result run_virtual_chaos(const virtual_chaos_config& config) {
+  return chaos_job(config).run();
+}
 
 }  // namespace ferry

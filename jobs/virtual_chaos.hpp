@@ -32,7 +32,8 @@ struct virtual_chaos_result {
   std::uint64_t seed = 0;
   std::uint32_t depth = 0, stripes = 0;
   std::uint64_t delivered = 0;  ///< the newest version delivered to every worker
-  std::uint32_t kills = 0, leader_kills = 0, leader_kills_mid_update = 0, trainer_kills = 0, joins = 0;
+  std::uint32_t kills = 0, leader_kills = 0, leader_kills_mid_update = 0, trainer_kills = 0,
+                joins = 0;
   std::uint32_t regroups = 0;
   double regroup_ms_median = 0, regroup_ms_max = 0;  ///< virtual
   /// Fault kinds injected or met, by name: "leader killed mid-update", "two regroups within one

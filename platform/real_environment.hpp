@@ -23,8 +23,12 @@ class real_environment final : public environment {
   real_clock& clock() override { return clock_; }
   executor& cpu() override { return cpu_; }
   copy_engine& copies() override { return device_copies_ ? *device_copies_ : host_copies_; }
-  class platform& platform() override { return platform_; }
-  class trace& trace() override { return trace_; }
+  class platform& platform() override {
+    return platform_;
+  }
+  class trace& trace() override {
+    return trace_;
+  }
   bool is_virtual() const override { return false; }
 
  private:
@@ -46,7 +50,8 @@ class real_environment final : public environment {
     ~os_platform() override;
     bool process_alive(std::int32_t pid) override;
     result<host_buffer> map_shared(const shared_memory_ref& ref, std::string& why) override;
-    void async_blocking(std::function<std::error_code()> work, std::function<void(std::error_code)> done) override;
+    void async_blocking(std::function<std::error_code()> work,
+                        std::function<void(std::error_code)> done) override;
 
    private:
     event_loop& loop_;

@@ -25,7 +25,8 @@ class executor {
   virtual ~executor() = default;
   /// Runs `work()` off the loop, then `done()` on it. `bytes`: what the work touches, which is
   /// its cost on virtual time.
-  virtual void async_run(std::uint64_t bytes, std::function<void()> work, std::function<void()> done) = 0;
+  virtual void async_run(std::uint64_t bytes, std::function<void()> work,
+                         std::function<void()> done) = 0;
   /// How many works may run at once (a large copy is split that many ways).
   virtual unsigned parallelism() const = 0;
   /// Fiber only: runs `work()` and suspends the calling fiber until it finished.
@@ -44,7 +45,8 @@ class platform {
   /// on a thread of its own: never on the loop (heartbeats) nor on a pool thread (CUDA state on
   /// a thread that outlives main crashes the process at exit). Completion
   /// `void(std::error_code)`, on the loop, with what `work` returned.
-  virtual void async_blocking(std::function<std::error_code()> work, std::function<void(std::error_code)> done) = 0;
+  virtual void async_blocking(std::function<std::error_code()> work,
+                              std::function<void(std::error_code)> done) = 0;
 };
 
 /// Owning loop only. Outlives every node and actor that uses it.

@@ -13,7 +13,8 @@ namespace ferry {
 
 namespace {
 
-constexpr std::array<std::string_view, 6> stage_names{"offload", "send", "upload", "broadcast", "apply", "verify"};
+constexpr std::array<std::string_view, 6> stage_names{"offload",   "send",  "upload",
+                                                      "broadcast", "apply", "verify"};
 constexpr int job_track = 100;  ///< instants share one track per node, after the stages
 
 std::string json_escaped(std::string_view s) {
@@ -33,12 +34,19 @@ std::string json_escaped(std::string_view s) {
 
 }  // namespace
 
-std::string_view stage_name(stage s) { return stage_names.at(static_cast<std::size_t>(s)); }
+std::string_view stage_name(stage s) {
+  return stage_names.at(static_cast<std::size_t>(s));
+}
 
 void trace::record(trace_record r) {
   // Every field widened to 64 bits: no padding bytes reach the hash.
-  const std::array<std::uint64_t, 8> key{r.node, r.chunk, r.version, r.bytes, static_cast<std::uint64_t>(r.start_ns),
-                                         static_cast<std::uint64_t>(r.end_ns), static_cast<std::uint64_t>(r.what),
+  const std::array<std::uint64_t, 8> key{r.node,
+                                         r.chunk,
+                                         r.version,
+                                         r.bytes,
+                                         static_cast<std::uint64_t>(r.start_ns),
+                                         static_cast<std::uint64_t>(r.end_ns),
+                                         static_cast<std::uint64_t>(r.what),
                                          r.instant};
   // Chained: the digest of a record depends on every record before it.
   const std::array<std::uint64_t, 3> parts{digest_, XXH3_64bits(key.data(), sizeof key),
@@ -61,27 +69,32 @@ std::error_code trace::write_chrome(const std::string& path) const {
     first = false;
   };
   for (auto n : nodes) {
-    event(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":"node {}"}}}})", n, n));
+    event(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":"node {}"}}}})",
+                      n, n));
     for (std::size_t s = 0; s < stage_names.size(); ++s) {
-      event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"{}"}}}})", n, s,
-                        stage_names[s]));
+      event(fmt::format(
+          R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"{}"}}}})", n, s,
+          stage_names[s]));
     }
-    event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"job"}}}})", n, job_track));
+    event(fmt::format(
+        R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"job"}}}})", n,
+        job_track));
   }
   for (const auto& r : records_) {
     const double ts = r.start_ns / 1e3;
     if (r.instant) {
-      event(fmt::format(R"({{"ph":"i","s":"p","name":"{}","pid":{},"tid":{},"ts":{:.3f}}})", json_escaped(r.label),
-                        r.node, job_track, ts));
+      event(fmt::format(R"({{"ph":"i","s":"p","name":"{}","pid":{},"tid":{},"ts":{:.3f}}})",
+                        json_escaped(r.label), r.node, job_track, ts));
       continue;
     }
     event(fmt::format(
         R"({{"ph":"X","name":"{} v{} c{}","cat":"{}","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},"args":{{"version":{},"chunk":{},"bytes":{}}}}})",
-        stage_name(r.what), r.version, r.chunk, stage_name(r.what), r.node, static_cast<int>(r.what), ts,
-        (r.end_ns - r.start_ns) / 1e3, r.version, r.chunk, r.bytes));
+        stage_name(r.what), r.version, r.chunk, stage_name(r.what), r.node,
+        static_cast<int>(r.what), ts, (r.end_ns - r.start_ns) / 1e3, r.version, r.chunk, r.bytes));
   }
   fmt::print(out.get(), "\n]}}\n");
-  if (std::fflush(out.get()) != 0 || std::ferror(out.get())) return {errno ? errno : EIO, std::generic_category()};
+  if (std::fflush(out.get()) != 0 || std::ferror(out.get()))
+    return {errno ? errno : EIO, std::generic_category()};
   return {};
 }
 

@@ -30,15 +30,20 @@ class virtual_environment final : public environment {
   virtual_clock& clock() override { return clock_; }
   executor& cpu() override { return cpu_; }
   copy_engine& copies() override { return copies_; }
-  class platform& platform() override { return platform_; }
-  class trace& trace() override { return trace_; }
+  class platform& platform() override {
+    return platform_;
+  }
+  class trace& trace() override {
+    return trace_;
+  }
   bool is_virtual() const override { return true; }
 
  private:
   class inline_executor final : public executor {
    public:
     inline_executor(virtual_clock& clock, cpu_cost_model cost) : clock_(clock), cost_(cost) {}
-    void async_run(std::uint64_t bytes, std::function<void()> work, std::function<void()> done) override;
+    void async_run(std::uint64_t bytes, std::function<void()> work,
+                   std::function<void()> done) override;
     unsigned parallelism() const override { return cost_.parallelism; }
 
    private:
@@ -52,7 +57,8 @@ class virtual_environment final : public environment {
     bool process_alive(std::int32_t) override { return true; }
     result<host_buffer> map_shared(const shared_memory_ref&, std::string& why) override;
     /// Refused: a virtual run must not block on a real resource.
-    void async_blocking(std::function<std::error_code()>, std::function<void(std::error_code)> done) override;
+    void async_blocking(std::function<std::error_code()>,
+                        std::function<void(std::error_code)> done) override;
 
    private:
     event_loop& loop_;

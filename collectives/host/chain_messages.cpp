@@ -2,6 +2,8 @@
 
 namespace ferry {
 
-void register_collective_messages(message_registry& registry) { registry.add<chain_ready>("chain_ready"); }
+void register_collective_messages(message_registry& registry) {
+  registry.add<chain_ready>("chain_ready");
+}
 
 }  // namespace ferry

@@ -1,8 +1,7 @@
 #include "jobs/virtual_chaos.hpp"
 
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <set>
 
@@ -12,7 +11,9 @@ namespace ferry {
 namespace {
 
 /// What a failing seed's reader runs to see it again, event for event.
-std::string replay(std::uint64_t seed) { return fmt::format("ferry chaos --virtual --seed {} --json", seed); }
+std::string replay(std::uint64_t seed) {
+  return fmt::format("ferry chaos --virtual --seed {} --json", seed);
+}
 
 TEST(virtual_chaos, one_seed_gives_one_run_event_for_event) {
   log::set_level(log::level::off);
@@ -43,7 +44,8 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
   log::set_level(log::level::off);
   constexpr std::uint64_t per_shard = 125;
   std::map<std::string, std::uint32_t> seen;
-  for (std::uint64_t seed = GetParam() * per_shard + 1; seed <= (GetParam() + 1) * per_shard; ++seed) {
+  for (std::uint64_t seed = GetParam() * per_shard + 1; seed <= (GetParam() + 1) * per_shard;
+       ++seed) {
     const auto r = run_virtual_chaos({.seed = seed});
     EXPECT_TRUE(r.verified) << "seed " << seed << ": " << r.error << "\n  replay: " << replay(seed);
     for (const auto& [kind, times] : r.faults) seen[kind] += times;

@@ -32,7 +32,8 @@ TEST(virtual_environment, an_hour_of_timers_passes_at_once_and_in_order) {
   loop.run_until([&] { return order.size() == 2; });
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
   EXPECT_EQ(env.clock().now().time_since_epoch(), std::chrono::duration_cast<clock::duration>(1h));
-  EXPECT_LT(std::chrono::steady_clock::now() - wall, 10s);  // a bound against a blocking sleep, not a benchmark
+  EXPECT_LT(std::chrono::steady_clock::now() - wall,
+            10s);  // a bound against a blocking sleep, not a benchmark
 }
 
 TEST(virtual_environment, work_runs_inline_and_completes_after_its_modelled_cost) {
@@ -94,7 +95,12 @@ TEST(virtual_environment, blocking_calls_are_refused) {
   virtual_environment env(loop);
   std::optional<std::error_code> result;
   bool ran = false;
-  env.platform().async_blocking([&] { ran = true; return std::error_code{}; }, [&](std::error_code ec) { result = ec; });
+  env.platform().async_blocking(
+      [&] {
+        ran = true;
+        return std::error_code{};
+      },
+      [&](std::error_code ec) { result = ec; });
   loop.run_until([&] { return result.has_value(); });
   EXPECT_FALSE(ran);
   EXPECT_EQ(*result, make_error_code(errc::invalid_argument));
@@ -102,8 +108,20 @@ TEST(virtual_environment, blocking_calls_are_refused) {
 
 TEST(trace, the_digest_depends_on_every_record_and_its_order) {
   trace a, b, c;
-  const trace_record one{.node = 1, .what = stage::send, .version = 2, .chunk = 3, .bytes = 4, .start_ns = 5, .end_ns = 6};
-  const trace_record two{.node = 1, .what = stage::apply, .version = 2, .chunk = 3, .bytes = 4, .start_ns = 6, .end_ns = 9};
+  const trace_record one{.node = 1,
+                         .what = stage::send,
+                         .version = 2,
+                         .chunk = 3,
+                         .bytes = 4,
+                         .start_ns = 5,
+                         .end_ns = 6};
+  const trace_record two{.node = 1,
+                         .what = stage::apply,
+                         .version = 2,
+                         .chunk = 3,
+                         .bytes = 4,
+                         .start_ns = 6,
+                         .end_ns = 9};
   a.record(one);
   a.record(two);
   b.record(one);
@@ -118,18 +136,31 @@ TEST(trace, the_digest_depends_on_every_record_and_its_order) {
 TEST(trace, chrome_json_has_a_track_per_node_and_stage) {
   trace t;
   t.keep_records();
-  t.record({.node = 3, .what = stage::broadcast, .version = 1, .chunk = 7, .bytes = 4096, .start_ns = 1000, .end_ns = 3000});
-  t.record({.node = 0, .instant = true, .start_ns = 2000, .end_ns = 2000, .label = "kill \"worker\" 0.1"});
+  t.record({.node = 3,
+            .what = stage::broadcast,
+            .version = 1,
+            .chunk = 7,
+            .bytes = 4096,
+            .start_ns = 1000,
+            .end_ns = 3000});
+  t.record({.node = 0,
+            .instant = true,
+            .start_ns = 2000,
+            .end_ns = 2000,
+            .label = "kill \"worker\" 0.1"});
   const std::string path = ::testing::TempDir() + "ferry_trace_test.json";
   ASSERT_FALSE(t.write_chrome(path));
   std::stringstream text;
   text << std::ifstream(path).rdbuf();
   const auto json = text.str();
-  EXPECT_NE(json.find(R"("ph":"X","name":"broadcast v1 c7","cat":"broadcast","pid":3,"tid":3,"ts":1.000,"dur":2.000)"),
-            std::string::npos)
+  EXPECT_NE(
+      json.find(
+          R"("ph":"X","name":"broadcast v1 c7","cat":"broadcast","pid":3,"tid":3,"ts":1.000,"dur":2.000)"),
+      std::string::npos)
       << json;
   EXPECT_NE(json.find(R"("name":"kill \"worker\" 0.1")"), std::string::npos) << json;
-  EXPECT_NE(json.find(R"("name":"thread_name","pid":3,"tid":3,"args":{"name":"broadcast"})"), std::string::npos);
+  EXPECT_NE(json.find(R"("name":"thread_name","pid":3,"tid":3,"args":{"name":"broadcast"})"),
+            std::string::npos);
   std::remove(path.c_str());
   EXPECT_TRUE(t.write_chrome("/nonexistent-dir/trace.json"));
 }
