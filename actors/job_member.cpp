@@ -24,7 +24,7 @@ void job_member::leave(const std::string& reason) {
 void job_member::stop_member() {
   stopped_ = true;
   host().clock().cancel(heartbeat_timer_);
-  stopping();
+  halting();
   changed();
 }
 
@@ -32,7 +32,7 @@ void job_member::fail(const std::string& reason) {
   if (failed_) return;
   failed_ = true;
   log::error("{}: {}", name(), reason);
-  failing();
+  halting();
   changed();
   if (on_failed) on_failed(reason);
 }

@@ -40,9 +40,9 @@ class job_member : public actor {
   void fail(const std::string& reason);
   /// "trainer shard 1", "worker 0.2": the member in log lines.
   virtual std::string name() const = 0;
-  /// The member's own part of failing and of leaving or stopping (waking its senders, ...).
-  virtual void failing() {}
-  virtual void stopping() {}
+  /// The member's own part of stopping or failing: wake its fibers that wait on credits, so
+  /// that they see it and end.
+  virtual void halting() {}
 
   /// Wakes every fiber waiting in `wait_for`.
   void changed() { state_cv_.notify_all(); }

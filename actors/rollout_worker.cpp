@@ -49,10 +49,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
 
 rollout_worker::~rollout_worker() {
   stop_member();
-  if (gen_) {
-    gen_->credits->release();
-    gen_->broadcast->abort();
-  }
+  if (gen_) gen_->broadcast->abort();
   if (fibers_ > 0 || in_flight_ > 0) host().loop().run_until([this] { return fibers_ == 0 && in_flight_ == 0; });
   gen_.reset();
   host().forget_writes(leader_slot_tag);
@@ -72,7 +69,7 @@ void rollout_worker::join() {
 
 std::string rollout_worker::name() const { return "worker " + std::to_string(instance_) + "." + std::to_string(rank_); }
 
-void rollout_worker::failing() {
+void rollout_worker::halting() {
   if (gen_) gen_->credits->release();
 }
 

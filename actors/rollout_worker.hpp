@@ -130,7 +130,7 @@ class rollout_worker final : public job_member {
   void digest_through_host(version_complete& report);
   worker_ready holdings() const;
   std::string name() const override;
-  void failing() override;
+  void halting() override;
 
   std::uint32_t instance_;
   std::uint32_t rank_;

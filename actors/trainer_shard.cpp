@@ -78,12 +78,7 @@ void trainer_shard::release_credits() {
   }
 }
 
-void trainer_shard::failing() {
-  ++send_generation_;
-  release_credits();
-}
-
-void trainer_shard::stopping() {
+void trainer_shard::halting() {
   ++send_generation_;
   release_credits();
 }

@@ -94,8 +94,7 @@ class trainer_shard final : public job_member {
   void send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation);
   host_copy* copy_of(std::uint64_t version);
   std::string name() const override { return "trainer shard " + std::to_string(shard_); }
-  void failing() override;
-  void stopping() override;
+  void halting() override;
   /// Wakes every sender waiting for a credit, so that it sees the shard stopped or moved on.
   void release_credits();
 
