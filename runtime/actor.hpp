@@ -59,7 +59,6 @@ class actor {
   node& host_;
   address self_;
   std::uint32_t epoch_ = 0;
-  std::uint64_t seq_ = 0;
   std::map<msg_kind, std::function<void(const decoded_message&)>> handlers_;
   std::deque<decoded_message> mailbox_;
   boost::fibers::mutex mutex_;
@@ -70,7 +69,7 @@ class actor {
 
 template <message M>
 void actor::send(address to, const M& body) {
-  envelope_header head{.from = self_, .to = to, .epoch = epoch_, .seq = ++seq_};
+  envelope_header head{.from = self_, .to = to, .epoch = epoch_};
   send_frame(to, encode(head, body));
 }
 

@@ -6,13 +6,12 @@ namespace ferry {
 namespace detail {
 
 void pack_header(msgpack::packer<frame_sink>& packer, const envelope_header& head) {
-  packer.pack_array(7);
+  packer.pack_array(6);
   packer.pack(head.protocol);
   packer.pack(head.kind);
   packer.pack(head.from);
   packer.pack(head.to);
   packer.pack(head.epoch);
-  packer.pack(head.seq);
 }
 
 void finish_prefix(frame& f) {
@@ -65,17 +64,17 @@ result<decoded_message> decode_payload(std::span<const std::byte> payload, const
   if (offset != payload.size()) return fail(errc::malformed_frame);
 
   const msgpack::object& root = m.handle.get();
-  if (root.type != msgpack::type::ARRAY || root.via.array.size != 7) return fail(errc::malformed_frame);
+  if (root.type != msgpack::type::ARRAY || root.via.array.size != 6) return fail(errc::malformed_frame);
   const msgpack::object* f = root.via.array.ptr;
   if (!read_uint(f[0], m.head.protocol)) return fail(errc::malformed_frame);
   if (m.head.protocol != protocol_version) return fail(errc::wrong_protocol);
   if (!read_uint(f[1], m.head.kind) || !read_address(f[2], m.head.from) || !read_address(f[3], m.head.to) ||
-      !read_uint(f[4], m.head.epoch) || !read_uint(f[5], m.head.seq)) {
+      !read_uint(f[4], m.head.epoch)) {
     return fail(errc::malformed_frame);
   }
   const auto* entry = registry.find(m.head.kind);
   if (!entry) return fail(errc::unknown_kind);
-  m.body = f[6];
+  m.body = f[5];
   if (m.body.type != msgpack::type::MAP || !entry->accepts(m.body)) return fail(errc::malformed_body);
   return m;
 }

@@ -1,6 +1,6 @@
 #pragma once
 /// Frames: a 4-byte big-endian length, then one msgpack envelope
-/// `[protocol, kind, [from.node, from.actor], [to.node, to.actor], epoch, seq, body-map]`.
+/// `[protocol, kind, [from.node, from.actor], [to.node, to.actor], epoch, body-map]`.
 /// Decoding is strict; see docs/wire-format.md.
 #include <cstddef>
 #include <cstdint>

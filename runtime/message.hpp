@@ -12,7 +12,7 @@ using actor_id = std::uint32_t;
 using msg_kind = std::uint16_t;
 
 /// The wire protocol version carried by every envelope.
-inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::uint16_t protocol_version = 2;
 
 struct address {
   node_id node = 0;
@@ -22,14 +22,13 @@ struct address {
   MSGPACK_DEFINE(node, actor)
 };
 
-/// Everything of an envelope but its body: `{protocol, kind, from, to, epoch, seq, body}`.
+/// Everything of an envelope but its body: `{protocol, kind, from, to, epoch, body}`.
 struct envelope_header {
   std::uint16_t protocol = protocol_version;
   msg_kind kind = 0;
   address from;
   address to;
   std::uint32_t epoch = 0;
-  std::uint64_t seq = 0;
 };
 
 /// A message requires `static constexpr msg_kind kind` and MSGPACK_DEFINE_MAP of its fields.

@@ -33,9 +33,9 @@ def proof(secret, role, nonce_c, nonce_s, id_c, id_s):
     return hmac.new(secret, label + nonce_c + nonce_s + struct.pack(">II", id_c, id_s), hashlib.sha256).digest()
 
 
-def envelope(kind, body, sender=(900, 1), to=(0, 1), protocol=1, epoch=0, seq=1):
-    """One msgpack envelope (no length prefix): [protocol, kind, from, to, epoch, seq, body]."""
-    return msgpack.packb([protocol, kind, list(sender), list(to), epoch, seq, body], use_bin_type=True)
+def envelope(kind, body, sender=(900, 1), to=(0, 1), protocol=2, epoch=0):
+    """One msgpack envelope (no length prefix): [protocol, kind, from, to, epoch, body]."""
+    return msgpack.packb([protocol, kind, list(sender), list(to), epoch, body], use_bin_type=True)
 
 
 def write_header(region, key, offset, length, imm, write_id):

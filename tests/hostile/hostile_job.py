@@ -110,7 +110,7 @@ def pre_job_attacks(host, port, secret):
 
 def nested(depth, me):
     """An envelope whose body is `depth` arrays, one inside the other (msgpack 0x91 each)."""
-    head = w.msgpack.packb([1, 1, [me, 1], [0, 1], 0, 1, 0])[:-1]  # the 7-array without its body
+    head = w.msgpack.packb([2, 1, [me, 1], [0, 1], 0, 0])[:-1]  # the 6-array without its body
     return head + b"\x91" * depth + b"\x00"
 
 
@@ -122,9 +122,9 @@ def bad_envelopes(me):
     ping = {"nonce": 1, "payload": "x"}
     good = w.envelope(1, ping, sender=(me, 1))
     return [
-        (MALFORMED, w.msgpack.packb(["one", 1, [me, 1], [0, 1], 0, 1, ping])),
-        (MALFORMED, w.msgpack.packb([1, -1, [me, 1], [0, 1], 0, 1, ping])),
-        (MALFORMED, w.msgpack.packb([1, 70000, [me, 1], [0, 1], 0, 1, ping])),
+        (MALFORMED, w.msgpack.packb(["one", 1, [me, 1], [0, 1], 0, ping])),
+        (MALFORMED, w.msgpack.packb([2, -1, [me, 1], [0, 1], 0, ping])),
+        (MALFORMED, w.msgpack.packb([2, 70000, [me, 1], [0, 1], 0, ping])),
         (MALFORMED, nested(5000, me)),
         (MALFORMED, b"\xdd\xff\xff\xff\xff" + b"\x00" * 16),  # array of 2^32-1 elements
         # A str announcing 2 GiB: msgpack-c waits for its bytes before it checks the size cap.
@@ -135,7 +135,7 @@ def bad_envelopes(me):
         ("message body does not match its kind", w.envelope(1, {"nonce": "x", "payload": 1}, sender=(me, 1))),
         ("message body does not match its kind", w.envelope(16, {"tensors": 5}, sender=(me, 1))),
         ("unknown message kind", w.envelope(9999, ping, sender=(me, 1))),
-        ("wrong protocol version", w.envelope(1, ping, sender=(me, 1), protocol=2)),
+        ("wrong protocol version", w.envelope(1, ping, sender=(me, 1), protocol=1)),
         ("truncated frame", good[:-3]),
         ("envelope sender does not match the link it came on", w.envelope(1, ping, sender=(1, 1))),
         ("no route to that node", w.envelope(1, ping, sender=(me, 1), to=(5, 1))),

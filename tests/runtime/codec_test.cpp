@@ -26,13 +26,12 @@ template <class Body>
 frame hand_packed(std::uint16_t protocol, std::uint16_t kind, const Body& body) {
   msgpack::sbuffer b;
   msgpack::packer<msgpack::sbuffer> p(b);
-  p.pack_array(7);
+  p.pack_array(6);
   p.pack(protocol);
   p.pack(kind);
   p.pack(address{1, 2});
   p.pack(address{3, 4});
   p.pack(std::uint32_t{5});
-  p.pack(std::uint64_t{6});
   p.pack(body);
   return raw_frame(b);
 }
@@ -40,7 +39,7 @@ frame hand_packed(std::uint16_t protocol, std::uint16_t kind, const Body& body) 
 TEST(codec, round_trip_keeps_header_and_body) {
   const auto registry = runtime_registry();
   const ping sent{.nonce = 0xfeedfacecafebeefull, .payload = std::string("\0\x01weights", 9)};
-  const auto f = encode(envelope_header{.from = {7, 8}, .to = {9, 10}, .epoch = 11, .seq = 12}, sent);
+  const auto f = encode(envelope_header{.from = {7, 8}, .to = {9, 10}, .epoch = 11}, sent);
 
   auto m = decode_frame(f, registry, {});
   ASSERT_TRUE(m) << m.error().message();
@@ -49,7 +48,6 @@ TEST(codec, round_trip_keeps_header_and_body) {
   EXPECT_EQ(m->head.from, (address{7, 8}));
   EXPECT_EQ(m->head.to, (address{9, 10}));
   EXPECT_EQ(m->head.epoch, 11u);
-  EXPECT_EQ(m->head.seq, 12u);
   const auto got = m->as<ping>();
   EXPECT_EQ(got.nonce, sent.nonce);
   EXPECT_EQ(got.payload, sent.payload);
@@ -117,17 +115,16 @@ TEST(codec, rejects_malformed_envelopes) {
   msgpack::pack(short_array, std::vector<int>{1, 1});
   EXPECT_EQ(decode_frame(raw_frame(short_array), registry, {}).error(), errc::malformed_frame);
 
-  msgpack::sbuffer negative_seq;
-  msgpack::packer<msgpack::sbuffer> p(negative_seq);
-  p.pack_array(7);
+  msgpack::sbuffer negative_epoch;
+  msgpack::packer<msgpack::sbuffer> p(negative_epoch);
+  p.pack_array(6);
   p.pack(protocol_version);
   p.pack(ping::kind);
   p.pack(address{});
   p.pack(address{});
-  p.pack(0);
   p.pack(-1);
   p.pack(ping{});
-  EXPECT_EQ(decode_frame(raw_frame(negative_seq), registry, {}).error(), errc::malformed_frame);
+  EXPECT_EQ(decode_frame(raw_frame(negative_epoch), registry, {}).error(), errc::malformed_frame);
 
   const frame garbage_payload{std::byte{0}, std::byte{0}, std::byte{0}, std::byte{1}, std::byte{0xc1}};
   EXPECT_EQ(decode_frame(garbage_payload, registry, {}).error(), errc::malformed_frame);
