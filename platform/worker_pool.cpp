@@ -15,10 +15,21 @@ worker_pool::worker_pool(unsigned threads) : threads_(pick(threads)), pool_(thre
 worker_pool::~worker_pool() { pool_.join(); }
 
 void worker_pool::async_run(event_loop& loop, std::function<void()> work, std::function<void()> done) {
-  boost::asio::post(pool_, [&loop, work = std::move(work), done = std::move(done)]() mutable {
+  {
+    std::lock_guard lock(idle_mutex_);
+    ++tasks_;
+  }
+  boost::asio::post(pool_, [this, &loop, work = std::move(work), done = std::move(done)]() mutable {
     work();
     loop.post(std::move(done));
+    std::lock_guard lock(idle_mutex_);
+    if (--tasks_ == 0) idle_.notify_all();
   });
+}
+
+void worker_pool::wait_idle() {
+  std::unique_lock lock(idle_mutex_);
+  idle_.wait(lock, [this] { return tasks_ == 0; });
 }
 
 void worker_pool::run(event_loop& loop, std::function<void()> work) {

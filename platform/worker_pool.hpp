@@ -3,7 +3,9 @@
 /// the host's stand-in for a DMA copy engine.
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 
 #include "runtime/event_loop.hpp"
 
@@ -21,12 +23,21 @@ class worker_pool {
   /// Runs `work()` on a pool thread and suspends the calling fiber until it finished.
   void run(event_loop& loop, std::function<void()> work);
 
+  /// Blocks the calling thread until no task is queued or running (their `done` may still wait
+  /// on their loops). For unwinding a job stopped mid-update: once nothing new can start (its
+  /// transports closed), the copies already here land before the memory they touch is freed.
+  /// Never call it from a pool thread.
+  void wait_idle();
+
   unsigned threads() const { return threads_; }
   /// A process-wide pool for host copies.
   static worker_pool& shared();
 
  private:
   unsigned threads_;
+  std::mutex idle_mutex_;
+  std::condition_variable idle_;
+  std::size_t tasks_ = 0;  ///< queued or running; guarded by `idle_mutex_`
   boost::asio::thread_pool pool_;
 };
 

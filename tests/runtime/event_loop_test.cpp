@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <atomic>
 #include <boost/asio/steady_timer.hpp>
 #include <thread>
 
@@ -81,6 +82,29 @@ TEST(event_loop, loop_may_be_destroyed_right_after_a_cross_thread_completion) {
     completed += done;
   }
   EXPECT_EQ(completed, rounds);
+}
+
+// A job unwinding mid-update waits for the pool before it frees what the tasks touch: every task
+// queued or running has finished its work when wait_idle returns, without running the loop.
+TEST(worker_pool, wait_idle_returns_once_every_task_has_run) {
+  event_loop loop;
+  worker_pool pool(2);
+  std::atomic<int> ran = 0;
+  int completed = 0;
+  for (int i = 0; i < 50; ++i) {
+    pool.async_run(
+        loop,
+        [&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          ++ran;
+        },
+        [&] { ++completed; });
+  }
+  pool.wait_idle();
+  EXPECT_EQ(ran.load(), 50);
+  EXPECT_EQ(completed, 0);  // the completions wait for the loop
+  loop.run_until([&] { return completed == 50; });
+  pool.wait_idle();  // an idle pool returns at once
 }
 
 TEST(event_loop, slot_counter_bounds_concurrency) {
