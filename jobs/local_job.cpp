@@ -49,10 +49,14 @@ trainer_memory allocate(const std::vector<tensor_spec>& specs) {
 
 }  // namespace
 
-job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress) {
+job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress,
+                         std::stop_token stop) {
   job_result result;
   event_loop loop;
   real_environment env(loop);
+  // A stop request comes from another thread: it wakes the loop, whose waits below all end on it.
+  bool stopping = false;
+  std::stop_callback on_stop(stop, [&loop, &stopping] { loop.post([&stopping] { stopping = true; }); });
   if (!config.trace_path.empty()) env.trace().keep_records();
   transport_settings settings;
   // One process, one job: a fresh random secret authenticates the tcp links between its nodes.
@@ -118,15 +122,17 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
                                    .make_broadcast = host_chain(chain_tag)};
   std::vector<trainer_memory> memory;
   std::vector<std::unique_ptr<trainer_shard>> trainers;
-  for (std::uint32_t s = 0; s < config.trainers; ++s) {
+  // Members allocate (and fault in) their memory as they are made, a second or so each for large
+  // models: a stop between two of them need not wait for the rest.
+  for (std::uint32_t s = 0; s < config.trainers && !stop.stop_requested(); ++s) {
     node* n = add_node();
     if (!n) return result;
     memory.push_back(allocate(shards[s]));
     trainers.push_back(std::make_unique<trainer_shard>(*n, 1, coord.self(), s, memory.back().refs, trainer_opts));
   }
   std::vector<std::unique_ptr<rollout_worker>> workers;
-  for (std::uint32_t i = 0; i < config.instances; ++i) {
-    for (std::uint32_t r = 0; r < config.workers_per_instance; ++r) {
+  for (std::uint32_t i = 0; i < config.instances && !stop.stop_requested(); ++i) {
+    for (std::uint32_t r = 0; r < config.workers_per_instance && !stop.stop_requested(); ++r) {
       node* n = add_node();
       if (!n) return result;
       std::vector<tensor_ref> destinations;
@@ -136,9 +142,9 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   }
   for (auto& t : trainers) t->join();
   for (auto& w : workers) w->join();
-  loop.run_until([&] { return ready || failure; });
+  loop.run_until([&] { return ready || failure || stopping; });
 
-  for (std::uint64_t v = 1; v <= config.versions && !failure; ++v) {
+  for (std::uint64_t v = 1; v <= config.versions && !failure && !stopping; ++v) {
     // "Training" produces version v: new bytes in every trainer tensor, filled on the pool.
     std::size_t filling = 0;
     for (auto& m : memory) {
@@ -148,16 +154,20 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
             t.spec.nbytes, [&t, v] { fill_version({t.data, t.spec.nbytes}, t.spec.name, v); }, [&] { --filling; });
       }
     }
-    loop.run_until([&] { return filling == 0; });
+    loop.run_until([&] { return filling == 0; });  // the fills touch the trainers' memory
+    if (stopping) break;
     for (auto& t : trainers) {
       std::string why;
       if (!t->publish(v, why)) failure = "publish refused: " + why;
     }
-    loop.run_until([&] { return failure || result.versions.size() == v; });
+    loop.run_until([&] { return failure || stopping || result.versions.size() == v; });
   }
 
   if (failure) {
     result.error = *failure;
+  } else if (stopping && result.versions.size() < config.versions) {
+    result.interrupted = true;
+    result.error = fmt::format("stopped after {} of {} versions", result.versions.size(), config.versions);
   } else {
     result.ok = true;
     result.verified = config.verify;
@@ -177,7 +187,16 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
       }
     }
   }
-  coord.stop_job();
+  if (stopping || failure) {
+    // Mid-update: every node closes (its actors' mailboxes, so that what is queued, such as a plan
+    // whose staging takes seconds to fault in, is dropped unread; its transport, so that nothing
+    // new goes on any wire), and the copies already on the pool land while every buffer they
+    // touch still exists. Then the actors unwind.
+    for (auto& n : nodes) n->close();
+    env.wait_idle();
+  } else {
+    coord.stop_job();
+  }
   workers.clear();
   trainers.clear();
   if (!config.trace_path.empty()) {

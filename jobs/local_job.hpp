@@ -3,6 +3,7 @@
 /// node, publishing a synthetic model version after version. The demo, tests and bench use it.
 #include <cstdint>
 #include <functional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct job_config {
 struct job_result {
   bool ok = false;         ///< every version delivered
   bool verified = false;   ///< ... and every worker's bytes equal the trainers'
+  bool interrupted = false;  ///< the caller's stop request ended the job before its last version
   std::string error;
   std::uint32_t workers = 0;
   std::uint64_t model_bytes = 0;  ///< bytes of one version
@@ -41,7 +43,9 @@ struct job_result {
 };
 
 /// Runs the job on the calling thread (which must have no fibers yet). `progress` gets a line
-/// per delivered version.
-job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress = {});
+/// per delivered version. A stop requested on `stop` (from any thread) ends the job at once, mid-
+/// update if need be: the actors unwind as after a failure and the result says `interrupted`.
+job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress = {},
+                         std::stop_token stop = {});
 
 }  // namespace ferry

@@ -30,6 +30,9 @@ class real_environment final : public environment {
     return trace_;
   }
   bool is_virtual() const override { return false; }
+  /// Blocks until the pool runs none of this environment's CPU work or host copies: a job that
+  /// unwinds mid-update lets them land before it frees what they touch.
+  void wait_idle() { cpu_.wait_idle(); }
 
  private:
   class pool_executor final : public executor {
@@ -39,6 +42,7 @@ class real_environment final : public environment {
       pool_.async_run(loop_, std::move(work), std::move(done));
     }
     unsigned parallelism() const override { return pool_.threads(); }
+    void wait_idle() { pool_.wait_idle(); }
 
    private:
     event_loop& loop_;

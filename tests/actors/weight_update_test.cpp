@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 namespace ferry {
 namespace {
 
@@ -124,6 +127,51 @@ TEST(weight_update, bad_chunk_size_fails_before_any_byte_moves) {
   const auto r = run_local_job(c);
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.error.find("alignment"), std::string::npos) << r.error;
+  EXPECT_TRUE(r.versions.empty());
+}
+
+TEST(weight_update, a_stop_between_versions_ends_the_job_there) {
+  auto c = small_job();
+  c.versions = 1000;
+  std::stop_source stop;
+  int lines = 0;
+  const auto r = run_local_job(
+      c,
+      [&](const std::string&) {
+        if (++lines == 2) stop.request_stop();
+      },
+      stop.get_token());
+  EXPECT_FALSE(r.ok);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.versions.size(), 2u);
+  EXPECT_EQ(r.error, "stopped after 2 of 1000 versions");
+}
+
+TEST(weight_update, a_stop_from_another_thread_ends_the_job_mid_update) {
+  auto c = small_job();
+  c.transport = "tcp";
+  c.versions = 1000;
+  std::stop_source stop;
+  std::atomic<bool> first = false;
+  // Updates follow each other without a pause: a stop at any moment is most likely mid-update.
+  std::thread stopper([&] {
+    while (!first) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    stop.request_stop();
+  });
+  const auto r = run_local_job(c, [&](const std::string&) { first = true; }, stop.get_token());
+  stopper.join();
+  EXPECT_TRUE(r.interrupted) << r.error;
+  EXPECT_GE(r.versions.size(), 1u);
+  EXPECT_LT(r.versions.size(), 1000u);
+  for (const auto& v : r.versions) EXPECT_TRUE(v.verified);
+}
+
+TEST(weight_update, a_stop_before_the_start_moves_no_version) {
+  std::stop_source stop;
+  stop.request_stop();
+  const auto r = run_local_job(small_job(), {}, stop.get_token());
+  EXPECT_TRUE(r.interrupted);
   EXPECT_TRUE(r.versions.empty());
 }
 
