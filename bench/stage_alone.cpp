@@ -21,6 +21,7 @@
 #include "runtime/event_loop.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
+#include "runtime/worker_pool.hpp"
 #include "transport/factory.hpp"
 
 namespace ferry::bench {
@@ -78,13 +79,28 @@ class session {
   explicit session(const stage_shape& shape) : shape_(shape), env_(loop_) {}
 
   ~session() {
+    // Stopped mid-stage, messages and writes may still be on their way to a chain: the members
+    // drop what is queued, their nodes close and forget the chain's writes, and the copies on the
+    // pool land, all before a chain or a buffer goes away.
+    for (auto& m : members_) m->stop();
+    for (auto& n : nodes_) {
+      n->forget_writes(chain_tag);
+      n->close();
+    }
+    worker_pool::shared().wait_idle();
     chains_.clear();
     members_.clear();
-    for (auto& n : nodes_) n->close();
   }
 
   bool prepare(std::string& why);
   stage_seconds measure_once(std::string& why);
+  /// Ends the measurement: each stage issues nothing more and lets what is in flight land; the
+  /// chains abort (their members could no longer agree on the next chunk). Owning loop only.
+  void stop() {
+    stopping_ = true;
+    for (auto& c : chains_) c->abort();
+  }
+  event_loop& loop() { return loop_; }
 
  private:
   node& trainer_node(std::uint32_t s) { return *nodes_[s]; }
@@ -93,7 +109,8 @@ class session {
   }
   std::uint32_t worker_count() const { return shape_.instances * shape_.workers_per_instance; }
   bool warm_up(std::string& why);
-  /// Runs the loop until `pending` drops to 0 or an error is recorded; false on error.
+  /// Runs the loop until `pending` drops to 0 or an error is recorded; false on error. Once
+  /// stopped, it waits for everything in flight (`pending` counts what was never issued out).
   bool drain(const std::size_t& pending, std::string& why);
 
   double offload();
@@ -125,6 +142,7 @@ class session {
   std::vector<std::unique_ptr<chain_broadcast>> chains_;
   std::uint32_t chain_epoch_ = 1;
   std::optional<std::string> error_;
+  bool stopping_ = false;
 };
 
 bool session::prepare(std::string& why) {
@@ -213,7 +231,11 @@ bool session::prepare(std::string& why) {
 }
 
 bool session::drain(const std::size_t& pending, std::string& why) {
-  loop_.run_until([&] { return pending == 0 || error_.has_value(); });
+  loop_.run_until([&] { return pending == 0 || (error_.has_value() && !stopping_); });
+  if (stopping_) {
+    why = "stopped";
+    return false;
+  }
   if (error_) {
     why = *error_;
     return false;
@@ -247,6 +269,7 @@ double session::offload() {
   for (std::uint32_t s = 0; s < shape_.trainers; ++s) {
     loop_.spawn([this, s, &pending] {
       for (auto id : plan_->chunks_of(s)) {
+        if (stopping_) break;
         const auto& c = plan_->chunks[id];
         std::vector<copy_piece> pieces;
         for (const auto& p : c.pieces) {
@@ -281,8 +304,13 @@ double session::send() {
       pending += chunks.size();
       loop_.spawn(
           [this, s, i, chunks, &pending, credit = credits.back().get(), &slots = free[route]] {
-            for (auto id : chunks) {
+            for (std::size_t k = 0; k < chunks.size(); ++k) {
               credit->acquire();
+              if (stopping_) {
+                pending -= chunks.size() - k;
+                return;
+              }
+              const auto id = chunks[k];
               const auto slot = slots.front();
               slots.pop_front();
               const auto& c = plan_->chunks[id];
@@ -316,8 +344,13 @@ double session::broadcast() {
     credits.push_back(std::make_unique<slot_counter>(shape_.depth));
     for (std::uint32_t k = 0; k < shape_.depth; ++k) free[r].push_back(k);
     loop_.spawn([this, r, &pending, credit = credits.back().get(), &slots = free[r]] {
-      for (const auto& c : plan_->chunks) {
+      for (std::size_t k = 0; k < plan_->chunks.size(); ++k) {
+        const auto& c = plan_->chunks[k];
         credit->acquire();
+        if (stopping_) {
+          pending -= plan_->chunks.size() - k;
+          return;
+        }
         if (error_) return;
         const auto slot = slots.front();
         slots.pop_front();
@@ -350,8 +383,13 @@ double session::apply() {
     credits.push_back(std::make_unique<slot_counter>(shape_.depth));
     for (std::uint32_t k = 0; k < shape_.depth; ++k) free[w].push_back(k);
     loop_.spawn([this, w, &pending, credit = credits.back().get(), &slots = free[w]] {
-      for (const auto& c : plan_->chunks) {
+      for (std::size_t k = 0; k < plan_->chunks.size(); ++k) {
+        const auto& c = plan_->chunks[k];
         credit->acquire();
+        if (stopping_) {
+          pending -= plan_->chunks.size() - k;
+          return;
+        }
         const auto slot = slots.front();
         slots.pop_front();
         const std::byte* source = worker_slots_[w].data() + std::size_t{slot} * shape_.chunk_bytes;
@@ -378,30 +416,40 @@ double session::apply() {
 stage_seconds session::measure_once(std::string& why) {
   stage_seconds s;
   s.offload = offload();
-  if (!error_) s.send = send();
-  if (!error_) s.broadcast = broadcast();
-  if (!error_) s.apply = apply();
-  if (error_) why = *error_;
+  if (!error_ && !stopping_) s.send = send();
+  if (!error_ && !stopping_) s.broadcast = broadcast();
+  if (!error_ && !stopping_) s.apply = apply();
+  if (stopping_) {
+    why = "stopped";
+  } else if (error_) {
+    why = *error_;
+  }
   return s;
 }
 
 }  // namespace
 
-result<stage_seconds> measure_stages(const stage_shape& shape, int repeats, std::string& why) {
+result<stage_seconds> measure_stages(const stage_shape& shape, int repeats, std::string& why,
+                                     std::stop_token stop) {
   std::optional<stage_seconds> measured;
   // A thread of its own: its fiber scheduler and loop never meet the caller's (a job's) loop.
   std::thread worker([&] {
     try {
       session s(shape);
+      std::stop_callback on_stop(stop, [&s] { s.loop().post([&s] { s.stop(); }); });
       if (!s.prepare(why)) return;
       std::vector<double> offload, send, broadcast, apply;
-      for (int i = 0; i < std::max(1, repeats); ++i) {
+      for (int i = 0; i < std::max(1, repeats) && !stop.stop_requested(); ++i) {
         const auto once = s.measure_once(why);
         if (!why.empty()) return;
         offload.push_back(once.offload);
         send.push_back(once.send);
         broadcast.push_back(once.broadcast);
         apply.push_back(once.apply);
+      }
+      if (stop.stop_requested()) {
+        why = "stopped";
+        return;
       }
       measured = stage_seconds{.offload = median(offload),
                                .send = median(send),

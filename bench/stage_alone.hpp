@@ -3,6 +3,7 @@
 /// against: the same chunk table, copy pool, transport and window as a job, but one stage at a
 /// time, so the whole update can be compared with its slowest stage in the same run.
 #include <cstdint>
+#include <stop_token>
 #include <string>
 
 #include "runtime/errc.hpp"
@@ -37,7 +38,9 @@ struct stage_seconds {
 
 /// Measures every stage `repeats` times (after a warm-up of the links) on a thread of its own
 /// with its own event loop, and returns each stage's median. Memory is allocated and faulted in
-/// before timing and freed on return. Call with no job running; `why` says what failed.
-result<stage_seconds> measure_stages(const stage_shape& shape, int repeats, std::string& why);
+/// before timing and freed on return. Call with no job running; `why` says what failed. A stop
+/// requested on `stop` ends it within a stage's operations in flight (`why`: "stopped").
+result<stage_seconds> measure_stages(const stage_shape& shape, int repeats, std::string& why,
+                                     std::stop_token stop = {});
 
 }  // namespace ferry::bench
