@@ -13,6 +13,7 @@
 #include "actors/plan.hpp"
 #include "bench/stage_alone.hpp"
 #include "cli/commands.hpp"
+#include "cli/interrupt.hpp"
 #include "runtime/log.hpp"
 
 namespace ferry::cli {
@@ -199,6 +200,12 @@ job_config job_for(const bench_flags& f, const std::string& transport, std::uint
           .verify = false};
 }
 
+/// SIGINT or SIGTERM ended the sweep: says so, and the exit status.
+int interrupted(const std::string& during) {
+  std::fprintf(stderr, "ferry bench: %s during %s\n", interrupt_name(), during.c_str());
+  return interrupted_exit_code();
+}
+
 int run_bench(bench_flags f) {
   if (auto error = check(f); !error.empty()) {
     std::fprintf(stderr, "ferry bench: %s\n", error.c_str());
@@ -218,7 +225,8 @@ int run_bench(bench_flags f) {
     config.checksums = config.verify = true;
     log::info("bench: sanity job on {} (chunk {}, depth {}, 2 versions, checksums and digests on)",
               transport, size_text(config.chunk_bytes), config.depth);
-    const auto r = run_local_job(config);
+    const auto r = run_local_job(config, {}, interrupt_token());
+    if (r.interrupted) return interrupted("the sanity job on " + transport);
     const bool good = r.ok && r.verified;
     std::printf(
         "sanity %s: chunk %s depth %u, %zu versions: %s\n", transport.c_str(),
@@ -246,14 +254,17 @@ int run_bench(bench_flags f) {
                                             .chunk_bytes = chunk,
                                             .depth = depth,
                                             .transport = transport},
-                                           f.stage_repeats, why);
+                                           f.stage_repeats, why, interrupt_token());
+        const auto where = fmt::format("{} chunk {} depth {}", transport, size_text(chunk), depth);
+        if (interrupt_signal()) return interrupted("the stage measurement of " + where);
         if (!alone) {
           std::fprintf(stderr, "ferry bench: %s chunk %s depth %u: %s\n", transport.c_str(),
                        size_text(chunk).c_str(), depth, why.c_str());
           return 1;
         }
         p.alone = *alone;
-        const auto r = run_local_job(job_for(f, transport, chunk, depth));
+        const auto r = run_local_job(job_for(f, transport, chunk, depth), {}, interrupt_token());
+        if (r.interrupted) return interrupted("the job of " + where);
         if (!r.ok) {
           std::fprintf(stderr, "ferry bench: %s chunk %s depth %u: the job failed: %s\n",
                        transport.c_str(), size_text(chunk).c_str(), depth, r.error.c_str());

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli/commands.hpp"
+#include "cli/interrupt.hpp"
 #include "cli/job.hpp"
 #include "cli/launch.hpp"
 #include "cli/options.hpp"
@@ -114,8 +115,13 @@ int run_chaos(const chaos_flags& f) {
   auto coordinator_args = with_common(job_args(self, "coordinator", job));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
   const auto [coordinator_pid, events_fd] = spawn_reading(coordinator_args);
-  line_reader events(events_fd);
+  line_reader events(events_fd, interrupt_fd());
   const auto address = coordinator_pid > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
+  if (interrupt_signal()) {
+    reap({coordinator_pid}, interrupted_grace);
+    std::filesystem::remove_all(dir);
+    return interrupted_exit_code();
+  }
   if (address.empty()) {
     std::fprintf(stderr, "ferry chaos: the coordinator did not start\n");
     if (coordinator_pid > 0) kill(coordinator_pid, SIGKILL);
@@ -222,6 +228,16 @@ int run_chaos(const chaos_flags& f) {
     workers.erase(it);
     joining.insert(start_worker(instance));
     ++tally.joins;
+  }
+  if (events.stopped()) {
+    // SIGINT or SIGTERM: every process of the job gets it and a short time to act on it.
+    std::vector<pid_t> everyone{coordinator_pid};
+    everyone.insert(everyone.end(), trainers.begin(), trainers.end());
+    for (const auto& [id, w] : workers) everyone.push_back(w.pid);
+    reap(everyone, interrupted_grace);
+    std::filesystem::remove_all(dir);
+    std::fprintf(stderr, "ferry chaos: stopped by %s after %u kills\n", interrupt_name(), tally.kills);
+    return interrupted_exit_code();
   }
   if (events.timed_out()) {
     tally.hang = fmt::format("no progress for {} s (--update-bound): the job hung", f.update_bound_s);

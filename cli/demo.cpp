@@ -3,6 +3,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/gpu.hpp"
+#include "cli/interrupt.hpp"
 #include "cli/job.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
@@ -56,7 +57,12 @@ void add_demo(CLI::App& app, command_table& commands) {
     log::info("demo: {} trainers, {} instances x {} workers, {} MiB model, {} MiB chunks, depth {}, {} versions over {}",
               config->trainers, config->instances, config->workers_per_instance, config->model_bytes >> 20,
               config->chunk_bytes >> 20, config->depth, config->versions, config->transport);
-    const auto result = run_local_job(*config, [](const std::string& line) { log::info("{}", line); });
+    const auto result =
+        run_local_job(*config, [](const std::string& line) { log::info("{}", line); }, interrupt_token());
+    if (result.interrupted) {
+      std::fprintf(stderr, "ferry demo: %s: %s\n", interrupt_name(), result.error.c_str());
+      return interrupted_exit_code();
+    }
     if (*json) {
       std::printf("%s\n", summary_json(result).dump().c_str());
     } else {

@@ -1,7 +1,6 @@
 /// Multi-process jobs: `ferry coordinator`, `ferry node` (one actor per process) and the
 /// `ferry local` launcher that starts a whole job of separate processes on this host
 /// (`ferry chaos`, which kills some of them, is in chaos.cpp).
-#include <boost/asio/signal_set.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -23,6 +22,7 @@
 #include "actors/trainer_shard.hpp"
 #include "cli/commands.hpp"
 #include "cli/gpu.hpp"
+#include "cli/interrupt.hpp"
 #include "cli/job.hpp"
 #include "cli/launch.hpp"
 #include "cli/options.hpp"
@@ -116,6 +116,9 @@ int run_coordinator(const process_flags& f) {
   event_loop loop;
   real_environment environment(loop);
   const trace_on_exit trace(environment, f.job.trace_path);
+  // SIGINT or SIGTERM: the job stops (its nodes are told), and so does this process.
+  bool interrupted = false;
+  std::stop_callback on_interrupt(interrupt_token(), [&] { loop.post([&] { interrupted = true; }); });
   auto t = make_transport(f.job.transport, environment, coordinator_node, env);
   if (!t) return std::fprintf(stderr, "ferry coordinator: cannot open the transport: %s\n", t.error().message().c_str()), 1;
   node host(environment, coordinator_node, *t, protocol());
@@ -176,11 +179,15 @@ int run_coordinator(const process_flags& f) {
   log::info("coordinator: listening at {}", address);
 
   // Done when enough versions are delivered and no late joiner is still catching up.
-  const bool finished =
-      run_with_timeout(loop, f, [&] { return failure || (result.versions.size() >= f.job.versions && coord.idle()); });
+  const bool finished = run_with_timeout(
+      loop, f, [&] { return interrupted || failure || (result.versions.size() >= f.job.versions && coord.idle()); });
   coord.stop_job();
   run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });  // let job_stop leave
   log::set_level(log::level::error);  // from here on, peers leaving is the plan, not news
+  if (interrupted && !failure) {
+    failure = fmt::format("stopped by {} with {} of {} versions delivered", interrupt_name(), result.versions.size(),
+                          f.job.versions);
+  }
   if (!finished) failure = fmt::format("timed out after {} s with {} of {} versions delivered", f.timeout_seconds,
                                        result.versions.size(), f.job.versions);
   result.ok = !failure;
@@ -195,6 +202,7 @@ int run_coordinator(const process_flags& f) {
   summary["regroup_ms_max"] = regroup_ms.empty() ? 0.0 : regroup_ms.back();
   std::printf("%s", f.json ? (summary.dump() + "\n").c_str() : summary_table(result).c_str());
   std::fflush(stdout);
+  if (interrupted) return interrupted_exit_code();
   return result.ok && (result.verified || !f.job.verify) ? 0 : 1;
 }
 
@@ -210,6 +218,18 @@ int run_node(const node_flags& f) {
   transport_settings env;
   if (auto error = prepare_environment(f.common, env)) return std::fprintf(stderr, "ferry node: %s\n", error->c_str()), 2;
   event_loop loop;
+  // SIGTERM or SIGINT: leave the job, which regroups without this node, rather than vanish; then
+  // exit 128 + the signal. Before it joined there is nothing to leave.
+  bool stopped = false, left = false, interrupted = false;
+  std::function<void()> leave;
+  std::stop_callback on_interrupt(interrupt_token(), [&] {
+    loop.post([&] {
+      interrupted = stopped = true;
+      if (!leave) return;
+      leave();
+      left = true;
+    });
+  });
   // GPU mode: tensors on the device, the CUDA copy engine, pinned staging, an NCCL instance group.
   std::unique_ptr<gpu_context> gpu;
   if (f.device >= 0) {
@@ -233,19 +253,15 @@ int run_node(const node_flags& f) {
   device_memory* memory = gpu ? gpu->memory.get() : nullptr;
 
   std::optional<std::string> failure;
-  bool stopped = false;
   auto watch_stop = [&](actor& a) {
     a.on<job_stop>([&](const envelope_header&, const job_stop&) { stopped = true; });
   };
-  // SIGTERM or SIGINT: leave the job, which regroups without this node, rather than vanish.
-  boost::asio::signal_set signals(loop.io(), SIGTERM, SIGINT);
-  bool left = false;
+  // Called once `member` joined: from then on an interrupt makes it leave.
   auto leave_on_signal = [&](auto& member) {
-    signals.async_wait([&](const boost::system::error_code& ec, int signal) {
-      if (ec) return;
-      member.leave(signal == SIGTERM ? "SIGTERM" : "SIGINT");
-      left = stopped = true;
-    });
+    leave = [&member] { member.leave(interrupt_name()); };
+    if (!interrupted) return;
+    leave();
+    left = true;
   };
   // The coordinator is the job: a node that lost it has nothing left to wait for. At a job's end
   // the link may drop just before its job_stop is read (the other direction's connection): a
@@ -338,6 +354,7 @@ int run_node(const node_flags& f) {
     leave_on_signal(shard);
     run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value() || shard.failed(); });
     let_leave_go_out();
+    leave = nullptr;  // `shard` goes away below
     // No upload may start, or read `storage`, once this block begins to unwind.
     stopped = true;
     run_with_timeout(loop, {.timeout_seconds = 60}, [&] { return fills == 0; });
@@ -360,7 +377,8 @@ int run_node(const node_flags& f) {
     leave_on_signal(worker);
     run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value(); });
     let_leave_go_out();
-    if (gpu && !failure && !left) {
+    leave = nullptr;  // `worker` goes away below
+    if (gpu && !failure && !interrupted) {
       // Every byte of the last version on this GPU, against what the trainers published.
       if (worker.version() != job.versions) {
         failure = fmt::format("holds version {} of {} at the end", worker.version(), job.versions);
@@ -374,6 +392,7 @@ int run_node(const node_flags& f) {
       }
     }
   }
+  if (interrupted) return interrupted_exit_code();
   if (failure) log::error("node {}: {}", f.id, *failure);
   log::set_level(log::level::error);  // peers leaving after job_stop is the plan, not news
   return failure ? 1 : 0;
@@ -410,6 +429,12 @@ int run_local(const process_flags& f) {
   const auto address = coordinator_pid > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
   std::vector<pid_t> children;
   int status = 1;
+  if (interrupt_signal()) {
+    // Stopped before the job began: the coordinator alone gets the signal.
+    reap({coordinator_pid}, interrupted_grace);
+    std::filesystem::remove_all(dir);
+    return interrupted_exit_code();
+  }
   if (!address.empty()) {
     node_id next = 1;
     int next_gpu = 0;
@@ -430,7 +455,15 @@ int run_local(const process_flags& f) {
     }
     log::info("local: started a coordinator and {} nodes", children.size());
     int raw = 0;
-    waitpid(coordinator_pid, &raw, 0);
+    while (waitpid(coordinator_pid, &raw, WNOHANG) == 0) {
+      if (sleep_unless_interrupted(std::chrono::milliseconds(50))) continue;
+      // SIGINT or SIGTERM: every process of the job gets it; the nodes leave, the coordinator
+      // stops the job; none outlives the grace.
+      children.insert(children.begin(), coordinator_pid);
+      reap(children, interrupted_grace);
+      std::filesystem::remove_all(dir);
+      return interrupted_exit_code();
+    }
     status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 1;
   } else {
     std::fprintf(stderr, "ferry local: the coordinator did not start\n");
@@ -441,6 +474,10 @@ int run_local(const process_flags& f) {
   // Every node must exit 0: a failure at a node's exit (a sanitizer report in a destructor)
   // aborts only that node, after the job was delivered.
   const auto ok = reap(children, std::chrono::seconds(f.gpus ? 180 : 10));
+  if (interrupt_signal()) {
+    std::filesystem::remove_all(dir);
+    return interrupted_exit_code();
+  }
   for (std::size_t i = 0; i < children.size(); ++i) {
     if (ok[i]) continue;
     log::error("local: node process {} failed (its byte check, its role or its exit)", children[i]);

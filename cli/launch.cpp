@@ -13,6 +13,8 @@
 #include <random>
 #include <thread>
 
+#include "cli/interrupt.hpp"
+
 namespace ferry::cli {
 namespace {
 
@@ -28,6 +30,7 @@ pid_t spawn_with(const std::vector<std::string>& args, int stdout_fd) {
   // Only async-signal-safe calls from here on.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher) _exit(127);  // the launcher died before prctl took effect
+  setpgid(0, 0);
   if (stdout_fd >= 0 && dup2(stdout_fd, 1) < 0) _exit(127);
   execv(argv[0], argv.data());
   _exit(127);
@@ -70,20 +73,31 @@ std::string wait_for_address(const std::filesystem::path& file, std::chrono::sec
   // The coordinator writes the file under another name and renames it: whole or absent.
   const auto deadline = std::chrono::steady_clock::now() + patience;
   while (!std::filesystem::exists(file) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!sleep_unless_interrupted(std::chrono::milliseconds(20))) return "";
   }
   std::string address;
   std::ifstream(file) >> address;
   return address;
 }
 
-std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::seconds grace) {
-  const auto deadline = std::chrono::steady_clock::now() + grace;
+std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::milliseconds grace) {
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  bool passed_on = false;
   std::vector<bool> ok;
-  for (const pid_t pid : children) {
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    const pid_t pid = children[i];
     int raw = 0;
     bool exited = pid > 0;
     while (pid > 0 && waitpid(pid, &raw, WNOHANG) == 0) {
+      if (interrupt_signal() && !passed_on) {
+        // SIGINT or SIGTERM: the children not reaped yet get it too (a node leaves its job, a
+        // coordinator stops it), and a short time to act on it.
+        passed_on = true;
+        for (std::size_t j = i; j < children.size(); ++j) {
+          if (children[j] > 0) kill(children[j], interrupt_signal());
+        }
+        deadline = std::min(deadline, std::chrono::steady_clock::now() + interrupted_grace);
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         kill(pid, SIGKILL);
         waitpid(pid, &raw, 0);
@@ -114,8 +128,12 @@ std::optional<std::string> line_reader::next(std::chrono::milliseconds patience)
       timed_out_ = true;
       return std::nullopt;
     }
-    pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;  // timeout or EINTR: the deadline decides
+    pollfd p[2] = {{.fd = fd_, .events = POLLIN, .revents = 0}, {.fd = stop_fd_, .events = POLLIN, .revents = 0}};
+    if (poll(p, stop_fd_ >= 0 ? 2 : 1, static_cast<int>(left.count())) <= 0) continue;  // timeout or EINTR: the deadline decides
+    if (stop_fd_ >= 0 && p[1].revents != 0) {
+      stopped_ = true;
+      return std::nullopt;
+    }
     char chunk[4096];
     const auto n = read(fd_, chunk, sizeof chunk);
     if (n <= 0) return std::nullopt;

@@ -4,8 +4,11 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/interrupt.hpp"
 
 int main(int argc, char** argv) {
+  // Every command stops on SIGINT and SIGTERM through `interrupt_token`, and exits 128 + it.
+  ferry::cli::watch_interrupts();
   CLI::App app{"ferry: moves freshly trained weights from trainers to rollout workers"};
   app.require_subcommand(0, 1);
   auto commands = ferry::cli::add_commands(app);

@@ -7,9 +7,10 @@ import threading
 import time
 
 
-def start_coordinator(ferry, job, scratch, stderr=subprocess.PIPE):
-    """Writes a job secret into `scratch` and starts `ferry coordinator JOB --events --json`.
-    Returns (the process, its address, the environment every process of the job needs)."""
+def start_coordinator(ferry, job, scratch, stderr=subprocess.PIPE, preexec_fn=None):
+    """Writes a job secret into `scratch` and starts `ferry coordinator JOB --events --json`
+    (`preexec_fn` runs in the child before exec). Returns (the process, its address, the
+    environment every process of the job needs)."""
     secret = os.path.join(scratch, "secret")
     with open(secret, "wb") as f:
         f.write(os.urandom(32))
@@ -17,7 +18,8 @@ def start_coordinator(ferry, job, scratch, stderr=subprocess.PIPE):
     env = dict(os.environ, FERRY_SECRET_FILE=secret, IPATH_NO_BACKTRACE="1")
     address_file = os.path.join(scratch, "coordinator")
     coordinator = subprocess.Popen([ferry, "coordinator", *job, "--address-file", address_file, "--events", "--json"],
-                                   stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                                   preexec_fn=preexec_fn)
     deadline = time.time() + 30
     while not os.path.exists(address_file) and time.time() < deadline:
         time.sleep(0.02)
