@@ -21,7 +21,6 @@
 #include "runtime/event_loop.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
-#include "runtime/worker_pool.hpp"
 #include "transport/factory.hpp"
 
 namespace ferry::bench {
@@ -87,7 +86,7 @@ class session {
       n->forget_writes(chain_tag);
       n->close();
     }
-    worker_pool::shared().wait_idle();
+    env_.wait_idle();
     chains_.clear();
     members_.clear();
   }
