@@ -338,7 +338,9 @@ void coordinator::start_update(std::uint64_t version, bool catch_up) {
 }
 
 void coordinator::check_complete() {
-  if (!active_ || failed_) return;
+  // Only under a plan in force: mid-regroup the workers left may be none at all (their plan
+  // dropped), and the new plan resends what is missing and checks again (plan_in_force).
+  if (!active_ || failed_ || !in_force_) return;
   const auto version = active_->version;
   for (const auto& [key, w] : workers_) {
     if (w.complete_version < version) return;

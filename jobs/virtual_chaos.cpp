@@ -40,11 +40,13 @@ class draws {
   std::mt19937_64 rng_;
 };
 
-enum class fault { leader_kill, double_regroup, trainer_kill };
+enum class fault { leader_kill, double_regroup, trainer_kill, instance_lost };
+constexpr std::uint32_t fault_kinds = 4;
 constexpr const char* leader_fault = "leader killed mid-update";
 constexpr const char* double_fault = "two regroups within one chunk time";
 constexpr const char* trainer_fault = "trainer killed mid-update, rejoined";
 constexpr const char* late_fault = "late joiner as the last event";
+constexpr const char* instance_fault = "every worker of an instance killed mid-update";
 
 struct trainer_member {
   node* host = nullptr;
@@ -125,9 +127,9 @@ chaos_job::chaos_job(const virtual_chaos_config& c) : config_(c), draws_(c.seed)
 
   // One fault per update from version 2 on (the first measures the update time): the seed picks
   // the first kind, so every kind comes up across seeds, then up to two more at random.
-  faults_.push_back(static_cast<fault>(c.seed % 3));
+  faults_.push_back(static_cast<fault>(c.seed % fault_kinds));
   for (std::uint64_t extra = draws_.below(3); extra > 0; --extra)
-    faults_.push_back(static_cast<fault>(draws_.below(3)));
+    faults_.push_back(static_cast<fault>(draws_.below(fault_kinds)));
   late_joiner_ = draws_.below(2) == 0;
 }
 
@@ -308,6 +310,19 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
               });
       });
       break;
+    case fault::instance_lost:
+      // Every member at once, as when the instance's host goes down.
+      after(moment, [this, pick = draws_.below(config_.instances)] {
+        const bool mid_update = !coordinator_->idle();
+        bool killed = false;
+        for (auto* w : live_workers()) {
+          if (w->instance != pick) continue;
+          kill_worker(*w);
+          killed = true;
+        }
+        if (killed && mid_update) ++result_.faults[instance_fault];
+      });
+      break;
   }
 }
 
@@ -383,6 +398,7 @@ virtual_chaos_result chaos_job::run() {
       update_time_ =
           std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(r.seconds));
     }
+    if (r.workers == 0) failure_ = fmt::format("version {} delivered to no worker", r.version);
     result_.delivered = std::max(result_.delivered, r.version);
     if (r.version >= config_.versions) publishing_done_ = true;
   };

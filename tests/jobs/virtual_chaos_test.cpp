@@ -35,6 +35,22 @@ TEST(virtual_chaos, other_seeds_give_other_runs) {
   EXPECT_NE(a.trace_digest, b.trace_digest);
 }
 
+/// A job of one instance that loses both its workers mid-update has no worker left to plan for
+/// until their replacements join: the update in flight must wait for them, not complete against
+/// the plan the regroup dropped (a use-after-free under ASan before the coordinator waited for a
+/// plan in force). Seeds 3, 7, 11, ... draw that fault first.
+TEST(virtual_chaos, an_instance_losing_every_worker_mid_update_waits_for_replacements) {
+  log::set_level(log::level::off);
+  std::uint32_t hit = 0;
+  for (std::uint64_t seed = 3; seed < 3 + 4 * 25; seed += 4) {
+    const auto r = run_virtual_chaos({.seed = seed, .instances = 1, .workers_per_instance = 2});
+    EXPECT_TRUE(r.verified) << "seed " << seed << ": " << r.error << "\n  replay: " << replay(seed)
+                            << " (with one instance of two workers)";
+    hit += r.faults.contains("every worker of an instance killed mid-update") ? 1 : 0;
+  }
+  EXPECT_GT(hit, 0u);
+}
+
 /// 500 seeds in shards of 125 (ctest runs them side by side); every run must deliver every
 /// version and leave every live worker byte-identical to the last one, and across each shard
 /// every fault kind must come up.
@@ -52,6 +68,7 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
   }
   for (const char* kind : {"leader killed mid-update", "two regroups within one chunk time",
                            "trainer killed mid-update, rejoined", "late joiner as the last event",
+                           "every worker of an instance killed mid-update",
                            "old epoch's chain forward still reads its slot", "stale write dropped",
                            "new epoch waits for old readers"}) {
     EXPECT_GT(seen[kind], 0u) << "no seed of this shard hit: " << kind;
