@@ -31,6 +31,7 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
     if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
       return fail_job("trainer shard " + std::to_string(m.shard) + " (node " + std::to_string(h.from.node) + "): " + why);
     }
+    if (auto it = trainers_.find(m.shard); it != trainers_.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     const bool replacing = trainers_.contains(m.shard);
     trainers_[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? std::max(published_, delivered_) + 1 : 1};
@@ -48,6 +49,7 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
     if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
       return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
     }
+    if (auto it = workers_.find({m.instance, m.rank}); it != workers_.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     workers_[{m.instance, m.rank}] = {.who = h.from, .transport_address = m.transport_address, .tensors = m.tensors,
                                       .on_device = m.on_device};

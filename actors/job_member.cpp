@@ -41,6 +41,12 @@ void job_member::beat() {
   heartbeat_timer_ = host().clock().async_wait(heartbeat_interval_, [this](std::error_code ec) {
     if (ec || stopped_ || failed_) return;
     send(coordinator_, heartbeat{});
+    since_registration_ += heartbeat_interval_;
+    if (send_registration_ && since_registration_ >= registration_wait_) {
+      send_registration_();
+      since_registration_ = {};
+      registration_wait_ = std::min(registration_wait_ * 2, std::chrono::milliseconds(8000));
+    }
     beat();
   });
 }

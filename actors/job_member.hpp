@@ -29,13 +29,18 @@ class job_member : public actor {
   /// Stops heart beating; a derived destructor has already ended its fibers.
   ~job_member() override;
 
-  /// Starts the mailbox, registers with `registration`, and heartbeats from then on.
+  /// Starts the mailbox, registers with `registration`, and heartbeats from then on. Until the
+  /// job admits this member (`admitted()`), the registration goes again after 1, 2, 4, 8, 8... s:
+  /// a coordinator not yet serving, or a link not yet up, drops it, and nothing else would tell.
   template <message M>
   void join_with(const M& registration) {
     start();
-    send(coordinator_, registration);
+    send_registration_ = [this, registration] { send(coordinator_, registration); };
+    send_registration_();
     beat();
   }
+  /// The coordinator sent this member a plan: its registration arrived.
+  void admitted() { send_registration_ = nullptr; }
   /// Fails this member once: logs, calls `failing()`, then `on_failed`.
   void fail(const std::string& reason);
   /// "trainer shard 1", "worker 0.2": the member in log lines.
@@ -72,6 +77,8 @@ class job_member : public actor {
 
   std::chrono::milliseconds heartbeat_interval_;
   std::uint64_t heartbeat_timer_ = 0;
+  std::function<void()> send_registration_;  ///< until admitted
+  std::chrono::milliseconds registration_wait_{1000}, since_registration_{0};
   boost::fibers::mutex state_mutex_;
   boost::fibers::condition_variable state_cv_;
 };

@@ -31,7 +31,10 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
     owned_.emplace_back(t.spec.nbytes);
     t.data = owned_.back().data();
   }
-  on<plan_ready>([this](const envelope_header&, const plan_ready& m) { adopt_plan(m); });
+  on<plan_ready>([this](const envelope_header&, const plan_ready& m) {
+    admitted();
+    adopt_plan(m);
+  });
   on<chunk_sent>([this](const envelope_header& h, const chunk_sent& m) {
     if (h.epoch == epoch()) on_chunk_sent(m);
   });

@@ -17,7 +17,10 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
       options_(options),
       offload_meter_(host.env(), host.id(), stage::offload),
       send_meter_(host.env(), host.id(), stage::send) {
-  on<plan_ready>([this](const envelope_header&, const plan_ready& m) { adopt_plan(m); });
+  on<plan_ready>([this](const envelope_header&, const plan_ready& m) {
+    admitted();
+    adopt_plan(m);
+  });
   on<job_ready>([this](const envelope_header& h, const job_ready& m) {
     if (h.epoch != epoch()) return;
     ready_ = true;

@@ -47,6 +47,7 @@ constexpr const char* double_fault = "two regroups within one chunk time";
 constexpr const char* trainer_fault = "trainer killed mid-update, rejoined";
 constexpr const char* late_fault = "late joiner as the last event";
 constexpr const char* instance_fault = "every worker of an instance killed mid-update";
+constexpr const char* late_coordinator_fault = "registrations lost: the coordinator started late";
 
 struct trainer_member {
   node* host = nullptr;
@@ -93,6 +94,7 @@ class chaos_job {
   std::vector<std::vector<tensor_spec>> shards_;
   std::vector<fault> faults_;  ///< still to inject, one per update
   bool late_joiner_ = false;
+  bool late_coordinator_ = false;  ///< serves only after the members' first registrations
   clock::duration update_time_{};  ///< the first update's, which scales fault moments
 
   event_loop loop_;
@@ -131,6 +133,7 @@ chaos_job::chaos_job(const virtual_chaos_config& c) : config_(c), draws_(c.seed)
   for (std::uint64_t extra = draws_.below(3); extra > 0; --extra)
     faults_.push_back(static_cast<fault>(draws_.below(fault_kinds)));
   late_joiner_ = draws_.below(2) == 0;
+  late_coordinator_ = draws_.below(4) == 0;
 }
 
 chaos_job::~chaos_job() {
@@ -402,7 +405,15 @@ virtual_chaos_result chaos_job::run() {
     result_.delivered = std::max(result_.delivered, r.version);
     if (r.version >= config_.versions) publishing_done_ = true;
   };
-  coordinator_->start();
+  if (late_coordinator_) {
+    // Its actor drops what arrives before it starts: the members must register again.
+    after(std::chrono::milliseconds(50), [this] {
+      ++result_.faults[late_coordinator_fault];
+      coordinator_->start();
+    });
+  } else {
+    coordinator_->start();
+  }
   for (std::uint32_t s = 0; s < config_.trainers; ++s) add_trainer(s);
   for (std::uint32_t i = 0; i < config_.instances; ++i) {
     for (std::uint32_t r = 0; r < config_.workers_per_instance; ++r) add_worker(i, r);

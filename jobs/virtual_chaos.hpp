@@ -38,9 +38,9 @@ struct virtual_chaos_result {
   std::uint32_t regroups = 0;
   double regroup_ms_median = 0, regroup_ms_max = 0;  ///< virtual
   /// Fault kinds injected or met, by name: "leader killed mid-update", "two regroups within one
-  /// chunk time", "trainer killed mid-update, rejoined", "every worker of an instance killed mid-update",
-  /// "late joiner as the last event", and the
-  /// protocol events the actors noted ("stale write dropped", ...).
+  /// chunk time", "trainer killed mid-update, rejoined", "every worker of an instance killed
+  /// mid-update", "registrations lost: the coordinator started late", "late joiner as the last
+  /// event", and the protocol events the actors noted ("stale write dropped", ...).
   std::map<std::string, std::uint32_t> faults;
   std::uint64_t trace_digest = 0;
   std::uint64_t trace_events = 0;

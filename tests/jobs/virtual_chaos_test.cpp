@@ -69,6 +69,7 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
   for (const char* kind : {"leader killed mid-update", "two regroups within one chunk time",
                            "trainer killed mid-update, rejoined", "late joiner as the last event",
                            "every worker of an instance killed mid-update",
+                           "registrations lost: the coordinator started late",
                            "old epoch's chain forward still reads its slot", "stale write dropped",
                            "new epoch waits for old readers"}) {
     EXPECT_GT(seen[kind], 0u) << "no seed of this shard hit: " << kind;
