@@ -272,6 +272,11 @@ int run_node(const node_flags& f) {
       if (!ec && !stopped && !failure) failure = "lost the coordinator: " + why.message();
     });
   });
+  // --timeout passed with the job still on (or never joined): a failure, not a finished job.
+  auto timed_out = [&] {
+    failure = fmt::format("timed out after {} s without the job's end (coordinator {})", f.common.timeout_seconds,
+                          f.common.coordinator_address);
+  };
   auto let_leave_go_out = [&] {
     if (left) run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });
   };
@@ -352,7 +357,7 @@ int run_node(const node_flags& f) {
     };
     shard.join();
     leave_on_signal(shard);
-    run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value() || shard.failed(); });
+    if (!run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value() || shard.failed(); })) timed_out();
     let_leave_go_out();
     leave = nullptr;  // `shard` goes away below
     // No upload may start, or read `storage`, once this block begins to unwind.
@@ -375,7 +380,7 @@ int run_node(const node_flags& f) {
     worker.on_version = [&](std::uint64_t v) { log::debug("worker {}.{}: version {} applied", f.instance, f.rank, v); };
     worker.join();
     leave_on_signal(worker);
-    run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value(); });
+    if (!run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value(); })) timed_out();
     let_leave_go_out();
     leave = nullptr;  // `worker` goes away below
     if (gpu && !failure && !interrupted) {
