@@ -92,6 +92,46 @@ TEST_F(tcp_auth, peer_with_the_right_secret_writes) {
   EXPECT_EQ(server->stats().handshakes_failed, 0u);
 }
 
+/// The nodes of a job on one host all connect from one address: links that proved the secret do
+/// not count against max_connections_per_address (with a cap of 1, the second node was refused).
+TEST(tcp_admission_cap, proven_links_do_not_count_against_the_per_address_cap) {
+  event_loop loop;
+  real_environment env{loop};
+  message_registry registry = test::test_registry();
+  tcp_options o;
+  o.secret = test::test_secret('s');
+  o.max_connections_per_address = 1;
+  auto server = tcp_transport::make(loop, 2, o);
+  node b{env, 2, server, registry};
+  ASSERT_FALSE(b.start());
+  int pings = 0;
+  struct counter : actor {
+    counter(node& n, int& pings) : actor(n, 1) {
+      on<ping>([&pings](const envelope_header&, const ping&) { ++pings; });
+      start();
+    }
+  } receiver(b, pings);
+  std::vector<std::shared_ptr<tcp_transport>> clients;
+  for (node_id id = 10; id < 14; ++id) {
+    tcp_options c;
+    c.secret = test::test_secret('s');
+    clients.push_back(tcp_transport::make(loop, id, c));
+    ASSERT_FALSE(clients.back()->start({}));
+    ASSERT_FALSE(clients.back()->add_peer(2, server->local_address()));
+    // One at a time: the next connects once this one's link is proven.
+    std::optional<std::error_code> sent;
+    clients.back()->async_send(2, encode(envelope_header{.from = {id, 1}, .to = {2, 1}}, ping{}),
+                               [&](std::error_code ec) { sent = ec; });
+    loop.run_until([&] { return sent.has_value() && (*sent || pings == static_cast<int>(id - 9)); });
+    EXPECT_FALSE(*sent) << "node " << id << ": " << sent->message();
+  }
+  EXPECT_EQ(pings, 4);
+  EXPECT_EQ(server->stats().links_accepted, 4u);
+  EXPECT_EQ(server->stats().connections_refused, 0u);
+  for (auto& c : clients) c->close();
+  b.close();
+}
+
 TEST_F(tcp_auth, peer_with_a_wrong_secret_is_refused_and_cannot_write) {
   auto wrong = client(3, test::test_secret('w'));
   const auto [write_error, send_error] = try_write_and_send(*wrong);

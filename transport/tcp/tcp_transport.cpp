@@ -792,8 +792,11 @@ void tcp_transport::on_accepted(ip::tcp::socket socket) {
   if (ec) return;  // already gone
   socket.set_option(ip::tcp::no_delay(true), ec);
   const auto from = remote.address();
-  const auto same_address = static_cast<std::size_t>(std::count_if(
-      incoming_.begin(), incoming_.end(), [&](const auto& l) { return l->remote_ip() == from; }));
+  // Links that proved the job secret are the job's own (one host may run dozens of its nodes),
+  // bounded per node by max_links_per_node; the cap is for the rest.
+  const auto same_address = static_cast<std::size_t>(std::count_if(incoming_.begin(), incoming_.end(), [&](const auto& l) {
+    return l->remote_ip() == from && !(l->ready() && authenticated());
+  }));
   if (same_address >= options_.max_connections_per_address) {
     return refuse_connection(std::move(socket), from, "max_connections_per_address");
   }

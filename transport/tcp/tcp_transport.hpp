@@ -43,7 +43,8 @@ struct tcp_options {
   /// At either limit above, a newcomer is let in by closing the oldest connection that has sent
   /// nothing yet, or is still handshaking after this long (`handshake_budget`).
   std::chrono::milliseconds handshake_timeout_under_pressure{1000};
-  /// Incoming connections from one remote IP address, in any state.
+  /// Incoming connections from one remote IP address that have not proven the job secret (every
+  /// link, when there is no secret). Proven links count against `max_links_per_node` only.
   std::size_t max_connections_per_address = 64;
   /// Authenticated incoming links of one node id (a reconnect may overlap its dead predecessor).
   std::size_t max_links_per_node = 4;
