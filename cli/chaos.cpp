@@ -106,12 +106,20 @@ int run_chaos(const chaos_flags& f) {
   const auto& job = f.common.job;
   if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
   if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp, cma or fabric\n"), 2;
-  if (!job.trace_path.empty()) return std::fprintf(stderr, "ferry chaos: --trace needs --virtual (real chaos runs have no merged timeline yet)\n"), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = make_job_directory("chaos");
   const auto address_file = (dir / "coordinator").string();
 
-  auto with_common = [&](std::vector<std::string> args) { return with_process_flags(f.common, std::move(args)); };
+  // --trace: each process writes its timeline as it exits, merged into one file at the end; the
+  // processes killed here write none.
+  std::vector<std::filesystem::path> traces;
+  auto traced = [&](std::vector<std::string> args) {
+    if (job.trace_path.empty()) return args;
+    traces.push_back(dir / fmt::format("trace.{}.json", traces.size()));
+    args.insert(args.end(), {"--trace", traces.back().string()});
+    return args;
+  };
+  auto with_common = [&](std::vector<std::string> args) { return traced(with_process_flags(f.common, std::move(args))); };
   auto coordinator_args = with_common(job_args(self, "coordinator", job));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
   const auto [coordinator_pid, events_fd] = spawn_reading(coordinator_args);
@@ -169,7 +177,7 @@ int run_chaos(const chaos_flags& f) {
   chaos_tally tally;
   std::set<std::uint64_t> chanced;
   std::vector<node_id> leaders;  // as the coordinator's last update or regroup named them
-  nlohmann::json verdict;
+  nlohmann::json verdict = nlohmann::json::object();  // the coordinator's summary, when it gives one
   // A node that dies without being killed here is a crash: the run fails, even if the job recovers.
   auto check_for_crashes = [&] {
     for (auto it = names.begin(); it != names.end(); ++it) {
@@ -183,7 +191,7 @@ int run_chaos(const chaos_flags& f) {
   while (auto line = events.next(bound)) {
     check_for_crashes();
     auto e = nlohmann::json::parse(*line, nullptr, false);
-    if (e.is_discarded()) continue;
+    if (e.is_discarded() || !e.is_object()) continue;
     if (e.contains("verified") && !e.contains("event")) {
       verdict = e;
       break;
@@ -250,6 +258,10 @@ int run_chaos(const chaos_flags& f) {
   std::vector<pid_t> nodes = trainers;
   for (const auto& [id, w] : workers) nodes.push_back(w.pid);
   reap(nodes, std::chrono::seconds(10));
+  std::string trace_error;
+  if (!traces.empty()) {
+    if (auto ec = merge_traces(traces, job.trace_path)) trace_error = fmt::format("cannot write the trace to {}: {}", job.trace_path, ec.message());
+  }
   std::filesystem::remove_all(dir);
 
   const bool verified = coordinator_ok && tally.hang.empty() && tally.crash.empty() && verdict.value("verified", false);
@@ -269,8 +281,12 @@ int run_chaos(const chaos_flags& f) {
     out["error"] = tally.crash;
   } else if (!tally.hang.empty()) {
     out["error"] = tally.hang;
+  } else if (!verdict.contains("verified")) {
+    out["error"] = "the coordinator ended without its verdict";
   } else if (verdict.contains("error")) {
-    out["error"] = verdict["error"];
+    out["error"] = verdict["error"].is_string() ? verdict["error"].get<std::string>() : verdict["error"].dump();
+  } else if (!trace_error.empty()) {
+    out["error"] = trace_error;
   }
   if (f.common.json) {
     std::printf("%s\n", out.dump().c_str());

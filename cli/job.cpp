@@ -93,23 +93,6 @@ class trace_on_exit {
   std::string path_;
 };
 
-/// `ferry local --trace`: the processes' timelines, one file each, as one (node ids are job-wide,
-/// and every process's clock counts from the host's boot).
-std::error_code merge_traces(const std::vector<std::filesystem::path>& parts, const std::string& out) {
-  nlohmann::json events = nlohmann::json::array();
-  for (const auto& part : parts) {
-    std::ifstream in(part);
-    if (!in) continue;  // a process that died before writing one
-    auto j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded() || !j.contains("traceEvents")) continue;
-    for (auto& e : j["traceEvents"]) events.push_back(std::move(e));
-  }
-  std::ofstream file(out);
-  file << nlohmann::json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}.dump() << "\n";
-  file.close();
-  return file ? std::error_code{} : std::error_code(errno ? errno : EIO, std::generic_category());
-}
-
 int run_coordinator(const process_flags& f) {
   transport_settings env;
   if (auto error = prepare_environment(f, env)) return std::fprintf(stderr, "ferry coordinator: %s\n", error->c_str()), 2;

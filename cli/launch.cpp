@@ -1,6 +1,7 @@
 #include "cli/launch.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -139,6 +140,21 @@ std::optional<std::string> line_reader::next(std::chrono::milliseconds patience)
     if (n <= 0) return std::nullopt;
     buffered_.append(chunk, static_cast<std::size_t>(n));
   }
+}
+
+std::error_code merge_traces(const std::vector<std::filesystem::path>& parts, const std::string& out) {
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& part : parts) {
+    std::ifstream in(part);
+    if (!in) continue;  // a process that died before writing one
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.contains("traceEvents")) continue;
+    for (auto& e : j["traceEvents"]) events.push_back(std::move(e));
+  }
+  std::ofstream file(out);
+  file << nlohmann::json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}.dump() << "\n";
+  file.close();
+  return file ? std::error_code{} : std::error_code(errno ? errno : EIO, std::generic_category());
 }
 
 }  // namespace ferry::cli

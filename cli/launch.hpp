@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace ferry::cli {
@@ -32,6 +33,11 @@ std::string wait_for_address(const std::filesystem::path& file, std::chrono::sec
 /// on its own with status 0. Once SIGINT or SIGTERM arrived (`interrupt_token`), it passes the
 /// signal on to the children still running and waits at most `interrupted_grace` more.
 std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::milliseconds grace);
+
+/// The timelines of a job's processes (`--trace`, one file each) as one Chrome trace in `out`
+/// (node ids are job-wide, and every process's clock counts from the host's boot). A part that
+/// is missing or unreadable (its process was killed) is left out.
+std::error_code merge_traces(const std::vector<std::filesystem::path>& parts, const std::string& out);
 
 /// How long an interrupted launcher waits for its children to leave before it SIGKILLs them:
 /// within the 2 s a command has to stop.

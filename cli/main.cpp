@@ -1,6 +1,7 @@
 /// The `ferry` command line: demo (the default), and the pieces of multi-process jobs.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 
 #include "cli/commands.hpp"
@@ -22,5 +23,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ferry: %s\n", e.what());
     return 2;
   }
-  return ferry::cli::run_selected(app, commands);
+  try {
+    return ferry::cli::run_selected(app, commands);
+  } catch (const std::exception& e) {
+    // A bug, never the user's input: one line and a failure, not an abort (children die with us).
+    std::fprintf(stderr, "ferry: internal error: %s\n", e.what());
+    return 1;
+  }
 }
