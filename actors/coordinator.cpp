@@ -18,14 +18,14 @@ double ms_between(clock::time_point from, clock::time_point to) {
 }  // namespace
 
 template <message M>
-void coordinator::handle(std::function<void(const envelope_header&, const M&)> fn) {
+void job_coordinator::handle(std::function<void(const envelope_header&, const M&)> fn) {
   on<M>([this, fn = std::move(fn)](const envelope_header& h, const M& m) {
     last_seen_[h.from.node] = host().clock().now();
     if (!stopping_) fn(h, m);
   });
 }
 
-coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host, id), shape_(std::move(shape)) {
+job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : actor(host, id), shape_(std::move(shape)) {
   handle<register_trainer>([this](const envelope_header& h, const register_trainer& m) {
     if (m.shard >= shape_.trainers) return fail_job("trainer shard " + std::to_string(m.shard) + " is not part of the job");
     if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
@@ -100,29 +100,29 @@ coordinator::coordinator(node& host, actor_id id, job_shape shape) : actor(host,
   watch_heartbeats();
 }
 
-coordinator::~coordinator() {
+job_coordinator::~job_coordinator() {
   stopping_ = true;
   host().clock().cancel(heartbeat_timer_);
   host().on_peer_lost({});
 }
 
-std::uint32_t coordinator::initial_workers() const {
+std::uint32_t job_coordinator::initial_workers() const {
   return std::accumulate(shape_.instance_sizes.begin(), shape_.instance_sizes.end(), 0u);
 }
 
-void coordinator::add_peer(address who, const std::string& transport_address) {
+void job_coordinator::add_peer(address who, const std::string& transport_address) {
   if (auto ec = host().transport().add_peer(who.node, transport_address)) {
     log::warn("coordinator: cannot reach node {} at '{}': {}", who.node, transport_address, ec.message());
   }
 }
 
 template <class F>
-void coordinator::broadcast_all(F make) {
+void job_coordinator::broadcast_all(F make) {
   for (const auto& [rank, t] : trainers_) send(t.who, make());
   for (const auto& [key, w] : workers_) send(w.who, make());
 }
 
-void coordinator::watch_heartbeats() {
+void job_coordinator::watch_heartbeats() {
   heartbeat_timer_ = host().clock().async_wait(shape_.heartbeat_timeout / 4, [this](std::error_code ec) {
     if (ec || stopping_) return;
     const auto now = host().clock().now();
@@ -138,7 +138,7 @@ void coordinator::watch_heartbeats() {
   });
 }
 
-void coordinator::lost(node_id node, const std::string& why) {
+void job_coordinator::lost(node_id node, const std::string& why) {
   if (stopping_ || failed_) return;
   for (auto it = trainers_.begin(); it != trainers_.end(); ++it) {
     if (it->second.who.node != node) continue;
@@ -168,7 +168,7 @@ void coordinator::lost(node_id node, const std::string& why) {
   }
 }
 
-std::vector<node_id> coordinator::leader_nodes() const {
+std::vector<node_id> job_coordinator::leader_nodes() const {
   std::vector<node_id> nodes;
   for (const auto& inst : plan_->instances) {
     for (auto rank : inst.leaders) nodes.push_back(inst.workers.at(rank).node);
@@ -176,13 +176,13 @@ std::vector<node_id> coordinator::leader_nodes() const {
   return nodes;
 }
 
-bool coordinator::leads(const address& worker) const {
+bool job_coordinator::leads(const address& worker) const {
   return std::any_of(plan_->instances.begin(), plan_->instances.end(), [&](const instance_plan& inst) {
     return std::any_of(inst.leaders.begin(), inst.leaders.end(), [&](auto rank) { return inst.workers.at(rank) == worker; });
   });
 }
 
-void coordinator::regroup(const std::string& reason) {
+void job_coordinator::regroup(const std::string& reason) {
   if (failed_) return;
   if (!regroup_since_) {
     regroup_since_ = host().clock().now();
@@ -250,7 +250,7 @@ void coordinator::regroup(const std::string& reason) {
   broadcast_all([&] { return plan_ready{.plan = *plan_, .peers = peers}; });
 }
 
-std::optional<std::vector<leader_route>> coordinator::leader_routes(const instance_plan& inst) {
+std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const instance_plan& inst) {
   std::vector<leader_route> routes;
   const auto stripes = static_cast<std::uint32_t>(inst.leaders.size());
   for (std::uint32_t s = 0; s < stripes; ++s) {
@@ -266,7 +266,7 @@ std::optional<std::vector<leader_route>> coordinator::leader_routes(const instan
   return routes;
 }
 
-void coordinator::plan_in_force() {
+void job_coordinator::plan_in_force() {
   if (in_force_ || !plan_ || plan_->epoch != epoch()) return;
   job_ready ready{.next_version = std::max(published_, delivered_) + 1};
   for (const auto& inst : plan_->instances) {
@@ -295,7 +295,7 @@ void coordinator::plan_in_force() {
   resume();
 }
 
-void coordinator::resume() {
+void job_coordinator::resume() {
   // One update at a time; an active one is resent (what is missing) only by a new plan, whose
   // epoch keeps stale writes of the old sends out of the slots.
   if (!in_force_ || failed_ || active_) return;
@@ -313,7 +313,7 @@ void coordinator::resume() {
   }
 }
 
-void coordinator::start_update(std::uint64_t version, bool catch_up) {
+void job_coordinator::start_update(std::uint64_t version, bool catch_up) {
   active_ = update{.version = version, .catch_up = catch_up};
   update_go go{.version = version};
   for (const auto& inst : plan_->instances) {
@@ -339,7 +339,7 @@ void coordinator::start_update(std::uint64_t version, bool catch_up) {
   check_complete();
 }
 
-void coordinator::check_complete() {
+void job_coordinator::check_complete() {
   // Only under a plan in force: mid-regroup the workers left may be none at all (their plan
   // dropped), and the new plan resends what is missing and checks again (plan_in_force).
   if (!active_ || failed_ || !in_force_) return;
@@ -364,7 +364,7 @@ void coordinator::check_complete() {
   resume();
 }
 
-void coordinator::fail_job(const std::string& reason) {
+void job_coordinator::fail_job(const std::string& reason) {
   if (failed_) return;
   failed_ = true;
   log::error("coordinator: job failed: {}", reason);
@@ -372,7 +372,7 @@ void coordinator::fail_job(const std::string& reason) {
   if (on_failed) on_failed(reason);
 }
 
-void coordinator::stop_job() {
+void job_coordinator::stop_job() {
   stopping_ = true;
   broadcast_all([] { return job_stop{.reason = "the job is over"}; });
 }

@@ -45,11 +45,12 @@ struct regroup_report {
   std::vector<node_id> leaders;               ///< the nodes leading an instance in the new plan
 };
 
+/// The job's coordinator actor (`ferry::coordinator` is the public API's handle on one).
 /// Owning loop only.
-class coordinator final : public actor {
+class job_coordinator final : public actor {
  public:
-  coordinator(node& host, actor_id id, job_shape shape);
-  ~coordinator() override;
+  job_coordinator(node& host, actor_id id, job_shape shape);
+  ~job_coordinator() override;
 
   std::function<void(const version_report&)> on_delivered;
   /// The job cannot go on (bad registration, corrupted bytes).

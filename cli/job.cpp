@@ -115,7 +115,7 @@ int run_coordinator(const process_flags& f) {
                   .shared_host_copies = f.job.shared_host_copies};
   // GPU nodes pin tens of GiB on their loop thread at plan time: give their heartbeats room.
   shape.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
-  coordinator coord(host, job_actor, shape);
+  job_coordinator coord(host, job_actor, shape);
   job_result result;
   result.workers = f.job.instances * f.job.workers_per_instance;
   std::optional<std::string> failure;

@@ -89,7 +89,7 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
 
   node* coordinator_node = add_node();
   if (!coordinator_node) return result;
-  coordinator coord(*coordinator_node, 1,
+  job_coordinator coord(*coordinator_node, 1,
                     job_shape{.trainers = config.trainers,
                               .instance_sizes = std::vector<std::uint32_t>(config.instances, config.workers_per_instance),
                               .chunk_bytes = config.chunk_bytes,

@@ -101,7 +101,7 @@ class chaos_job {
   virtual_environment env_;
   transport_settings settings_;
   std::vector<std::unique_ptr<node>> nodes_;  ///< every node, the killed ones too, until the end
-  std::unique_ptr<coordinator> coordinator_;
+  std::unique_ptr<job_coordinator> coordinator_;
   std::vector<std::unique_ptr<trainer_member>> trainers_;
   std::vector<std::unique_ptr<worker_member>> workers_;
   std::vector<std::uint32_t> next_rank_;  ///< per instance: the rank a late joiner takes
@@ -382,7 +382,7 @@ virtual_chaos_result chaos_job::run() {
   auto& coordinator_node = add_node();
   std::vector<std::uint32_t> sizes(config_.instances, config_.workers_per_instance);
   next_rank_ = sizes;
-  coordinator_ = std::make_unique<coordinator>(coordinator_node, 1,
+  coordinator_ = std::make_unique<job_coordinator>(coordinator_node, 1,
                                                job_shape{.trainers = config_.trainers,
                                                          .instance_sizes = sizes,
                                                          .chunk_bytes = config_.chunk_bytes,

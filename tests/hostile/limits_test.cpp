@@ -127,7 +127,7 @@ TEST(job_limits, coordinator_refuses_a_registration_past_a_limit) {
   ASSERT_FALSE(trainer.start());
   job_shape shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 1024};
   shape.limits.max_tensor_name_bytes = 32;
-  coordinator coord(hub, 1, shape);
+  job_coordinator coord(hub, 1, shape);
   std::string failure;
   coord.on_failed = [&](const std::string& why) { failure = why; };
   coord.start();
