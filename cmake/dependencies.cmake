@@ -5,6 +5,14 @@ find_package(PkgConfig REQUIRED)
 # Boost is linked statically so binaries built here run on hosts without Boost.Fiber.
 set(Boost_USE_STATIC_LIBS ON)
 find_package(Boost 1.74 REQUIRED COMPONENTS fiber context)
+# libferry.so links Boost shared instead: a target with FERRY_SHARED_DEPS set gets these.
+find_library(FERRY_BOOST_FIBER_SHARED NAMES libboost_fiber.so.${Boost_VERSION_MAJOR}.${Boost_VERSION_MINOR}.${Boost_VERSION_PATCH} libboost_fiber.so)
+find_library(FERRY_BOOST_CONTEXT_SHARED NAMES libboost_context.so.${Boost_VERSION_MAJOR}.${Boost_VERSION_MINOR}.${Boost_VERSION_PATCH} libboost_context.so)
+add_library(ferry_boost INTERFACE)
+target_link_libraries(ferry_boost INTERFACE
+  "$<IF:$<BOOL:$<TARGET_PROPERTY:FERRY_SHARED_DEPS>>,${FERRY_BOOST_FIBER_SHARED},Boost::fiber>"
+  "$<IF:$<BOOL:$<TARGET_PROPERTY:FERRY_SHARED_DEPS>>,${FERRY_BOOST_CONTEXT_SHARED},Boost::context>")
+target_include_directories(ferry_boost INTERFACE ${Boost_INCLUDE_DIRS})
 find_package(msgpack CONFIG REQUIRED)          # target msgpackc-cxx
 find_package(fmt CONFIG REQUIRED)              # used header-only: no libfmt soname to ship
 find_package(CLI11 CONFIG REQUIRED)

@@ -16,8 +16,9 @@ LAYERS = {
     "collectives": {"runtime", "platform", "collectives"},
     "actors": {"runtime", "actors", "collectives"},
     "jobs": {"runtime", "platform", "transport", "collectives", "actors", "jobs"},
+    "api": {"runtime", "platform", "transport", "collectives", "actors", "api"},
     "bench": {"runtime", "platform", "transport", "collectives", "actors", "jobs", "bench"},
-    "cli": {"runtime", "platform", "transport", "collectives", "actors", "jobs", "bench", "cli"},
+    "cli": {"runtime", "platform", "transport", "collectives", "actors", "jobs", "api", "bench", "cli"},
     "examples": {"runtime", "platform", "transport", "collectives", "actors", "jobs", "examples"},
 }
 # actors/ sees collectives only as the interface and the messages it registers, never an

@@ -1,0 +1,662 @@
+#include "ferry/ferry.hpp"
+
+#include <fmt/format.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "actors/coordinator.hpp"
+#include "actors/rollout_worker.hpp"
+#include "actors/tensor.hpp"
+#include "actors/trainer_shard.hpp"
+#include "api/member_thread.hpp"
+#include "collectives/host/chain_broadcast.hpp"
+#include "runtime/clock.hpp"
+
+namespace ferry {
+
+using api::failed;
+
+namespace {
+
+constexpr node_id coordinator_node = 0;
+constexpr actor_id job_actor = 1;
+
+/// Lets what the actors just sent (a leave, a job stop) reach the wire before the node goes.
+void drain(node& host, std::chrono::milliseconds period) {
+  bool done = false;
+  const auto timer = host.clock().async_wait(period, [&](std::error_code) { done = true; });
+  host.env().loop().run_until([&] { return done; });
+  host.clock().cancel(timer);
+}
+
+/// Waits on `cv` until `ready()` or `timeout`; the status `outcome()` gives, or timed_out.
+template <class Ready, class Outcome>
+status wait_for(std::mutex& m, std::condition_variable& cv, std::chrono::milliseconds timeout,
+                Ready ready, Outcome outcome, const std::string& what) {
+  std::unique_lock lock(m);
+  if (!cv.wait_for(lock, timeout, ready))
+    return failed(api_errc::timed_out,
+                  fmt::format("{}: timed out after {} ms", what, timeout.count()));
+  return outcome();
+}
+
+/// `t` as the actors' tensor_ref, or why not.
+std::optional<tensor_ref> to_ref(const tensor& t, bool data_required, std::string& why) {
+  if (t.name.empty()) return why = "a tensor without a name", std::nullopt;
+  auto type = parse_dtype(t.dtype);
+  if (!type)
+    return why = fmt::format("tensor '{}': unknown dtype '{}'", t.name, t.dtype), std::nullopt;
+  for (auto d : t.shape) {
+    if (d < 0)
+      return why = fmt::format("tensor '{}': negative dimension {}", t.name, d), std::nullopt;
+  }
+  if (t.device >= 0) {
+    return why = fmt::format(
+               "tensor '{}': device {}: device tensors are not yet supported through the API",
+               t.name, t.device),
+           std::nullopt;
+  }
+  if (data_required && !t.data)
+    return why = fmt::format("tensor '{}': null data pointer", t.name), std::nullopt;
+  auto spec = make_tensor_spec(t.name, *type, t.shape);
+  if (spec.nbytes == 0) return why = fmt::format("tensor '{}': zero bytes", t.name), std::nullopt;
+  return tensor_ref{.spec = std::move(spec), .data = static_cast<std::byte*>(t.data)};
+}
+
+/// The transport's scheme and the address to reach the coordinator at, from `address`.
+std::optional<api::parsed_address> coordinator_route(const std::string& address, std::string& why) {
+  auto a = api::parse_address(address, why);
+  if (!a) return std::nullopt;
+  if (a->scheme == "fabric") {
+    // fabric://PROVIDER/ENDPOINT
+    const auto slash = a->rest.find('/');
+    if (slash == std::string::npos)
+      return why = fmt::format("address '{}': expected fabric://provider/endpoint", address),
+             std::nullopt;
+  }
+  return a;
+}
+
+}  // namespace
+
+const char* version_string() noexcept {
+  return "0.1.0";
+}
+
+const std::error_category& api_category() noexcept {
+  struct category final : std::error_category {
+    const char* name() const noexcept override { return "ferry"; }
+    std::string message(int e) const override {
+      switch (static_cast<api_errc>(e)) {
+        case api_errc::invalid_argument:
+          return "invalid argument";
+        case api_errc::closed:
+          return "closed";
+        case api_errc::not_joined:
+          return "not joined";
+        case api_errc::already_joined:
+          return "already joined";
+        case api_errc::busy:
+          return "the previous version is still offloading";
+        case api_errc::timed_out:
+          return "timed out";
+        case api_errc::unreachable:
+          return "unreachable";
+        case api_errc::job_failed:
+          return "the job failed";
+        case api_errc::update_failed:
+          return "the update failed";
+      }
+      return "unknown ferry error";
+    }
+  };
+  static const category c;
+  return c;
+}
+
+// ---- coordinator ----
+
+struct coordinator::impl {
+  api::member_thread thread;
+  std::unique_ptr<job_coordinator> actor;  ///< loop thread only
+  std::string address;
+  mutable std::mutex mutex;
+  mutable std::condition_variable changed;
+  std::uint64_t delivered = 0;
+  std::optional<std::string> failure;
+  bool closed = false;
+};
+
+coordinator::coordinator(options o, status& ok) : impl_(std::make_unique<impl>()) {
+  ok = open(std::move(o));
+}
+
+status coordinator::open(options o) {
+  std::string why;
+  auto listen = api::parse_address(o.listen, why);
+  if (!listen) return failed(api_errc::invalid_argument, why);
+  if (o.trainers == 0 || o.instance_sizes.empty() ||
+      std::find(o.instance_sizes.begin(), o.instance_sizes.end(), 0u) != o.instance_sizes.end()) {
+    return failed(api_errc::invalid_argument,
+                  "coordinator: at least one trainer, and instances of at least one worker");
+  }
+  if (o.chunk_bytes == 0 || o.chunk_bytes % 256 != 0 || o.depth == 0) {
+    return failed(
+        api_errc::invalid_argument,
+        fmt::format(
+            "coordinator: chunk_bytes {} must be a non-zero multiple of 256, depth {} at least 1",
+            o.chunk_bytes, o.depth));
+  }
+  api::link_settings settings;
+  if (auto s = api::load_secret(o.secret, o.allow_unauthenticated, settings); !s) return s;
+  if (listen->scheme == "fabric") {
+    settings.fabric_provider = listen->rest;
+  } else {
+    const auto colon = listen->rest.rfind(':');
+    if (colon == std::string::npos)
+      return failed(api_errc::invalid_argument, "listen address '" + o.listen + "': no port");
+    settings.bind_host = listen->rest.substr(0, colon);
+    try {
+      settings.port = static_cast<std::uint16_t>(std::stoul(listen->rest.substr(colon + 1)));
+    } catch (const std::exception&) {
+      return failed(api_errc::invalid_argument, "listen address '" + o.listen + "': bad port");
+    }
+  }
+  const job_shape shape{.trainers = o.trainers,
+                        .instance_sizes = o.instance_sizes,
+                        .chunk_bytes = o.chunk_bytes,
+                        .depth = o.depth,
+                        .stripes = o.stripes};
+  auto* self = impl_.get();
+  const auto scheme = listen->scheme;
+  const auto provider = settings.fabric_provider;
+  return self->thread.start(
+      scheme, coordinator_node, std::move(settings),
+      [self, shape, scheme, provider](node& host) -> status {
+        self->actor = std::make_unique<job_coordinator>(host, job_actor, shape);
+        self->actor->on_delivered = [self](const version_report& r) {
+          std::lock_guard lock(self->mutex);
+          self->delivered = std::max(self->delivered, r.version);
+          self->changed.notify_all();
+        };
+        self->actor->on_failed = [self](const std::string& reason) {
+          std::lock_guard lock(self->mutex);
+          self->failure = reason;
+          self->changed.notify_all();
+        };
+        self->actor->start();
+        self->address = scheme + "://" + (scheme == "fabric" ? provider + "/" : "") +
+                        host.transport().local_address();
+        return {};
+      },
+      [self](node& host) {
+        if (!self->actor) return;
+        self->actor->stop_job();
+        drain(host, std::chrono::milliseconds(200));
+        self->actor.reset();
+      });
+}
+
+coordinator::~coordinator() {
+  close();
+}
+
+std::string coordinator::address() const {
+  return impl_->address;
+}
+
+std::uint64_t coordinator::delivered() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->delivered;
+}
+
+status coordinator::wait_delivered(std::uint64_t version, std::chrono::milliseconds timeout) const {
+  auto* s = impl_.get();
+  return wait_for(
+      s->mutex, s->changed, timeout,
+      [&] { return s->delivered >= version || s->failure || s->closed; },
+      [&]() -> status {
+        if (s->delivered >= version) return {};
+        if (s->failure) return failed(api_errc::job_failed, *s->failure);
+        return failed(api_errc::closed, "coordinator closed");
+      },
+      fmt::format("coordinator: waiting for version {}", version));
+}
+
+void coordinator::close() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->closed = true;
+    impl_->changed.notify_all();
+  }
+  impl_->thread.stop();
+}
+
+// ---- trainer ----
+
+struct trainer::update::state {
+  std::uint64_t version = 0;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::optional<status> offloaded, delivered;
+  std::vector<std::function<void(const status&)>> offloaded_fns, delivered_fns;
+
+  /// Loop thread: the offload (or delivery) ended with `s`; waiters and callbacks learn it.
+  void settle(std::optional<status> state::*which,
+              std::vector<std::function<void(const status&)>> state::*fns, status s) {
+    std::vector<std::function<void(const status&)>> call;
+    {
+      std::lock_guard lock(mutex);
+      if (this->*which) return;
+      this->*which = s;
+      call.swap(this->*fns);
+      changed.notify_all();
+    }
+    for (auto& fn : call) fn(s);
+  }
+  status wait(std::optional<status> state::*which, std::chrono::milliseconds timeout,
+              const char* what) {
+    std::unique_lock lock(mutex);
+    if (!changed.wait_for(lock, timeout, [&] { return (this->*which).has_value(); })) {
+      return failed(api_errc::timed_out,
+                    fmt::format("version {}: not {} within {} ms", version, what, timeout.count()));
+    }
+    return *(this->*which);
+  }
+  void on(std::optional<status> state::*which,
+          std::vector<std::function<void(const status&)>> state::*fns,
+          std::function<void(const status&)> fn) {
+    std::unique_lock lock(mutex);
+    if (!(this->*which)) return (this->*fns).push_back(std::move(fn));
+    const auto s = *(this->*which);
+    lock.unlock();
+    fn(s);
+  }
+};
+
+std::uint64_t trainer::update::version() const {
+  return state_->version;
+}
+status trainer::update::wait_offloaded(std::chrono::milliseconds timeout) const {
+  return state_->wait(&state::offloaded, timeout, "offloaded");
+}
+status trainer::update::wait_delivered(std::chrono::milliseconds timeout) const {
+  return state_->wait(&state::delivered, timeout, "delivered");
+}
+void trainer::update::on_offloaded(std::function<void(const status&)> fn) const {
+  state_->on(&state::offloaded, &state::offloaded_fns, std::move(fn));
+}
+void trainer::update::on_delivered(std::function<void(const status&)> fn) const {
+  state_->on(&state::delivered, &state::delivered_fns, std::move(fn));
+}
+
+struct trainer::impl {
+  options opts;
+  api::member_thread thread;
+  std::unique_ptr<trainer_shard> shard;  ///< loop thread only
+  std::optional<std::uint64_t> waiting;  ///< loop thread: published before the job was ready
+
+  std::mutex mutex;  ///< guards what follows
+  std::vector<tensor_ref> tensors;
+  std::set<std::string> names;
+  bool joined = false, closed = false;
+  std::optional<std::string> failure;
+  std::uint64_t last_published = 0;
+  std::uint64_t offloading = 0;  ///< the version whose offload is running; 0: none
+  std::map<std::uint64_t, std::shared_ptr<update::state>> updates;
+
+  std::shared_ptr<update::state> find(std::uint64_t v) {
+    std::lock_guard lock(mutex);
+    auto it = updates.find(v);
+    return it == updates.end() ? nullptr : it->second;
+  }
+  void offloaded(std::uint64_t v, status s) {
+    {
+      std::lock_guard lock(mutex);
+      if (offloading == v) offloading = 0;
+    }
+    if (auto u = find(v))
+      u->settle(&update::state::offloaded, &update::state::offloaded_fns, std::move(s));
+  }
+  void delivered(std::uint64_t v, status s) {
+    if (auto u = find(v)) u->settle(&update::state::delivered, &update::state::delivered_fns, s);
+    std::lock_guard lock(mutex);
+    updates.erase(v);
+  }
+  /// Loop thread: every update still open ends with `s`.
+  void settle_all(const status& s) {
+    std::vector<std::uint64_t> open;
+    {
+      std::lock_guard lock(mutex);
+      for (const auto& [v, u] : updates) open.push_back(v);
+    }
+    for (auto v : open) {
+      offloaded(v, s);
+      delivered(v, s);
+    }
+  }
+  void start_publish(std::uint64_t v) {
+    std::string why;
+    if (!shard->publish(v, why)) {
+      offloaded(v, failed(api_errc::invalid_argument, why));
+      delivered(v, failed(api_errc::invalid_argument, why));
+    }
+  }
+};
+
+trainer::trainer(options o) : impl_(std::make_unique<impl>()) {
+  impl_->opts = std::move(o);
+}
+
+trainer::~trainer() {
+  close();
+}
+
+status trainer::register_tensor(const tensor& t) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->joined)
+    return failed(api_errc::already_joined,
+                  fmt::format("tensor '{}': registered after join", t.name));
+  std::string why;
+  auto ref = to_ref(t, true, why);
+  if (!ref) return failed(api_errc::invalid_argument, "trainer: " + why);
+  if (!impl_->names.insert(t.name).second)
+    return failed(api_errc::invalid_argument,
+                  fmt::format("trainer: tensor '{}' registered twice", t.name));
+  impl_->tensors.push_back(*ref);
+  return {};
+}
+
+status trainer::join() {
+  auto* self = impl_.get();
+  const auto& o = self->opts;
+  std::vector<tensor_ref> tensors;
+  {
+    std::lock_guard lock(self->mutex);
+    if (self->closed) return failed(api_errc::closed, "trainer: closed");
+    if (self->joined) return failed(api_errc::already_joined, "trainer: join called twice");
+    if (self->tensors.empty())
+      return failed(api_errc::invalid_argument, "trainer: no tensor registered");
+    tensors = self->tensors;
+  }
+  std::string why;
+  auto route = coordinator_route(o.coordinator, why);
+  if (!route) return failed(api_errc::invalid_argument, "trainer: " + why);
+  api::link_settings settings;
+  if (auto s = api::load_secret(o.secret, o.allow_unauthenticated, settings); !s) return s;
+  std::string reach = route->rest;
+  if (route->scheme == "fabric") {
+    settings.fabric_provider = reach.substr(0, reach.find('/'));
+    reach = reach.substr(reach.find('/') + 1);
+  }
+  const node_id id = o.node_id ? o.node_id : 1 + o.shard;
+  const trainer_options shard_options{.checksums = o.checksums, .digests = o.digests};
+  auto s = self->thread.start(
+      route->scheme, id, std::move(settings),
+      [self, tensors, shard_options, reach, shard = o.shard](node& host) -> status {
+        if (auto ec = host.transport().add_peer(coordinator_node, reach)) {
+          return failed(api_errc::invalid_argument,
+                        fmt::format("trainer: coordinator '{}': {}", reach, ec.message()));
+        }
+        self->shard = std::make_unique<trainer_shard>(
+            host, job_actor, address{coordinator_node, job_actor}, shard, tensors, shard_options);
+        auto& t = *self->shard;
+        t.on_ready = [self] {
+          if (auto v = std::exchange(self->waiting, std::nullopt)) self->start_publish(*v);
+        };
+        t.on_offloaded = [self](std::uint64_t v, double) { self->offloaded(v, {}); };
+        t.on_delivered = [self](std::uint64_t v, bool) { self->delivered(v, {}); };
+        t.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
+          const auto outcome =
+              failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
+          self->offloaded(v, outcome);
+          self->delivered(v, outcome);
+        };
+        t.on_failed = [self](const std::string& reason) {
+          {
+            std::lock_guard lock(self->mutex);
+            self->failure = reason;
+          }
+          self->settle_all(failed(api_errc::job_failed, reason));
+        };
+        host.on_peer_lost([self](node_id peer, std::error_code ec) {
+          if (peer != coordinator_node) return;
+          {
+            std::lock_guard lock(self->mutex);
+            if (!self->failure) self->failure = "lost the coordinator: " + ec.message();
+          }
+          self->settle_all(failed(api_errc::job_failed, "lost the coordinator: " + ec.message()));
+        });
+        t.join();
+        return {};
+      },
+      [self](node& host) {
+        if (!self->shard) return;
+        self->settle_all(failed(api_errc::closed, "trainer closed"));
+        if (!self->shard->failed()) {
+          self->shard->leave("closed");
+          drain(host, std::chrono::milliseconds(200));
+        }
+        self->shard.reset();
+      });
+  if (!s) return s;
+  std::lock_guard lock(self->mutex);
+  self->joined = true;
+  return {};
+}
+
+status trainer::publish(std::uint64_t version, update* out) {
+  auto* self = impl_.get();
+  auto u = std::make_shared<update::state>();
+  u->version = version;
+  {
+    std::lock_guard lock(self->mutex);
+    if (self->closed) return failed(api_errc::closed, "trainer: closed");
+    if (!self->joined) return failed(api_errc::not_joined, "trainer: publish before join");
+    if (self->failure) return failed(api_errc::job_failed, *self->failure);
+    if (self->offloading) {
+      return failed(
+          api_errc::busy,
+          fmt::format("trainer: version {} is still offloading; wait for it before publishing {}",
+                      self->offloading, version));
+    }
+    if (version <= self->last_published) {
+      return failed(
+          api_errc::invalid_argument,
+          fmt::format("trainer: version {} is not newer than {}", version, self->last_published));
+    }
+    self->last_published = version;
+    self->offloading = version;
+    self->updates[version] = u;
+  }
+  self->thread.post([self, version] {
+    if (!self->shard) return;
+    if (self->shard->ready()) return self->start_publish(version);
+    self->waiting = version;  // the job is not ready yet (or regroups): on_ready publishes it
+  });
+  if (out) *out = update(u);
+  return {};
+}
+
+void trainer::close() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->closed = true;
+  }
+  impl_->thread.stop();
+}
+
+// ---- rollout ----
+
+struct rollout::impl {
+  options opts;
+  api::member_thread thread;
+  std::unique_ptr<rollout_worker> worker;  ///< loop thread only
+
+  mutable std::mutex mutex;  ///< guards what follows
+  mutable std::condition_variable changed;
+  std::vector<tensor_ref> tensors;
+  std::set<std::string> names;
+  std::function<void(std::uint64_t, const std::string&, std::span<const std::byte>)> on_tensor;
+  std::function<void(std::uint64_t)> on_version;
+  bool joined = false, closed = false;
+  std::uint64_t version = 0;
+  std::optional<std::string> failure;
+
+  void fail(const std::string& why) {
+    std::lock_guard lock(mutex);
+    if (!failure) failure = why;
+    changed.notify_all();
+  }
+};
+
+rollout::rollout(options o) : impl_(std::make_unique<impl>()) {
+  impl_->opts = std::move(o);
+}
+
+rollout::~rollout() {
+  close();
+}
+
+status rollout::register_tensor(const tensor& t) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->joined)
+    return failed(api_errc::already_joined,
+                  fmt::format("tensor '{}': registered after join", t.name));
+  std::string why;
+  auto ref = to_ref(t, false, why);
+  if (!ref) return failed(api_errc::invalid_argument, "rollout: " + why);
+  if (!impl_->names.insert(t.name).second)
+    return failed(api_errc::invalid_argument,
+                  fmt::format("rollout: tensor '{}' registered twice", t.name));
+  impl_->tensors.push_back(*ref);
+  return {};
+}
+
+void rollout::on_tensor(
+    std::function<void(std::uint64_t, const std::string&, std::span<const std::byte>)> fn) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->on_tensor = std::move(fn);
+}
+
+void rollout::on_version(std::function<void(std::uint64_t)> fn) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->on_version = std::move(fn);
+}
+
+status rollout::join() {
+  auto* self = impl_.get();
+  const auto& o = self->opts;
+  std::vector<tensor_ref> tensors;
+  {
+    std::lock_guard lock(self->mutex);
+    if (self->closed) return failed(api_errc::closed, "rollout: closed");
+    if (self->joined) return failed(api_errc::already_joined, "rollout: join called twice");
+    if (self->tensors.empty())
+      return failed(api_errc::invalid_argument, "rollout: no tensor registered");
+    tensors = self->tensors;
+  }
+  if (!o.node_id && (o.instance >= 1024 || o.rank >= 1024)) {
+    return failed(api_errc::invalid_argument,
+                  "rollout: instance and rank below 1024, or give options.node_id");
+  }
+  std::string why;
+  auto route = coordinator_route(o.coordinator, why);
+  if (!route) return failed(api_errc::invalid_argument, "rollout: " + why);
+  api::link_settings settings;
+  if (auto s = api::load_secret(o.secret, o.allow_unauthenticated, settings); !s) return s;
+  std::string reach = route->rest;
+  if (route->scheme == "fabric") {
+    settings.fabric_provider = reach.substr(0, reach.find('/'));
+    reach = reach.substr(reach.find('/') + 1);
+  }
+  const node_id id = o.node_id ? o.node_id : (1u << 20) + (o.instance << 10) + o.rank;
+  const worker_options worker_opts{
+      .checksums = o.checksums, .digests = o.digests, .make_broadcast = host_chain(chain_tag)};
+  auto s = self->thread.start(
+      route->scheme, id, std::move(settings),
+      [self, tensors, worker_opts, reach, instance = o.instance,
+       rank = o.rank](node& host) -> status {
+        if (auto ec = host.transport().add_peer(coordinator_node, reach)) {
+          return failed(api_errc::invalid_argument,
+                        fmt::format("rollout: coordinator '{}': {}", reach, ec.message()));
+        }
+        self->worker =
+            std::make_unique<rollout_worker>(host, job_actor, address{coordinator_node, job_actor},
+                                             instance, rank, tensors, worker_opts);
+        auto& w = *self->worker;
+        w.on_tensor = [self](std::uint64_t v, const tensor_spec& spec,
+                             std::span<const std::byte> bytes) {
+          decltype(self->on_tensor) fn;
+          {
+            std::lock_guard lock(self->mutex);
+            fn = self->on_tensor;
+          }
+          if (fn) fn(v, spec.name, bytes);
+        };
+        w.on_version = [self](std::uint64_t v) {
+          decltype(self->on_version) fn;
+          {
+            std::lock_guard lock(self->mutex);
+            self->version = std::max(self->version, v);
+            self->changed.notify_all();
+            fn = self->on_version;
+          }
+          if (fn) fn(v);
+        };
+        w.on_failed = [self](const std::string& reason) { self->fail(reason); };
+        host.on_peer_lost([self](node_id peer, std::error_code ec) {
+          if (peer == coordinator_node) self->fail("lost the coordinator: " + ec.message());
+        });
+        w.join();
+        return {};
+      },
+      [self](node& host) {
+        if (!self->worker) return;
+        if (!self->worker->failed()) {
+          self->worker->leave("closed");
+          drain(host, std::chrono::milliseconds(200));
+        }
+        self->worker.reset();
+      });
+  if (!s) return s;
+  std::lock_guard lock(self->mutex);
+  self->joined = true;
+  return {};
+}
+
+std::uint64_t rollout::version() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->version;
+}
+
+status rollout::wait_version(std::uint64_t version, std::chrono::milliseconds timeout) const {
+  auto* s = impl_.get();
+  {
+    std::lock_guard lock(s->mutex);
+    if (!s->joined) return failed(api_errc::not_joined, "rollout: wait_version before join");
+  }
+  return wait_for(
+      s->mutex, s->changed, timeout,
+      [&] { return s->version >= version || s->failure || s->closed; },
+      [&]() -> status {
+        if (s->version >= version) return {};
+        if (s->failure) return failed(api_errc::job_failed, *s->failure);
+        return failed(api_errc::closed, "rollout closed");
+      },
+      fmt::format("rollout: waiting for version {}", version));
+}
+
+void rollout::close() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->closed = true;
+    impl_->changed.notify_all();
+  }
+  impl_->thread.stop();
+}
+
+}  // namespace ferry

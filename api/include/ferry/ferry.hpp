@@ -1,0 +1,201 @@
+#pragma once
+/// ferry's public C++ API. A `coordinator` runs a job; each trainer process opens a `trainer` for
+/// its shard and publishes versions of its tensors; each rollout process opens a `rollout` for its
+/// (instance, rank) and receives every version. Each object runs its own event-loop thread: every
+/// member function may be called from any thread, and callbacks run on that loop thread (keep them
+/// short). Closing, or destroying, a trainer or rollout leaves the job (the others regroup).
+///
+/// Addresses name the transport: "tcp://host:port" (authenticated by the job secret),
+/// "cma://host:port" (tcp links, same-host bulk copies), "fabric://provider" (libfabric; the
+/// coordinator's reply to `address()` is what members pass). The job secret comes from
+/// `options::secret`, else from FERRY_SECRET_FILE or FERRY_SECRET.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+
+#if defined(FERRY_BUILDING_LIBRARY)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+namespace ferry {
+
+/// "major.minor.patch" of the library loaded (which may be newer than the headers).
+FERRY_API const char* version_string() noexcept;
+
+/// Errors of the API; `std::error_code`s of `api_category()`, each returned with a message.
+enum class api_errc : int {
+  invalid_argument = 1,  ///< a bad option, tensor, version or address
+  closed,                ///< the object was closed, or the job stopped
+  not_joined,            ///< the call needs a joined member
+  already_joined,        ///< registering after the job started
+  busy,                  ///< the previous version is still offloading
+  timed_out,             ///< a wait passed its timeout
+  unreachable,           ///< the coordinator could not be reached
+  job_failed,            ///< the job failed (its reason is in the message)
+  update_failed,         ///< this version cannot be delivered (a member died mid-update)
+};
+FERRY_API const std::error_category& api_category() noexcept;
+inline std::error_code make_error_code(api_errc e) noexcept {
+  return {static_cast<int>(e), api_category()};
+}
+
+/// An outcome: no error, or an error code and what happened, naming the culprit.
+struct status {
+  std::error_code code;
+  std::string message;
+  explicit operator bool() const noexcept { return !code; }  ///< true: success
+};
+
+/// A tensor as ferry sees it: where its bytes are and what they mean. `dtype` is one of u8, i8,
+/// i16, i32, i64, f16, bf16, f32, f64, fp8_e4m3, fp8_e5m2; `data` is host memory, or memory of
+/// CUDA device `device` (CUDA builds). ferry never frees it.
+struct tensor {
+  std::string name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  void* data = nullptr;
+  int device = -1;
+};
+
+/// Options every member shares.
+struct member_options {
+  std::string coordinator;  ///< the coordinator's address (`coordinator::address()`)
+  std::string
+      secret;  ///< the job secret (at least 16 bytes); empty: FERRY_SECRET_FILE / FERRY_SECRET
+  bool allow_unauthenticated = false;  ///< tcp without a secret (tests only)
+  std::uint32_t node_id =
+      0;                  ///< unique in the job; 0 derives one from the shard or (instance, rank)
+  bool checksums = true;  ///< xxh3-64 per chunk, checked by every receiver
+  bool digests = true;    ///< xxh3-128 per tensor, for the coordinator's verdict
+  std::chrono::milliseconds connect_timeout{30000};  ///< join gives up after this
+};
+
+/// Runs a job: admits members, plans, and drives one update at a time.
+class FERRY_API coordinator {
+ public:
+  struct options {
+    std::string listen = "tcp://127.0.0.1:0";  ///< port 0 picks a free one
+    std::string secret;
+    bool allow_unauthenticated = false;
+    std::uint32_t trainers = 1;
+    std::vector<std::uint32_t> instance_sizes{1};  ///< workers per rollout instance
+    std::uint64_t chunk_bytes = 64ull << 20;
+    std::uint32_t depth = 2;    ///< chunks in flight per stage
+    std::uint32_t stripes = 0;  ///< leaders per instance; 0: one (every member on GPUs)
+  };
+  /// Starts listening; `ok` says whether it did and why not.
+  coordinator(options o, status& ok);
+  ~coordinator();
+  coordinator(const coordinator&) = delete;
+  coordinator& operator=(const coordinator&) = delete;
+
+  /// What members pass as `member_options::coordinator`.
+  std::string address() const;
+  /// The newest version delivered to every worker (0: none yet).
+  std::uint64_t delivered() const;
+  /// Waits until `version` is delivered, the job fails, or `timeout` passes.
+  status wait_delivered(std::uint64_t version, std::chrono::milliseconds timeout) const;
+  /// Tells every member the job is over and stops.
+  void close();
+
+ private:
+  status open(options o);
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// One trainer shard: registers its tensors, joins, and publishes versions of them.
+class FERRY_API trainer {
+ public:
+  struct options : member_options {
+    std::uint32_t shard = 0;
+  };
+  /// One published version: wait for (or be told of) its offload and its delivery.
+  class FERRY_API update {
+   public:
+    std::uint64_t version() const;
+    /// Until the tensors are copied out (they may be written again then), or the timeout.
+    status wait_offloaded(std::chrono::milliseconds timeout) const;
+    /// Until every worker holds the version (or it failed), or the timeout.
+    status wait_delivered(std::chrono::milliseconds timeout) const;
+    /// Called once, on the trainer's loop thread (at once if already so).
+    void on_offloaded(std::function<void(const status&)> fn) const;
+    void on_delivered(std::function<void(const status&)> fn) const;
+
+    struct state;
+    explicit update(std::shared_ptr<state> s) : state_(std::move(s)) {}
+
+   private:
+    std::shared_ptr<state> state_;
+  };
+
+  explicit trainer(options o);
+  ~trainer();
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  /// Before `join` only. The name must be unique; the size follows from dtype and shape.
+  status register_tensor(const tensor& t);
+  /// Connects, registers the tensors, and waits until the coordinator admitted this shard.
+  status join();
+  /// Publishes `version` (newer than every version before) of the registered tensors; waits for
+  /// the job to be ready first. Refused while the previous version is still offloading.
+  status publish(std::uint64_t version, update* out = nullptr);
+  /// Leaves the job (idempotent).
+  void close();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// One rollout worker: says where each tensor lands, joins, and receives every version.
+class FERRY_API rollout {
+ public:
+  struct options : member_options {
+    std::uint32_t instance = 0;
+    std::uint32_t rank = 0;
+  };
+  explicit rollout(options o);
+  ~rollout();
+  rollout(const rollout&) = delete;
+  rollout& operator=(const rollout&) = delete;
+
+  /// Before `join` only: where `t` lands (`t.data`), or, with a null `data`, ferry keeps the
+  /// bytes and hands them to `on_tensor`. Name, dtype and shape must match the trainers'.
+  status register_tensor(const tensor& t);
+  /// A tensor of a version is complete here: its version, name and bytes (valid during the call).
+  void on_tensor(std::function<void(std::uint64_t version, const std::string& name,
+                                    std::span<const std::byte>)>
+                     fn);
+  /// Every tensor of a version is applied here.
+  void on_version(std::function<void(std::uint64_t version)> fn);
+  /// Connects and registers (before any `on_*` callback can run, set them).
+  status join();
+  /// The newest version applied here (0: none).
+  std::uint64_t version() const;
+  /// Waits until `version` (or a newer one) is applied here, the job fails, or `timeout` passes.
+  status wait_version(std::uint64_t version, std::chrono::milliseconds timeout) const;
+  /// Leaves the job (idempotent).
+  void close();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ferry
+
+template <>
+struct std::is_error_code_enum<ferry::api_errc> : std::true_type {};

@@ -1,0 +1,134 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* secret = "api-test-secret-of-32-bytes-long";
+
+/// A small table: two tensors of different dtypes, one of them not a multiple of the chunk.
+struct table {
+  std::vector<float> weight = std::vector<float>(96 * 1024);
+  std::vector<std::uint16_t> bias = std::vector<std::uint16_t>(3000);
+  void fill(std::uint64_t version) {
+    for (std::size_t i = 0; i < weight.size(); ++i)
+      weight[i] = static_cast<float>(version * 1000003 + i);
+    for (std::size_t i = 0; i < bias.size(); ++i)
+      bias[i] = static_cast<std::uint16_t>(version * 31 + i);
+  }
+  std::vector<tensor> tensors() {
+    return {{.name = "layer.weight", .dtype = "f32", .shape = {96, 1024}, .data = weight.data()},
+            {.name = "layer.bias", .dtype = "bf16", .shape = {3000}, .data = bias.data()}};
+  }
+  bool operator==(const table&) const = default;
+};
+
+coordinator::options job(std::vector<std::uint32_t> instances) {
+  return {.secret = secret,
+          .trainers = 1,
+          .instance_sizes = std::move(instances),
+          .chunk_bytes = 64 * 1024};
+}
+
+TEST(api, a_trainer_and_two_rollouts_receive_every_version_byte_for_byte) {
+  status ok;
+  coordinator coord(job({2}), ok);
+  ASSERT_TRUE(ok) << ok.message;
+  ASSERT_EQ(coord.address().rfind("tcp://127.0.0.1:", 0), 0u) << coord.address();
+
+  table sent;
+  trainer t({{.coordinator = coord.address(), .secret = secret}});
+  for (const auto& x : sent.tensors()) ASSERT_TRUE(t.register_tensor(x));
+
+  std::array<table, 2> got;
+  std::vector<std::unique_ptr<rollout>> workers;
+  std::mutex m;
+  std::map<std::string, std::uint64_t> per_tensor;  // worker 1's on_tensor calls, by name
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    workers.push_back(std::make_unique<rollout>(
+        rollout::options{{.coordinator = coord.address(), .secret = secret}, 0, r}));
+    for (const auto& x : got[r].tensors()) ASSERT_TRUE(workers.back()->register_tensor(x));
+  }
+  workers[1]->on_tensor(
+      [&](std::uint64_t, const std::string& name, std::span<const std::byte> bytes) {
+        std::lock_guard lock(m);
+        per_tensor[name] += bytes.size();
+      });
+  ASSERT_TRUE(t.join());
+  for (auto& w : workers) ASSERT_TRUE(w->join());
+
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    sent.fill(v);
+    trainer::update u(nullptr);
+    auto s = t.publish(v, &u);
+    ASSERT_TRUE(s) << s.message;
+    ASSERT_TRUE(u.wait_offloaded(30s));
+    auto d = u.wait_delivered(30s);
+    ASSERT_TRUE(d) << d.message;
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(workers[r]->wait_version(v, 30s));
+      EXPECT_TRUE(got[r] == sent) << "worker " << r << " differs at version " << v;
+    }
+    EXPECT_TRUE(coord.wait_delivered(v, 30s));
+  }
+  std::lock_guard lock(m);
+  EXPECT_EQ(per_tensor["layer.weight"], 3 * sent.weight.size() * 4);
+  EXPECT_EQ(per_tensor["layer.bias"], 3 * sent.bias.size() * 2);
+}
+
+TEST(api, bad_input_is_refused_with_a_message_naming_it) {
+  status ok;
+  coordinator bad_listen({.listen = "carrier-pigeon://x", .secret = secret}, ok);
+  EXPECT_EQ(ok.code, api_errc::invalid_argument);
+  EXPECT_NE(ok.message.find("carrier-pigeon"), std::string::npos) << ok.message;
+
+  coordinator short_secret({.secret = "short"}, ok);
+  EXPECT_EQ(ok.code, api_errc::invalid_argument);
+  EXPECT_NE(ok.message.find("at least 16"), std::string::npos) << ok.message;
+
+  table x;
+  trainer t({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}});
+  auto s = t.register_tensor({.name = "w", .dtype = "f33", .shape = {4}, .data = x.weight.data()});
+  EXPECT_EQ(s.code, api_errc::invalid_argument);
+  EXPECT_NE(s.message.find("'f33'"), std::string::npos) << s.message;
+  s = t.register_tensor({.name = "w", .dtype = "f32", .shape = {4}, .data = nullptr});
+  EXPECT_NE(s.message.find("null data"), std::string::npos) << s.message;
+  s = t.publish(1);
+  EXPECT_EQ(s.code, api_errc::not_joined);
+  s = t.join();
+  EXPECT_NE(s.message.find("no tensor"), std::string::npos) << s.message;
+  ASSERT_TRUE(
+      t.register_tensor({.name = "w", .dtype = "f32", .shape = {4}, .data = x.weight.data()}));
+  s = t.register_tensor({.name = "w", .dtype = "f32", .shape = {4}, .data = x.weight.data()});
+  EXPECT_NE(s.message.find("registered twice"), std::string::npos) << s.message;
+
+  // Nothing listens at the coordinator's address: waits return at their timeout.
+  ASSERT_TRUE(t.join());
+  s = t.register_tensor({.name = "late", .dtype = "f32", .shape = {4}, .data = x.weight.data()});
+  EXPECT_EQ(s.code, api_errc::already_joined);
+  trainer::update u(nullptr);
+  ASSERT_TRUE(t.publish(1, &u));
+  EXPECT_EQ(t.publish(2).code, api_errc::busy);
+  EXPECT_EQ(t.publish(1).code, api_errc::busy);
+  EXPECT_EQ(u.wait_offloaded(300ms).code, api_errc::timed_out);
+  t.close();
+  EXPECT_EQ(u.wait_delivered(1s).code, api_errc::closed);
+  EXPECT_EQ(t.publish(3).code, api_errc::closed);
+
+  rollout r({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}, 0, 0});
+  EXPECT_EQ(r.wait_version(1, 10ms).code, api_errc::not_joined);
+  rollout inproc({{.coordinator = "inproc://x", .secret = secret}, 0, 0});
+  ASSERT_TRUE(inproc.register_tensor({.name = "w", .dtype = "f32", .shape = {4}}));
+  s = inproc.join();
+  EXPECT_NE(s.message.find("inproc"), std::string::npos) << s.message;
+}
+
+}  // namespace
+}  // namespace ferry
