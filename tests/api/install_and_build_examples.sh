@@ -11,4 +11,6 @@ echo "installed: $(cd "$work/prefix" && find . -type f -o -type l | sort | tr '\
 cmake -S "$source/examples" -B "$work/examples" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/examples" >/dev/null
 cd "$work"
-IPATH_NO_BACKTRACE=1 "$work/examples/trainer_and_rollout" 3
+export IPATH_NO_BACKTRACE=1
+"$work/examples/trainer_and_rollout" 3
+"$work/examples/minimal"
