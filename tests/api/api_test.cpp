@@ -130,5 +130,29 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
   EXPECT_NE(s.message.find("inproc"), std::string::npos) << s.message;
 }
 
+TEST(api, a_rollout_whose_tensor_differs_from_the_trainers_fails_the_job_by_name) {
+  status ok;
+  coordinator coord(job({1}), ok);
+  ASSERT_TRUE(ok) << ok.message;
+  table sent, got;
+  trainer t({{.coordinator = coord.address(), .secret = secret}});
+  for (const auto& x : sent.tensors()) ASSERT_TRUE(t.register_tensor(x));
+  rollout r({{.coordinator = coord.address(), .secret = secret}, 0, 0});
+  auto tensors = got.tensors();
+  tensors[1].shape = {2999};  // one element short of the trainer's layer.bias
+  for (const auto& x : tensors) ASSERT_TRUE(r.register_tensor(x));
+  ASSERT_TRUE(t.join());
+  ASSERT_TRUE(r.join());
+  trainer::update u(nullptr);
+  ASSERT_TRUE(t.publish(1, &u));
+  const auto d = u.wait_delivered(30s);
+  EXPECT_EQ(d.code, api_errc::job_failed) << d.message;
+  EXPECT_NE(d.message.find("layer.bias"), std::string::npos) << d.message;
+  const auto w = r.wait_version(1, 30s);
+  EXPECT_EQ(w.code, api_errc::job_failed) << w.message;
+  const auto c = coord.wait_delivered(1, 30s);
+  EXPECT_EQ(c.code, api_errc::job_failed) << c.message;
+}
+
 }  // namespace
 }  // namespace ferry
