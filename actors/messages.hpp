@@ -13,6 +13,11 @@
 
 namespace ferry {
 
+/// A duration on the wire: finite, and 0 to 10^9 s. Anything else (a NaN, or 2^64 from an
+/// unsigned encoding, which msgpack-c cannot even pack back without undefined behaviour) makes
+/// the body malformed.
+inline bool wire_seconds(double s) { return s >= 0 && s <= 1e9; }
+
 /// How to reach a node: its transport address.
 struct peer_entry {
   node_id node = 0;
@@ -23,6 +28,10 @@ struct peer_entry {
 /// Seconds each stage kept an actor busy during one version.
 struct stage_times {
   double offload = 0, send = 0, upload = 0, broadcast = 0, apply = 0;
+  bool valid() const {
+    return wire_seconds(offload) && wire_seconds(send) && wire_seconds(upload) && wire_seconds(broadcast) &&
+           wire_seconds(apply);
+  }
   MSGPACK_DEFINE_MAP(offload, send, upload, broadcast, apply)
 };
 
@@ -127,6 +136,7 @@ struct shard_offloaded {
   std::uint32_t shard = 0;
   std::uint64_t version = 0;
   double seconds = 0;  ///< publish to offloaded: the trainer's stall
+  bool valid() const { return wire_seconds(seconds); }
   MSGPACK_DEFINE_MAP(shard, version, seconds)
 };
 
@@ -173,6 +183,7 @@ struct version_complete {
   std::uint64_t version = 0;
   stage_times busy;
   std::vector<tensor_digest> digests;
+  bool valid() const { return busy.valid(); }
   MSGPACK_DEFINE_MAP(instance, rank, version, busy, digests)
 };
 
@@ -236,6 +247,7 @@ struct shard_sent {
   std::uint32_t shard = 0;
   std::uint64_t version = 0;
   double send_seconds = 0;  ///< busy time of the send stage
+  bool valid() const { return wire_seconds(send_seconds); }
   MSGPACK_DEFINE_MAP(shard, version, send_seconds)
 };
 
@@ -246,6 +258,7 @@ struct shard_done {
   std::uint64_t version = 0;
   stage_times busy;
   std::vector<tensor_digest> digests;  ///< empty unless verification is on
+  bool valid() const { return busy.valid(); }
   MSGPACK_DEFINE_MAP(shard, version, busy, digests)
 };
 

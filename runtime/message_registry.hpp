@@ -13,16 +13,18 @@ class message_registry {
  public:
   struct entry {
     std::string name;
-    /// True when the body converts to the kind's struct.
+    /// True when the body converts to the kind's struct (and passes its `valid()`, if it has one).
     std::function<bool(const msgpack::object&)> accepts;
   };
 
-  /// Registers `M` under `M::kind`; registering another type under a used kind throws.
+  /// Registers `M` under `M::kind`; registering another type under a used kind throws. A
+  /// message with `bool valid() const` is accepted only when it holds.
   template <message M>
   void add(std::string_view name) {
     add_entry(M::kind, entry{std::string(name), [](const msgpack::object& body) {
                                try {
-                                 (void)body.as<M>();
+                                 const auto m = body.as<M>();
+                                 if constexpr (requires { m.valid(); }) return m.valid();
                                  return true;
                                } catch (const std::exception&) {
                                  return false;
