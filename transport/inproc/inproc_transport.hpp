@@ -2,6 +2,7 @@
 /// Transport between nodes of one process (embedding, tests, the demo, virtual time): frames are
 /// posted to the peer's loop and bulk writes are memcpy on the environment's executor, checked
 /// like remote ones.
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,11 @@ class inproc_network {
   /// Node `id` dies as a process would: its transport closes at once, and every node that knows
   /// it as a peer learns that the link broke. For simulated failures.
   void sever(node_id id);
+  /// A modelled network for simulations: a bulk write moves no bytes and lands when `model`
+  /// calls its completion (on the loop). Set before any write; unset, writes are memcpy.
+  using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes,
+                                        std::function<void()> landed)>;
+  void model_bulk(bulk_model model) { model_ = std::move(model); }
 
  private:
   friend class inproc_transport;
@@ -30,12 +36,15 @@ class inproc_network {
   void detach(node_id id);
   mutable std::mutex mutex_;
   std::map<node_id, std::weak_ptr<inproc_transport>> nodes_;
+  bulk_model model_;
 };
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
-class inproc_transport final : public transport, public std::enable_shared_from_this<inproc_transport> {
+class inproc_transport final : public transport,
+                               public std::enable_shared_from_this<inproc_transport> {
  public:
-  static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network, node_id self);
+  static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network,
+                                                node_id self);
   ~inproc_transport() override;
 
   std::string_view scheme() const override { return "inproc"; }
@@ -47,8 +56,8 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   void async_send(node_id to, frame f, completion done) override;
   result<region_desc> register_region(std::span<std::byte> memory) override;
   void deregister_region(std::uint64_t region_id) override;
-  void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
-                   write_imm imm, completion done) override;
+  void async_write(std::span<const std::byte> local, const region_desc& remote,
+                   std::uint64_t offset, write_imm imm, completion done) override;
 
  private:
   friend class inproc_network;
