@@ -34,21 +34,16 @@ void inproc_network::detach(node_id id) {
   nodes_.erase(id);
 }
 
-std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inproc_network& network,
-                                                         node_id self) {
+std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inproc_network& network, node_id self) {
   return std::shared_ptr<inproc_transport>(new inproc_transport(env, network, self));
 }
 
 inproc_transport::inproc_transport(environment& env, inproc_network& network, node_id self)
     : loop_(env.loop()), cpu_(env.cpu()), network_(network), self_(self), regions_(self) {}
 
-inproc_transport::~inproc_transport() {
-  close();
-}
+inproc_transport::~inproc_transport() { close(); }
 
-std::string inproc_transport::local_address() const {
-  return std::to_string(self_);
-}
+std::string inproc_transport::local_address() const { return std::to_string(self_); }
 
 std::error_code inproc_transport::start(transport_events events) {
   events_ = std::move(events);
@@ -68,9 +63,7 @@ std::error_code inproc_transport::add_peer(node_id peer, std::string_view) {
   return {};
 }
 
-void inproc_transport::remove_peer(node_id peer) {
-  peers_.erase(peer);
-}
+void inproc_transport::remove_peer(node_id peer) { peers_.erase(peer); }
 
 void inproc_transport::peer_died(node_id peer) {
   if (!open_ || peers_.erase(peer) == 0 || !events_.on_peer_lost) return;
@@ -92,26 +85,19 @@ void inproc_transport::deliver_frame(node_id from, const frame& f) {
   events_.on_frame(from, std::span(f).subspan(frame_prefix_bytes));
 }
 
-result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) {
-  return regions_.add(memory);
-}
-void inproc_transport::deregister_region(std::uint64_t region_id) {
-  regions_.remove(region_id);
-}
+result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) { return regions_.add(memory); }
+void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.remove(region_id); }
 
-void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote,
-                                   std::uint64_t offset, write_imm imm, completion done) {
-  auto fail_with = [&](std::error_code ec) {
-    loop_.post([done = std::move(done), ec] { done(ec); });
-  };
+void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
+                                   write_imm imm, completion done) {
+  auto fail_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
   if (!regions_.contains(local)) return fail_with(transport_errc::not_registered);
   auto peer = network_.find(remote.owner);
   if (!open_ || !peer) return fail_with(transport_errc::peer_unreachable);
   auto target = peer->regions_.resolve(remote.id, remote.key, offset, local.size());
   if (!target) return fail_with(target.error());
 
-  const write_notice notice{
-      .from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
+  const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
   if (network_.model_) {
     network_.model_(self_, remote.owner, local.size(), [peer, notice, done = std::move(done)] {
       peer->deliver_write(notice);

@@ -26,8 +26,7 @@ class inproc_network {
   void sever(node_id id);
   /// A modelled network for simulations: a bulk write moves no bytes and lands when `model`
   /// calls its completion (on the loop). Set before any write; unset, writes are memcpy.
-  using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes,
-                                        std::function<void()> landed)>;
+  using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed)>;
   void model_bulk(bulk_model model) { model_ = std::move(model); }
 
  private:
@@ -40,11 +39,9 @@ class inproc_network {
 };
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
-class inproc_transport final : public transport,
-                               public std::enable_shared_from_this<inproc_transport> {
+class inproc_transport final : public transport, public std::enable_shared_from_this<inproc_transport> {
  public:
-  static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network,
-                                                node_id self);
+  static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network, node_id self);
   ~inproc_transport() override;
 
   std::string_view scheme() const override { return "inproc"; }
@@ -56,8 +53,8 @@ class inproc_transport final : public transport,
   void async_send(node_id to, frame f, completion done) override;
   result<region_desc> register_region(std::span<std::byte> memory) override;
   void deregister_region(std::uint64_t region_id) override;
-  void async_write(std::span<const std::byte> local, const region_desc& remote,
-                   std::uint64_t offset, write_imm imm, completion done) override;
+  void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
+                   write_imm imm, completion done) override;
 
  private:
   friend class inproc_network;
