@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -11,11 +12,14 @@
 #include "actors/rollout_worker.hpp"
 #include "actors/synthetic_model.hpp"
 #include "actors/trainer_shard.hpp"
-#include "collectives/host/chain_broadcast.hpp"
+#include "collectives/broadcast.hpp"
+#include "runtime/actor.hpp"
 #include "runtime/copy_engine.hpp"
+#include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "runtime/virtual_environment.hpp"
+#include "sim/collective_model.hpp"
 #include "sim/flow_network.hpp"
 #include "transport/factory.hpp"
 
@@ -23,6 +27,35 @@ namespace ferry {
 namespace {
 
 using sim::route;
+
+/// Simulated device memory lives above this address, host memory (host_buffer::size_only) below.
+constexpr std::uintptr_t device_base = std::uintptr_t{3} << 62;
+/// A copy inside one GPU's memory (apply from a device slot into the weights).
+constexpr double device_copy_rate = 2000e9;
+
+bool on_device(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) >= device_base;
+}
+
+/// A GPU's memory as sizes: disjoint addresses no one touches; pinning is free.
+class sim_device_memory final : public device_memory {
+ public:
+  explicit sim_device_memory(int device) : device_(device) {}
+  int device() const override { return device_; }
+  result<std::byte*> allocate(std::size_t bytes) override { return take(bytes); }
+  void release(std::byte*) override {}
+  std::error_code pin(std::span<std::byte>) override { return {}; }
+  void unpin(std::span<std::byte>) override {}
+  static std::byte* take(std::size_t bytes) {
+    static std::uintptr_t next = device_base;
+    auto* p = reinterpret_cast<std::byte*>(next);
+    next += (bytes + 8191) / 4096 * 4096;
+    return p;
+  }
+
+ private:
+  int device_;
+};
 
 clock::duration to_duration(double seconds) {
   return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
@@ -32,11 +65,12 @@ clock::duration to_duration(double seconds) {
 /// its node's copy threads and copies on its GPU's PCIe, both as costs; memory that is only sizes.
 class member_environment final : public environment {
  public:
-  member_environment(virtual_environment& base, sim::flow_network& net, route cpu, route copies,
-                     unsigned threads, double checksum_rate)
+  /// `d2h`, `h2d`: this member's GPU's PCIe; `host`: a memcpy on its node.
+  member_environment(virtual_environment& base, sim::flow_network& net, route cpu, route d2h,
+                     route h2d, route host, unsigned threads, double checksum_rate)
       : base_(base),
         cpu_(net, std::move(cpu), threads, checksum_rate),
-        copies_(net, std::move(copies)),
+        copies_(net, std::move(d2h), std::move(h2d), std::move(host)),
         platform_(base) {}
 
   event_loop& loop() override { return base_.loop(); }
@@ -74,16 +108,33 @@ class member_environment final : public environment {
   };
   class modelled_copies final : public copy_engine {
    public:
-    modelled_copies(sim::flow_network& net, route r) : net_(net), route_(std::move(r)) {}
+    modelled_copies(sim::flow_network& net, route d2h, route h2d, route host)
+        : net_(net), d2h_(std::move(d2h)), h2d_(std::move(h2d)), host_(std::move(host)) {
+      d2d_.max_rate = device_copy_rate;
+    }
+    /// Each piece goes the way its addresses say: D2H, H2D, inside the device, or host memcpy.
     void async_copy(std::vector<copy_piece> pieces, completion done) override {
-      std::uint64_t bytes = 0;
-      for (const auto& p : pieces) bytes += p.bytes;
-      net_.start(route_.of(bytes), [done = std::move(done)] { done({}); });
+      std::uint64_t bytes[4] = {};
+      for (const auto& p : pieces)
+        bytes[(on_device(p.src) ? 2 : 0) + (on_device(p.dst) ? 1 : 0)] += p.bytes;
+      const route* ways[4] = {&host_, &h2d_, &d2h_, &d2d_};
+      auto left = std::make_shared<int>(0);
+      auto finish = std::make_shared<completion>(std::move(done));
+      for (int i = 0; i < 4; ++i) *left += bytes[i] > 0;
+      if (*left == 0) {
+        net_.start({}, [finish] { (*finish)({}); });
+        return;
+      }
+      for (int i = 0; i < 4; ++i)
+        if (bytes[i] > 0)
+          net_.start(ways[i]->of(bytes[i]), [left, finish] {
+            if (--*left == 0) (*finish)({});
+          });
     }
 
    private:
     sim::flow_network& net_;
-    route route_;
+    route d2h_, h2d_, host_, d2d_;
   };
   class size_only_platform final : public ferry::platform {
    public:
@@ -110,9 +161,75 @@ class member_environment final : public environment {
   size_only_platform platform_;
 };
 
+/// What an instance's members share in one epoch: each collective call and who has joined it.
+struct sim_group {
+  sim::flow_network* net = nullptr;
+  std::vector<std::vector<sim::hop>> chain, ring;  ///< rank i -> i+1; the ring closes back to 0
+  sim::pipeline_model pipeline;
+  struct call {
+    std::uint32_t joined = 0;
+    std::vector<broadcast_group::completion> done;
+  };
+  std::map<std::uint64_t, call> calls;
+  bool aborted = false;
+};
+
+/// NCCL's broadcast and all-gather on the model (sim/collective_model): a call starts once every
+/// member has made it, as NCCL's does, and completes on every member at once.
+class sim_collective final : public broadcast_group {
+ public:
+  sim_collective(std::shared_ptr<sim_group> group, std::uint32_t rank, std::uint32_t size)
+      : group_(std::move(group)), rank_(rank), size_(size) {}
+  std::uint32_t rank() const override { return rank_; }
+  std::uint32_t size() const override { return size_; }
+  void async_broadcast(buffer_ref data, completion done) override {
+    join(data.bytes.size(), 1, std::move(done));
+  }
+  void async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) override {
+    join(data.bytes.size(), stripes, std::move(done));
+  }
+  void abort() override {
+    aborted_ = true;
+    group_->aborted = true;
+    auto calls = std::move(group_->calls);
+    group_->calls.clear();
+    for (auto& [seq, c] : calls)
+      for (auto& d : c.done) d(make_error_code(errc::stopped));
+  }
+
+ private:
+  void join(std::uint64_t bytes, std::uint32_t stripes, completion done) {
+    if (aborted_ || group_->aborted) {
+      group_->net->start({}, [done] { done(make_error_code(errc::stopped)); });
+      return;
+    }
+    const auto seq = next_seq_++;
+    auto& c = group_->calls[seq];
+    c.done.push_back(std::move(done));
+    if (++c.joined < size_) return;
+    auto finish = [group = group_, seq] {
+      auto it = group->calls.find(seq);
+      if (it == group->calls.end()) return;  // aborted meanwhile
+      auto completions = std::move(it->second.done);
+      group->calls.erase(it);
+      for (auto& d : completions) d({});
+    };
+    if (stripes > 1)
+      sim::async_ring_all_gather(*group_->net, group_->ring, bytes, group_->pipeline, finish);
+    else
+      sim::async_chain_broadcast(*group_->net, group_->chain, bytes, group_->pipeline, finish);
+  }
+
+  std::shared_ptr<sim_group> group_;
+  std::uint32_t rank_, size_;
+  std::uint64_t next_seq_ = 0;
+  bool aborted_ = false;
+};
+
 struct member {
   unsigned gpu = 0;
   std::unique_ptr<member_environment> env;
+  std::unique_ptr<sim_device_memory> memory;
   std::unique_ptr<node> host;
   std::unique_ptr<trainer_shard> trainer;
   std::unique_ptr<rollout_worker> worker;
@@ -128,7 +245,8 @@ class sim_job {
     if (!c.trace_path.empty()) env_.trace().keep_records();
     shards_ = split_over_shards(config_.model, config_.trainers);
     const auto per_node = c.hardware.gpus_per_node;
-    first_worker_gpu_ = (c.trainers + per_node - 1) / per_node * per_node;
+    first_worker_gpu_ =
+        c.first_worker_gpu ? c.first_worker_gpu : (c.trainers + per_node - 1) / per_node * per_node;
     settings_.inproc.model_bulk(
         [this](node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
           net_.start(path(from, to).of(bytes), std::move(landed));
@@ -152,6 +270,8 @@ class sim_job {
   void add_trainer(std::uint32_t shard);
   void add_worker(std::uint32_t instance, std::uint32_t rank);
   void publish_next(member& t);
+  std::unique_ptr<broadcast_group> make_group(actor& owner, const std::vector<address>& members,
+                                              std::uint32_t epoch);
   void schedule(const sim_event& e);
   bool settled() const;
 
@@ -166,6 +286,7 @@ class sim_job {
   unsigned first_worker_gpu_ = 0;
   std::vector<unsigned> gpu_of_;  ///< per node id
   std::vector<std::unique_ptr<member>> members_;
+  std::map<std::pair<std::uint32_t, std::vector<address>>, std::weak_ptr<sim_group>> groups_;
   std::unique_ptr<member> coordinator_member_;
   std::unique_ptr<coordinator> coordinator_;
   std::optional<std::string> failure_;
@@ -179,10 +300,11 @@ node& sim_job::add_node(unsigned gpu, bool trainer) {
   auto m = std::make_unique<member>();
   m->gpu = gpu;
   const auto socket = cluster_.socket_of(gpu) % config_.hardware.sockets_per_node;
+  const auto memcpy = cluster_.host_copy(cluster_.node_of(gpu), socket);
   m->env = std::make_unique<member_environment>(
-      env_, net_, cluster_.host_copy(cluster_.node_of(gpu), socket),
-      trainer ? cluster_.offload(gpu) : cluster_.upload(gpu), config_.hardware.copy_threads,
-      config_.checksum_rate);
+      env_, net_, memcpy, cluster_.offload(gpu), cluster_.upload(gpu), memcpy,
+      config_.hardware.copy_threads, config_.checksum_rate);
+  m->memory = std::make_unique<sim_device_memory>(static_cast<int>(gpu));
   auto t = make_transport("inproc", *m->env, id, settings_);
   m->host = std::make_unique<node>(*m->env, id, *t, protocol());
   (void)m->host->start();
@@ -201,7 +323,11 @@ void sim_job::add_trainer(std::uint32_t shard) {
   m.shard = shard;
   std::vector<tensor_ref> refs;
   for (const auto& s : shards_[shard]) {
-    refs.push_back({.spec = s, .data = host_buffer::size_only(s.nbytes).data()});
+    if (config_.trainers_on_host)
+      refs.push_back({.spec = s, .data = host_buffer::size_only(s.nbytes).data()});
+    else
+      refs.push_back(
+          {.spec = s, .data = sim_device_memory::take(s.nbytes), .device = m.memory->device()});
   }
   m.trainer = std::make_unique<trainer_shard>(
       host, 1, coordinator_->self(), shard, refs,
@@ -226,16 +352,43 @@ void sim_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
   m.instance = instance;
   m.rank = rank;
   std::vector<tensor_ref> destinations;
-  for (const auto& t : config_.model) destinations.push_back({.spec = t});
-  m.worker =
-      std::make_unique<rollout_worker>(host, 1, coordinator_->self(), instance, rank, destinations,
-                                       worker_options{.checksums = config_.checksums,
-                                                      .digests = false,
-                                                      .make_broadcast = host_chain(chain_tag)});
+  for (const auto& t : config_.model)
+    destinations.push_back(
+        {.spec = t, .data = sim_device_memory::take(t.nbytes), .device = m.memory->device()});
+  m.worker = std::make_unique<rollout_worker>(
+      host, 1, coordinator_->self(), instance, rank, destinations,
+      worker_options{
+          .checksums = config_.checksums,
+          .digests = false,
+          .memory = m.memory.get(),
+          .make_broadcast = [this](actor& owner, const auto& members, std::uint32_t epoch) {
+            return make_group(owner, members, epoch);
+          }});
   m.worker->on_failed = [this, &m](const std::string& why) {
     if (m.alive) failure_ = fmt::format("worker {}.{} failed: {}", m.instance, m.rank, why);
   };
   m.worker->join();
+}
+
+std::unique_ptr<broadcast_group> sim_job::make_group(actor& owner,
+                                                     const std::vector<address>& members,
+                                                     std::uint32_t epoch) {
+  auto& weak = groups_[{epoch, members}];
+  auto group = weak.lock();
+  if (!group) {
+    group = std::make_shared<sim_group>();
+    group->net = &net_;
+    group->pipeline = {.slice_bytes = 1 << 20, .per_link_latency = config_.hardware.nvlink_latency};
+    for (std::size_t i = 0; i + 1 < members.size(); ++i)
+      group->chain.push_back(path(members[i].node, members[i + 1].node).path);
+    group->ring = group->chain;
+    if (members.size() > 1)
+      group->ring.push_back(path(members.back().node, members.front().node).path);
+    weak = group;
+  }
+  const auto at = std::find(members.begin(), members.end(), owner.self());
+  return std::make_unique<sim_collective>(group, static_cast<std::uint32_t>(at - members.begin()),
+                                          static_cast<std::uint32_t>(members.size()));
 }
 
 void sim_job::publish_next(member& t) {
@@ -309,6 +462,7 @@ sim_result sim_job::run() {
     result_.stall_seconds.push_back(r.offloaded_seconds);
     result_.stage_busy = r.busy;
     delivered_ = std::max(delivered_, r.version);
+    if (config_.on_version) config_.on_version(r.version, r.seconds);
   };
   coordinator_->start();
   for (std::uint32_t s = 0; s < config_.trainers; ++s) add_trainer(s);
@@ -370,10 +524,14 @@ std::string validate(const sim_config& c) {
   if (auto why = sim::validate(c.hardware); !why.empty()) return why;
   const auto gpus = std::uint64_t{c.hardware.nodes} * c.hardware.gpus_per_node;
   const auto per_node = c.hardware.gpus_per_node;
-  const auto trainer_gpus = (std::uint64_t{c.trainers} + per_node - 1) / per_node * per_node;
+  const auto trainer_gpus = c.first_worker_gpu
+                                ? c.first_worker_gpu
+                                : (std::uint64_t{c.trainers} + per_node - 1) / per_node * per_node;
   if (c.trainers == 0) return "placement.trainers: must be at least 1";
   if (c.instances == 0) return "placement.instances: must be at least 1";
   if (c.instance_size == 0) return "placement.instance_size: must be at least 1";
+  if (c.first_worker_gpu != 0 && c.first_worker_gpu < c.trainers)
+    return "placement.first_worker_gpu: must come after the trainers' GPUs";
   if (trainer_gpus + std::uint64_t{c.instances} * c.instance_size > gpus)
     return fmt::format(
         "placement: {} trainer GPUs (whole nodes) and {} instances of {} need more than the {} "

@@ -3,6 +3,7 @@
 /// with bulk writes, copies and CPU work modelled on a cluster's resources (sim/): no bytes move,
 /// payloads are sizes, checksums and applies are costs. Thousands of actors in one process.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ struct sim_config {
   /// Placement: trainer shard s on GPU s; instance i's rank r on the GPUs after the trainers'
   /// nodes, instance by instance.
   std::uint32_t trainers = 8;
+  /// The first rollout GPU; 0: the first GPU after the trainers' nodes.
+  std::uint32_t first_worker_gpu = 0;
+  /// The trainers' tensors in host memory (their offload is a memcpy), not on their GPUs.
+  bool trainers_on_host = false;
   std::uint32_t instances = 1;
   std::uint32_t instance_size = 8;
   std::vector<tensor_spec> model;  ///< the tensor table
@@ -36,6 +41,8 @@ struct sim_config {
   std::vector<sim_event> events;
   double virtual_limit_seconds = 3600;
   std::string trace_path;
+  /// Progress: each version as it is delivered (virtual seconds it took).
+  std::function<void(std::uint64_t version, double seconds)> on_version;
 };
 
 struct sim_resource_use {

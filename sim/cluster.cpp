@@ -57,8 +57,12 @@ route cluster::host_copy(unsigned node, unsigned socket) const {
 
 route cluster::network(unsigned from, unsigned to) const {
   if (node_of(from) == node_of(to)) {
-    auto r = host_copy(node_of(from), socket_of(from) % hw_.sockets_per_node);
-    if (socket_of(from) != socket_of(to)) r.path.push_back({memory_[socket_of(to)]});
+    // A copy between processes (cma, shared memory): split over every copy thread of the node.
+    route r{.path = {{memory_[socket_of(from)], 2}, {copy_threads_[node_of(from)]}},
+            .latency = hw_.copy_latency};
+    if (socket_of(from) != socket_of(to))
+      r.path = {
+          {memory_[socket_of(from)]}, {memory_[socket_of(to)]}, {copy_threads_[node_of(from)]}};
     return r;
   }
   return {.path = {{memory_[socket_of(from)]},

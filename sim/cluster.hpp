@@ -56,7 +56,7 @@ class cluster {
   /// A memcpy on `node`'s socket by one copy thread (reads and writes that memory).
   route host_copy(unsigned node, unsigned socket) const;
   /// Host memory of `from`'s node to host memory of `to`'s node through their NICs (RDMA). On one
-  /// node: a copy through that socket's memory.
+  /// node: a copy through that socket's memory, split over all of the node's copy threads.
   route network(unsigned from, unsigned to) const;
   /// GPU to GPU of one node; across nodes: the network path between their hosts' NICs.
   route nvlink(unsigned from, unsigned to) const;
