@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -246,7 +247,7 @@ class sim_job {
     shards_ = split_over_shards(config_.model, config_.trainers);
     const auto per_node = c.hardware.gpus_per_node;
     first_worker_gpu_ =
-        c.first_worker_gpu ? c.first_worker_gpu : (c.trainers + per_node - 1) / per_node * per_node;
+        c.first_worker_gpu || c.trainers_on_host ? c.first_worker_gpu : (c.trainers + per_node - 1) / per_node * per_node;
     settings_.inproc.model_bulk(
         [this](node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
           net_.start(path(from, to).of(bytes), std::move(landed));
@@ -263,7 +264,7 @@ class sim_job {
   /// The way a bulk write takes: over NVLink inside a node between workers, else the network.
   route path(node_id from, node_id to) const {
     const auto a = gpu_of_.at(from), b = gpu_of_.at(to);
-    const bool workers = a >= first_worker_gpu_ && b >= first_worker_gpu_;
+    const bool workers = is_worker_.at(from) && is_worker_.at(to);
     return workers ? cluster_.nvlink(a, b) : cluster_.network(a, b);
   }
   node& add_node(unsigned gpu, bool trainer);
@@ -285,6 +286,7 @@ class sim_job {
   std::vector<std::vector<tensor_spec>> shards_;
   unsigned first_worker_gpu_ = 0;
   std::vector<unsigned> gpu_of_;  ///< per node id
+  std::vector<bool> is_worker_;   ///< per node id
   std::vector<std::unique_ptr<member>> members_;
   std::map<std::pair<std::uint32_t, std::vector<address>>, std::weak_ptr<sim_group>> groups_;
   std::unique_ptr<member> coordinator_member_;
@@ -297,12 +299,15 @@ class sim_job {
 node& sim_job::add_node(unsigned gpu, bool trainer) {
   const auto id = static_cast<node_id>(gpu_of_.size());
   gpu_of_.push_back(gpu);
+  is_worker_.push_back(!trainer);
   auto m = std::make_unique<member>();
   m->gpu = gpu;
   const auto socket = cluster_.socket_of(gpu) % config_.hardware.sockets_per_node;
   const auto memcpy = cluster_.host_copy(cluster_.node_of(gpu), socket);
+  auto host_copies = memcpy;  // the copy engine splits a copy over every copy thread
+  host_copies.max_rate = std::numeric_limits<double>::infinity();
   m->env = std::make_unique<member_environment>(
-      env_, net_, memcpy, cluster_.offload(gpu), cluster_.upload(gpu), memcpy,
+      env_, net_, memcpy, cluster_.offload(gpu), cluster_.upload(gpu), host_copies,
       config_.hardware.copy_threads, config_.checksum_rate);
   m->memory = std::make_unique<sim_device_memory>(static_cast<int>(gpu));
   auto t = make_transport("inproc", *m->env, id, settings_);
@@ -524,13 +529,13 @@ std::string validate(const sim_config& c) {
   if (auto why = sim::validate(c.hardware); !why.empty()) return why;
   const auto gpus = std::uint64_t{c.hardware.nodes} * c.hardware.gpus_per_node;
   const auto per_node = c.hardware.gpus_per_node;
-  const auto trainer_gpus = c.first_worker_gpu
+  const auto trainer_gpus = c.first_worker_gpu || c.trainers_on_host
                                 ? c.first_worker_gpu
                                 : (std::uint64_t{c.trainers} + per_node - 1) / per_node * per_node;
   if (c.trainers == 0) return "placement.trainers: must be at least 1";
   if (c.instances == 0) return "placement.instances: must be at least 1";
   if (c.instance_size == 0) return "placement.instance_size: must be at least 1";
-  if (c.first_worker_gpu != 0 && c.first_worker_gpu < c.trainers)
+  if (c.first_worker_gpu != 0 && c.first_worker_gpu < c.trainers && !c.trainers_on_host)
     return "placement.first_worker_gpu: must come after the trainers' GPUs";
   if (trainer_gpus + std::uint64_t{c.instances} * c.instance_size > gpus)
     return fmt::format(
