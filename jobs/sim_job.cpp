@@ -15,6 +15,7 @@
 #include "actors/trainer_shard.hpp"
 #include "collectives/broadcast.hpp"
 #include "runtime/actor.hpp"
+#include "runtime/codec.hpp"
 #include "runtime/copy_engine.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
@@ -246,8 +247,9 @@ class sim_job {
     if (!c.trace_path.empty()) env_.trace().keep_records();
     shards_ = split_over_shards(config_.model, config_.trainers);
     const auto per_node = c.hardware.gpus_per_node;
-    first_worker_gpu_ =
-        c.first_worker_gpu || c.trainers_on_host ? c.first_worker_gpu : (c.trainers + per_node - 1) / per_node * per_node;
+    first_worker_gpu_ = c.first_worker_gpu || c.trainers_on_host
+                            ? c.first_worker_gpu
+                            : (c.trainers + per_node - 1) / per_node * per_node;
     settings_.inproc.model_bulk(
         [this](node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
           net_.start(path(from, to).of(bytes), std::move(landed));
@@ -311,7 +313,12 @@ node& sim_job::add_node(unsigned gpu, bool trainer) {
       config_.hardware.copy_threads, config_.checksum_rate);
   m->memory = std::make_unique<sim_device_memory>(static_cast<int>(gpu));
   auto t = make_transport("inproc", *m->env, id, settings_);
-  m->host = std::make_unique<node>(*m->env, id, *t, protocol());
+  // A trillion-parameter FP8 model has ~140k tensors: its registration exceeds the default caps
+  // of one frame (16 MiB, 65536 array entries), which a real job of that model would meet too.
+  codec_limits limits;
+  limits.max_frame_bytes = 1u << 30;
+  limits.max_array = 1u << 22;
+  m->host = std::make_unique<node>(*m->env, id, *t, protocol(), limits);
   (void)m->host->start();
   if (id != 0) (void)m->host->transport().add_peer(0, std::to_string(0));
   auto& host = *m->host;
