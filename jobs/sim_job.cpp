@@ -292,7 +292,7 @@ class sim_job {
   std::vector<std::unique_ptr<member>> members_;
   std::map<std::pair<std::uint32_t, std::vector<address>>, std::weak_ptr<sim_group>> groups_;
   std::unique_ptr<member> coordinator_member_;
-  std::unique_ptr<coordinator> coordinator_;
+  std::unique_ptr<job_coordinator> coordinator_;
   std::optional<std::string> failure_;
   std::uint64_t delivered_ = 0;
   std::uint32_t pending_events_ = 0;
@@ -458,7 +458,7 @@ sim_result sim_job::run() {
   const auto wall_start = std::chrono::steady_clock::now();
   // The coordinator sits on trainer GPU 0's host; it moves no bulk bytes.
   auto& coordinator_node = add_node(0, true);
-  coordinator_ = std::make_unique<coordinator>(
+  coordinator_ = std::make_unique<job_coordinator>(
       coordinator_node, 1,
       job_shape{
           .trainers = config_.trainers,
