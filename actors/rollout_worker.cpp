@@ -28,7 +28,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       apply_meter_(host.env(), host.id(), stage::apply) {
   for (auto& t : tensors_) {
     if (t.data) continue;
-    owned_.emplace_back(t.spec.nbytes);
+    owned_.push_back(host.env().platform().host_memory(t.spec.nbytes));
     t.data = owned_.back().data();
   }
   on<plan_ready>([this](const envelope_header&, const plan_ready& m) {
@@ -136,7 +136,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
     slots_region_.reset();
     retired_.push_back(std::move(slots_));  // older work may still read it
-    slots_ = host_buffer(host_bytes);
+    slots_ = host().env().platform().host_memory(host_bytes);
     auto region = host().transport().register_region(slots_.span());
     if (!region) return fail("cannot register staging slots: " + region.error().message());
     slots_region_ = *region;
@@ -505,7 +505,7 @@ void rollout_worker::digest_through_host(version_complete& report) {
   for (const auto& t : tensors_) largest = std::max(largest, t.spec.nbytes);
   if (digest_bounce_.size() < largest) {
     if (options_.memory && digest_bounce_.size() > 0) options_.memory->unpin(digest_bounce_.span());
-    digest_bounce_ = host_buffer(largest);
+    digest_bounce_ = host().env().platform().host_memory(largest);
     // Pinned once and reused; should pinning fail, the copies still work, only slower.
     if (options_.memory) (void)options_.memory->pin(digest_bounce_.span());
   }

@@ -115,7 +115,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   const bool shareable = host_copies_.shared_ref().pid != 0;
   if (host_copies_.size() != 2 * bytes || shareable != plan_->shared_host_copies) {
     release_host_copies();
-    host_copies_ = plan_->shared_host_copies ? host_buffer::shareable(2 * bytes) : host_buffer(2 * bytes);
+    host_copies_ = host().env().platform().host_memory(2 * bytes, plan_->shared_host_copies);
     if (bytes > 0) {
       if (options_.memory) {
         if (auto ec = options_.memory->pin(host_copies_.span())) return fail("cannot pin the host copies: " + ec.message());

@@ -8,6 +8,7 @@ command_table add_commands(CLI::App& app) {
   add_jobs(app, commands);
   add_chaos(app, commands);
   add_bench(app, commands);
+  add_sim(app, commands);
   return commands;
 }
 

@@ -17,5 +17,6 @@ void add_demo(CLI::App& app, command_table& commands);
 void add_jobs(CLI::App& app, command_table& commands);
 void add_chaos(CLI::App& app, command_table& commands);
 void add_bench(CLI::App& app, command_table& commands);
+void add_sim(CLI::App& app, command_table& commands);
 
 }  // namespace ferry::cli

@@ -47,6 +47,9 @@ class platform {
   /// `void(std::error_code)`, on the loop, with what `work` returned.
   virtual void async_blocking(std::function<std::error_code()> work,
                               std::function<void(std::error_code)> done) = 0;
+  /// Host memory for host copies, staging slots and tensors (`shareable`: in a memfd that
+  /// `map_shared` opens). A simulation hands out sizes whose bytes never exist.
+  virtual host_buffer host_memory(std::size_t bytes, bool shareable = false);
 };
 
 /// Owning loop only. Outlives every node and actor that uses it.

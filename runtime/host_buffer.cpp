@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -63,6 +64,18 @@ host_buffer host_buffer::shareable(std::size_t bytes) {
   return b;
 }
 
+host_buffer host_buffer::size_only(std::size_t bytes) {
+  // Non-canonical x86-64 / AArch64 addresses: a stray touch faults at once instead of reading
+  // someone else's memory.
+  static std::atomic<std::uint64_t> next{std::uint64_t{1} << 62};
+  constexpr std::uint64_t page = 4096;
+  host_buffer b;
+  b.size_ = bytes;
+  b.size_only_ = true;
+  b.data_ = reinterpret_cast<std::byte*>(next.fetch_add((bytes + 2 * page - 1) / page * page));
+  return b;
+}
+
 result<host_buffer> host_buffer::map_shared(const shared_memory_ref& ref, std::string& why) {
   if (ref.host != same_host_tag()) {
     why =
@@ -107,12 +120,13 @@ shared_memory_ref host_buffer::shared_ref() const {
 }
 
 void host_buffer::release() {
-  if (data_) munmap(data_, size_);
+  if (data_ && !size_only_) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
   data_ = nullptr;
   size_ = 0;
   fd_ = -1;
   inode_ = 0;
+  size_only_ = false;
 }
 
 host_buffer::~host_buffer() {
@@ -123,7 +137,8 @@ host_buffer::host_buffer(host_buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       fd_(std::exchange(other.fd_, -1)),
-      inode_(std::exchange(other.inode_, 0)) {}
+      inode_(std::exchange(other.inode_, 0)),
+      size_only_(std::exchange(other.size_only_, false)) {}
 
 host_buffer& host_buffer::operator=(host_buffer&& other) noexcept {
   if (this != &other) {
@@ -132,6 +147,7 @@ host_buffer& host_buffer::operator=(host_buffer&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     fd_ = std::exchange(other.fd_, -1);
     inode_ = std::exchange(other.inode_, 0);
+    size_only_ = std::exchange(other.size_only_, false);
   }
   return *this;
 }

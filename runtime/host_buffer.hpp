@@ -35,6 +35,9 @@ class host_buffer {
   explicit host_buffer(std::size_t bytes);
   /// Like the constructor, in a memfd that `map_shared` can open from another process.
   static host_buffer shareable(std::size_t bytes);
+  /// A size and addresses no one may touch (outside every mapping): a simulated buffer, whose
+  /// bytes are modelled and never move. Distinct buffers get disjoint addresses.
+  static host_buffer size_only(std::size_t bytes);
   /// Maps the shareable buffer `ref` of another process (or this one), read and write; its pages
   /// are faulted in on first touch. Fails with `errc::invalid_argument`, saying why in `why`, when
   /// it lives on another host, the process or its memfd is gone, access is denied, or it is another
@@ -57,6 +60,7 @@ class host_buffer {
   std::size_t size_ = 0;
   int fd_ = -1;  ///< the memfd of a shareable buffer or a mapped one
   std::uint64_t inode_ = 0;
+  bool size_only_ = false;
 };
 
 }  // namespace ferry

@@ -15,11 +15,12 @@ LAYERS = {
     "transport": {"runtime", "platform", "transport"},
     "collectives": {"runtime", "platform", "collectives"},
     "actors": {"runtime", "actors", "collectives"},
-    "jobs": {"runtime", "platform", "transport", "collectives", "actors", "jobs"},
+    "sim": {"runtime", "sim"},
+    "jobs": {"runtime", "platform", "transport", "collectives", "actors", "sim", "jobs"},
     "api": {"runtime", "platform", "transport", "collectives", "actors", "api"},
-    "bench": {"runtime", "platform", "transport", "collectives", "actors", "jobs", "bench"},
-    "cli": {"runtime", "platform", "transport", "collectives", "actors", "jobs", "api", "bench", "cli"},
-    "examples": {"runtime", "platform", "transport", "collectives", "actors", "jobs", "examples"},
+    "bench": {"runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "bench"},
+    "cli": {"runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "api", "bench", "cli"},
+    "examples": {"runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "examples"},
 }
 # actors/ sees collectives only as the interface and the messages it registers, never an
 # implementation: the job that builds the actors chooses that.

@@ -8,7 +8,8 @@ packages=(
   libboost-dev libboost-fiber-dev libboost-context-dev
   libmsgpack-cxx-dev libfabric-dev libfabric-bin
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev libfmt-dev libxxhash-dev libsodium-dev nlohmann-json3-dev
+  libcli11-dev libfmt-dev libxxhash-dev libsodium-dev nlohmann-json3-dev libtomlplusplus-dev
+  gnuplot-nox  # ferry sim --sweep's plot
   clang libclang-rt-14-dev clang-format
   clang-16 libclang-rt-16-dev  # libFuzzer builds: clang >= 16 takes libstdc++ 12's std::expected
   python3 python3-msgpack

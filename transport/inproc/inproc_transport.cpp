@@ -98,6 +98,13 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   if (!target) return fail_with(target.error());
 
   const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
+  if (network_.model_) {
+    network_.model_(self_, remote.owner, local.size(), [peer, notice, done = std::move(done)] {
+      peer->deliver_write(notice);
+      done({});
+    });
+    return;
+  }
   cpu_.async_run(
       local.size(), [dst = *target, local] { std::memcpy(dst.data(), local.data(), local.size()); },
       [peer, notice, done = std::move(done)] {

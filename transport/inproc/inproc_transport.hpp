@@ -2,6 +2,7 @@
 /// Transport between nodes of one process (embedding, tests, the demo, virtual time): frames are
 /// posted to the peer's loop and bulk writes are memcpy on the environment's executor, checked
 /// like remote ones.
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,10 @@ class inproc_network {
   /// Node `id` dies as a process would: its transport closes at once, and every node that knows
   /// it as a peer learns that the link broke. For simulated failures.
   void sever(node_id id);
+  /// A modelled network for simulations: a bulk write moves no bytes and lands when `model`
+  /// calls its completion (on the loop). Set before any write; unset, writes are memcpy.
+  using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed)>;
+  void model_bulk(bulk_model model) { model_ = std::move(model); }
 
  private:
   friend class inproc_transport;
@@ -30,6 +35,7 @@ class inproc_network {
   void detach(node_id id);
   mutable std::mutex mutex_;
   std::map<node_id, std::weak_ptr<inproc_transport>> nodes_;
+  bulk_model model_;
 };
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).

@@ -1,0 +1,569 @@
+#include "jobs/sim_job.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "actors/coordinator.hpp"
+#include "actors/rollout_worker.hpp"
+#include "actors/synthetic_model.hpp"
+#include "actors/trainer_shard.hpp"
+#include "collectives/broadcast.hpp"
+#include "runtime/actor.hpp"
+#include "runtime/codec.hpp"
+#include "runtime/copy_engine.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/host_buffer.hpp"
+#include "runtime/node.hpp"
+#include "runtime/virtual_environment.hpp"
+#include "sim/collective_model.hpp"
+#include "sim/flow_network.hpp"
+#include "transport/factory.hpp"
+
+namespace ferry {
+namespace {
+
+using sim::route;
+
+/// Simulated device memory lives above this address, host memory (host_buffer::size_only) below.
+constexpr std::uintptr_t device_base = std::uintptr_t{3} << 62;
+/// A copy inside one GPU's memory (apply from a device slot into the weights).
+constexpr double device_copy_rate = 2000e9;
+
+bool on_device(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) >= device_base;
+}
+
+/// A GPU's memory as sizes: disjoint addresses no one touches; pinning is free.
+class sim_device_memory final : public device_memory {
+ public:
+  explicit sim_device_memory(int device) : device_(device) {}
+  int device() const override { return device_; }
+  result<std::byte*> allocate(std::size_t bytes) override { return take(bytes); }
+  void release(std::byte*) override {}
+  std::error_code pin(std::span<std::byte>) override { return {}; }
+  void unpin(std::span<std::byte>) override {}
+  static std::byte* take(std::size_t bytes) {
+    static std::uintptr_t next = device_base;
+    auto* p = reinterpret_cast<std::byte*>(next);
+    next += (bytes + 8191) / 4096 * 4096;
+    return p;
+  }
+
+ private:
+  int device_;
+};
+
+clock::duration to_duration(double seconds) {
+  return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+/// One member's view of the simulated machine: the shared loop, clock and timeline; CPU work on
+/// its node's copy threads and copies on its GPU's PCIe, both as costs; memory that is only sizes.
+class member_environment final : public environment {
+ public:
+  /// `d2h`, `h2d`: this member's GPU's PCIe; `host`: a memcpy on its node.
+  member_environment(virtual_environment& base, sim::flow_network& net, route cpu, route d2h,
+                     route h2d, route host, unsigned threads, double checksum_rate)
+      : base_(base),
+        cpu_(net, std::move(cpu), threads, checksum_rate),
+        copies_(net, std::move(d2h), std::move(h2d), std::move(host)),
+        platform_(base) {}
+
+  event_loop& loop() override { return base_.loop(); }
+  class clock& clock() override {
+    return base_.clock();
+  }
+  executor& cpu() override { return cpu_; }
+  copy_engine& copies() override { return copies_; }
+  class platform& platform() override {
+    return platform_;
+  }
+  class trace& trace() override {
+    return base_.trace();
+  }
+  bool is_virtual() const override { return true; }
+
+ private:
+  /// The work itself never runs (its bytes do not exist): it costs its bytes on a copy thread.
+  class modelled_executor final : public executor {
+   public:
+    modelled_executor(sim::flow_network& net, route r, unsigned threads, double rate)
+        : net_(net), route_(std::move(r)), threads_(threads) {
+      route_.max_rate = std::min(route_.max_rate, rate);
+    }
+    void async_run(std::uint64_t bytes, std::function<void()>,
+                   std::function<void()> done) override {
+      net_.start(route_.of(bytes), std::move(done));
+    }
+    unsigned parallelism() const override { return threads_; }
+
+   private:
+    sim::flow_network& net_;
+    route route_;
+    unsigned threads_;
+  };
+  class modelled_copies final : public copy_engine {
+   public:
+    modelled_copies(sim::flow_network& net, route d2h, route h2d, route host)
+        : net_(net), d2h_(std::move(d2h)), h2d_(std::move(h2d)), host_(std::move(host)) {
+      d2d_.max_rate = device_copy_rate;
+    }
+    /// Each piece goes the way its addresses say: D2H, H2D, inside the device, or host memcpy.
+    void async_copy(std::vector<copy_piece> pieces, completion done) override {
+      std::uint64_t bytes[4] = {};
+      for (const auto& p : pieces)
+        bytes[(on_device(p.src) ? 2 : 0) + (on_device(p.dst) ? 1 : 0)] += p.bytes;
+      const route* ways[4] = {&host_, &h2d_, &d2h_, &d2d_};
+      auto left = std::make_shared<int>(0);
+      auto finish = std::make_shared<completion>(std::move(done));
+      for (int i = 0; i < 4; ++i) *left += bytes[i] > 0;
+      if (*left == 0) {
+        net_.start({}, [finish] { (*finish)({}); });
+        return;
+      }
+      for (int i = 0; i < 4; ++i)
+        if (bytes[i] > 0)
+          net_.start(ways[i]->of(bytes[i]), [left, finish] {
+            if (--*left == 0) (*finish)({});
+          });
+    }
+
+   private:
+    sim::flow_network& net_;
+    route d2h_, h2d_, host_, d2d_;
+  };
+  class size_only_platform final : public ferry::platform {
+   public:
+    explicit size_only_platform(environment& base) : base_(base) {}
+    bool process_alive(std::int32_t pid) override { return base_.platform().process_alive(pid); }
+    result<host_buffer> map_shared(const shared_memory_ref& ref, std::string& why) override {
+      return base_.platform().map_shared(ref, why);
+    }
+    void async_blocking(std::function<std::error_code()> work,
+                        std::function<void(std::error_code)> done) override {
+      base_.platform().async_blocking(std::move(work), std::move(done));
+    }
+    host_buffer host_memory(std::size_t bytes, bool) override {
+      return host_buffer::size_only(bytes);
+    }
+
+   private:
+    environment& base_;
+  };
+
+  virtual_environment& base_;
+  modelled_executor cpu_;
+  modelled_copies copies_;
+  size_only_platform platform_;
+};
+
+/// What an instance's members share in one epoch: each collective call and who has joined it.
+struct sim_group {
+  sim::flow_network* net = nullptr;
+  std::vector<std::vector<sim::hop>> chain, ring;  ///< rank i -> i+1; the ring closes back to 0
+  sim::pipeline_model pipeline;
+  struct call {
+    std::uint32_t joined = 0;
+    std::vector<broadcast_group::completion> done;
+  };
+  std::map<std::uint64_t, call> calls;
+  bool aborted = false;
+};
+
+/// NCCL's broadcast and all-gather on the model (sim/collective_model): a call starts once every
+/// member has made it, as NCCL's does, and completes on every member at once.
+class sim_collective final : public broadcast_group {
+ public:
+  sim_collective(std::shared_ptr<sim_group> group, std::uint32_t rank, std::uint32_t size)
+      : group_(std::move(group)), rank_(rank), size_(size) {}
+  std::uint32_t rank() const override { return rank_; }
+  std::uint32_t size() const override { return size_; }
+  void async_broadcast(buffer_ref data, completion done) override {
+    join(data.bytes.size(), 1, std::move(done));
+  }
+  void async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) override {
+    join(data.bytes.size(), stripes, std::move(done));
+  }
+  void abort() override {
+    aborted_ = true;
+    group_->aborted = true;
+    auto calls = std::move(group_->calls);
+    group_->calls.clear();
+    for (auto& [seq, c] : calls)
+      for (auto& d : c.done) d(make_error_code(errc::stopped));
+  }
+
+ private:
+  void join(std::uint64_t bytes, std::uint32_t stripes, completion done) {
+    if (aborted_ || group_->aborted) {
+      group_->net->start({}, [done] { done(make_error_code(errc::stopped)); });
+      return;
+    }
+    const auto seq = next_seq_++;
+    auto& c = group_->calls[seq];
+    c.done.push_back(std::move(done));
+    if (++c.joined < size_) return;
+    auto finish = [group = group_, seq] {
+      auto it = group->calls.find(seq);
+      if (it == group->calls.end()) return;  // aborted meanwhile
+      auto completions = std::move(it->second.done);
+      group->calls.erase(it);
+      for (auto& d : completions) d({});
+    };
+    if (stripes > 1)
+      sim::async_ring_all_gather(*group_->net, group_->ring, bytes, group_->pipeline, finish);
+    else
+      sim::async_chain_broadcast(*group_->net, group_->chain, bytes, group_->pipeline, finish);
+  }
+
+  std::shared_ptr<sim_group> group_;
+  std::uint32_t rank_, size_;
+  std::uint64_t next_seq_ = 0;
+  bool aborted_ = false;
+};
+
+struct member {
+  unsigned gpu = 0;
+  std::unique_ptr<member_environment> env;
+  std::unique_ptr<sim_device_memory> memory;
+  std::unique_ptr<node> host;
+  std::unique_ptr<trainer_shard> trainer;
+  std::unique_ptr<rollout_worker> worker;
+  std::uint32_t shard = 0, instance = 0, rank = 0;
+  bool alive = true, publishing = false;
+  std::uint64_t version = 0;
+};
+
+class sim_job {
+ public:
+  explicit sim_job(const sim_config& c)
+      : config_(c), env_(loop_), net_(loop_, env_.clock()), cluster_(net_, c.hardware) {
+    if (!c.trace_path.empty()) env_.trace().keep_records();
+    shards_ = split_over_shards(config_.model, config_.trainers);
+    const auto per_node = c.hardware.gpus_per_node;
+    first_worker_gpu_ = c.first_worker_gpu || c.trainers_on_host
+                            ? c.first_worker_gpu
+                            : (c.trainers + per_node - 1) / per_node * per_node;
+    settings_.inproc.model_bulk(
+        [this](node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
+          net_.start(path(from, to).of(bytes), std::move(landed));
+        });
+  }
+  ~sim_job() {
+    if (coordinator_) coordinator_->stop_job();
+    members_.clear();
+    coordinator_.reset();
+  }
+  sim_result run();
+
+ private:
+  /// The way a bulk write takes: over NVLink inside a node between workers, else the network.
+  route path(node_id from, node_id to) const {
+    const auto a = gpu_of_.at(from), b = gpu_of_.at(to);
+    const bool workers = is_worker_.at(from) && is_worker_.at(to);
+    return workers ? cluster_.nvlink(a, b) : cluster_.network(a, b);
+  }
+  node& add_node(unsigned gpu, bool trainer);
+  void add_trainer(std::uint32_t shard);
+  void add_worker(std::uint32_t instance, std::uint32_t rank);
+  void publish_next(member& t);
+  std::unique_ptr<broadcast_group> make_group(actor& owner, const std::vector<address>& members,
+                                              std::uint32_t epoch);
+  void schedule(const sim_event& e);
+  bool settled() const;
+
+  sim_config config_;
+  sim_result result_;
+  event_loop loop_;
+  virtual_environment env_;
+  sim::flow_network net_;
+  sim::cluster cluster_;
+  transport_settings settings_;
+  std::vector<std::vector<tensor_spec>> shards_;
+  unsigned first_worker_gpu_ = 0;
+  std::vector<unsigned> gpu_of_;  ///< per node id
+  std::vector<bool> is_worker_;   ///< per node id
+  std::vector<std::unique_ptr<member>> members_;
+  std::map<std::pair<std::uint32_t, std::vector<address>>, std::weak_ptr<sim_group>> groups_;
+  std::unique_ptr<member> coordinator_member_;
+  std::unique_ptr<job_coordinator> coordinator_;
+  std::optional<std::string> failure_;
+  std::uint64_t delivered_ = 0;
+  std::uint32_t pending_events_ = 0;
+};
+
+node& sim_job::add_node(unsigned gpu, bool trainer) {
+  const auto id = static_cast<node_id>(gpu_of_.size());
+  gpu_of_.push_back(gpu);
+  is_worker_.push_back(!trainer);
+  auto m = std::make_unique<member>();
+  m->gpu = gpu;
+  const auto socket = cluster_.socket_of(gpu) % config_.hardware.sockets_per_node;
+  const auto memcpy = cluster_.host_copy(cluster_.node_of(gpu), socket);
+  auto host_copies = memcpy;  // the copy engine splits a copy over every copy thread
+  host_copies.max_rate = std::numeric_limits<double>::infinity();
+  m->env = std::make_unique<member_environment>(
+      env_, net_, memcpy, cluster_.offload(gpu), cluster_.upload(gpu), host_copies,
+      config_.hardware.copy_threads, config_.checksum_rate);
+  m->memory = std::make_unique<sim_device_memory>(static_cast<int>(gpu));
+  auto t = make_transport("inproc", *m->env, id, settings_);
+  // A trillion-parameter FP8 model has ~140k tensors: its registration exceeds the default caps
+  // of one frame (16 MiB, 65536 array entries), which a real job of that model would meet too.
+  codec_limits limits;
+  limits.max_frame_bytes = 1u << 30;
+  limits.max_array = 1u << 22;
+  m->host = std::make_unique<node>(*m->env, id, *t, protocol(), limits);
+  (void)m->host->start();
+  if (id != 0) (void)m->host->transport().add_peer(0, std::to_string(0));
+  auto& host = *m->host;
+  if (id == 0)
+    coordinator_member_ = std::move(m);
+  else
+    members_.push_back(std::move(m));
+  return host;
+}
+
+void sim_job::add_trainer(std::uint32_t shard) {
+  auto& host = add_node(shard, true);
+  auto& m = *members_.back();
+  m.shard = shard;
+  std::vector<tensor_ref> refs;
+  for (const auto& s : shards_[shard]) {
+    if (config_.trainers_on_host)
+      refs.push_back({.spec = s, .data = host_buffer::size_only(s.nbytes).data()});
+    else
+      refs.push_back(
+          {.spec = s, .data = sim_device_memory::take(s.nbytes), .device = m.memory->device()});
+  }
+  m.trainer = std::make_unique<trainer_shard>(
+      host, 1, coordinator_->self(), shard, refs,
+      trainer_options{.checksums = config_.checksums, .digests = false});
+  m.trainer->on_ready = [this, &m] { publish_next(m); };
+  m.trainer->on_delivered = [this, &m](std::uint64_t v, bool) {
+    if (v >= m.version) m.publishing = false;
+    publish_next(m);
+  };
+  m.trainer->on_update_failed = [&m](std::uint64_t v, const std::string&) {
+    if (v >= m.version) m.publishing = false;
+  };
+  m.trainer->on_failed = [this, &m](const std::string& why) {
+    if (m.alive) failure_ = fmt::format("trainer shard {} failed: {}", m.shard, why);
+  };
+  m.trainer->join();
+}
+
+void sim_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
+  auto& host = add_node(first_worker_gpu_ + instance * config_.instance_size + rank, false);
+  auto& m = *members_.back();
+  m.instance = instance;
+  m.rank = rank;
+  std::vector<tensor_ref> destinations;
+  for (const auto& t : config_.model)
+    destinations.push_back(
+        {.spec = t, .data = sim_device_memory::take(t.nbytes), .device = m.memory->device()});
+  m.worker = std::make_unique<rollout_worker>(
+      host, 1, coordinator_->self(), instance, rank, destinations,
+      worker_options{
+          .checksums = config_.checksums,
+          .digests = false,
+          .memory = m.memory.get(),
+          .make_broadcast = [this](actor& owner, const auto& members, std::uint32_t epoch) {
+            return make_group(owner, members, epoch);
+          }});
+  m.worker->on_failed = [this, &m](const std::string& why) {
+    if (m.alive) failure_ = fmt::format("worker {}.{} failed: {}", m.instance, m.rank, why);
+  };
+  m.worker->join();
+}
+
+std::unique_ptr<broadcast_group> sim_job::make_group(actor& owner,
+                                                     const std::vector<address>& members,
+                                                     std::uint32_t epoch) {
+  auto& weak = groups_[{epoch, members}];
+  auto group = weak.lock();
+  if (!group) {
+    group = std::make_shared<sim_group>();
+    group->net = &net_;
+    group->pipeline = {.slice_bytes = 1 << 20, .per_link_latency = config_.hardware.nvlink_latency};
+    for (std::size_t i = 0; i + 1 < members.size(); ++i)
+      group->chain.push_back(path(members[i].node, members[i + 1].node).path);
+    group->ring = group->chain;
+    if (members.size() > 1)
+      group->ring.push_back(path(members.back().node, members.front().node).path);
+    weak = group;
+  }
+  const auto at = std::find(members.begin(), members.end(), owner.self());
+  return std::make_unique<sim_collective>(group, static_cast<std::uint32_t>(at - members.begin()),
+                                          static_cast<std::uint32_t>(members.size()));
+}
+
+void sim_job::publish_next(member& t) {
+  if (t.publishing || !t.alive || !t.trainer->ready()) return;
+  const auto next = std::max(t.version + 1, t.trainer->next_version());
+  if (next > config_.versions) return;
+  t.publishing = true;
+  t.version = next;
+  std::string why;
+  if (!t.trainer->publish(t.version, why)) failure_ = "publish refused: " + why;
+}
+
+void sim_job::schedule(const sim_event& e) {
+  ++pending_events_;
+  env_.clock().async_wait(to_duration(e.at_seconds), [this, e](std::error_code) {
+    --pending_events_;
+    if (failure_) return;
+    if (e.what == sim_event::kind::join_worker) return add_worker(e.instance, e.rank);
+    for (auto& m : members_) {
+      const bool hit = e.what == sim_event::kind::kill_worker
+                           ? m->worker && m->instance == e.instance && m->rank == e.rank
+                           : m->trainer && m->shard == e.shard;
+      if (!hit || !m->alive) continue;
+      m->alive = false;
+      ++result_.kills;
+      settings_.inproc.sever(m->host->id());
+      const auto now = env_.clock().now().time_since_epoch().count();
+      env_.trace().record({.node = m->host->id(),
+                           .instant = true,
+                           .start_ns = now,
+                           .end_ns = now,
+                           .label = "kill"});
+      if (e.what == sim_event::kind::kill_trainer) {
+        // A trainer comes back, as its launcher would restart it: the job needs every shard.
+        ++pending_events_;
+        env_.clock().async_wait(std::chrono::milliseconds(100),
+                                [this, shard = e.shard](std::error_code) {
+                                  --pending_events_;
+                                  if (!failure_) add_trainer(shard);
+                                });
+      }
+      return;
+    }
+  });
+}
+
+bool sim_job::settled() const {
+  if (delivered_ < config_.versions || pending_events_ > 0 || !coordinator_->idle()) return false;
+  for (const auto& m : members_)
+    if (m->worker && m->alive && m->worker->version() != delivered_) return false;
+  return true;
+}
+
+sim_result sim_job::run() {
+  const auto wall_start = std::chrono::steady_clock::now();
+  // The coordinator sits on trainer GPU 0's host; it moves no bulk bytes.
+  auto& coordinator_node = add_node(0, true);
+  coordinator_ = std::make_unique<job_coordinator>(
+      coordinator_node, 1,
+      job_shape{
+          .trainers = config_.trainers,
+          .instance_sizes = std::vector<std::uint32_t>(config_.instances, config_.instance_size),
+          .chunk_bytes = config_.chunk_bytes,
+          .depth = config_.depth,
+          .stripes = config_.stripes,
+          // Virtual time has no hung processes; a loss is told by the link at once.
+          .heartbeat_timeout = std::chrono::hours(24)});
+  coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
+  coordinator_->on_delivered = [this](const version_report& r) {
+    result_.update_seconds.push_back(r.seconds);
+    result_.stall_seconds.push_back(r.offloaded_seconds);
+    result_.stage_busy = r.busy;
+    delivered_ = std::max(delivered_, r.version);
+    if (config_.on_version) config_.on_version(r.version, r.seconds);
+  };
+  coordinator_->start();
+  for (std::uint32_t s = 0; s < config_.trainers; ++s) add_trainer(s);
+  for (std::uint32_t i = 0; i < config_.instances; ++i)
+    for (std::uint32_t r = 0; r < config_.instance_size; ++r) add_worker(i, r);
+  result_.actors = static_cast<std::uint32_t>(members_.size() + 1);
+  for (const auto& e : config_.events) schedule(e);
+
+  const auto limit = clock::time_point(to_duration(config_.virtual_limit_seconds));
+  loop_.run_until([&] { return failure_ || env_.clock().now() > limit || settled(); });
+  if (!failure_ && loop_.stalled()) failure_ = "stalled: nothing is ready and no timer is pending";
+  if (!failure_ && env_.clock().now() > limit)
+    failure_ = fmt::format("version {} of {} delivered after {} s of virtual time", delivered_,
+                           config_.versions, config_.virtual_limit_seconds);
+
+  net_.settle();
+  result_.virtual_seconds =
+      std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count();
+  const double versions = std::max<double>(1, static_cast<double>(delivered_));
+  for (const auto& r : net_.resources()) {
+    if (r.carried_bytes <= 0) continue;
+    const double busy = std::chrono::duration<double>(r.busy).count();
+    result_.resources.push_back(
+        {.name = r.name,
+         .busy_seconds = busy,
+         .utilisation = r.carried_bytes / r.bytes_per_second / result_.virtual_seconds,
+         .bytes = r.carried_bytes,
+         .bound_seconds = r.carried_bytes / r.bytes_per_second / versions});
+  }
+  std::stable_sort(result_.resources.begin(), result_.resources.end(),
+                   [](const auto& a, const auto& b) { return a.bound_seconds > b.bound_seconds; });
+  if (!result_.resources.empty()) {
+    result_.bound_seconds = result_.resources.front().bound_seconds;
+    result_.bottleneck = result_.resources.front().name;
+  }
+  if (!result_.update_seconds.empty()) {
+    result_.predicted_seconds = result_.update_seconds.back();
+    result_.stall = result_.stall_seconds.back();
+  }
+  result_.delivered = !failure_;
+  if (failure_) result_.error = *failure_;
+  result_.regroups = coordinator_->regroups();
+  result_.transfers = net_.transfers_started();
+  result_.trace_events = env_.trace().count();
+  if (!config_.trace_path.empty()) {
+    if (auto ec = env_.trace().write_chrome(config_.trace_path)) {
+      result_.delivered = false;
+      result_.error = "cannot write the trace to " + config_.trace_path + ": " + ec.message();
+    }
+  }
+  result_.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return result_;
+}
+
+}  // namespace
+
+std::string validate(const sim_config& c) {
+  if (auto why = sim::validate(c.hardware); !why.empty()) return why;
+  const auto gpus = std::uint64_t{c.hardware.nodes} * c.hardware.gpus_per_node;
+  const auto per_node = c.hardware.gpus_per_node;
+  const auto trainer_gpus = c.first_worker_gpu || c.trainers_on_host
+                                ? c.first_worker_gpu
+                                : (std::uint64_t{c.trainers} + per_node - 1) / per_node * per_node;
+  if (c.trainers == 0) return "placement.trainers: must be at least 1";
+  if (c.instances == 0) return "placement.instances: must be at least 1";
+  if (c.instance_size == 0) return "placement.instance_size: must be at least 1";
+  if (c.first_worker_gpu != 0 && c.first_worker_gpu < c.trainers && !c.trainers_on_host)
+    return "placement.first_worker_gpu: must come after the trainers' GPUs";
+  if (trainer_gpus + std::uint64_t{c.instances} * c.instance_size > gpus)
+    return fmt::format(
+        "placement: {} trainer GPUs (whole nodes) and {} instances of {} need more than the {} "
+        "GPUs "
+        "of hardware.nodes x hardware.gpus_per_node",
+        c.trainers, c.instances, c.instance_size, gpus);
+  if (c.model.empty()) return "model: no tensors";
+  if (c.chunk_bytes == 0) return "ferry.chunk: must be at least 1 byte";
+  if (c.depth == 0) return "ferry.depth: must be at least 1";
+  if (c.stripes == 0 || c.stripes > c.instance_size)
+    return "ferry.stripes: must be between 1 and the instance size";
+  if (c.versions == 0) return "ferry.versions: must be at least 1";
+  for (const auto& e : c.events)
+    if (e.what != sim_event::kind::kill_trainer && e.instance >= c.instances)
+      return fmt::format("events: instance {} does not exist", e.instance);
+  return {};
+}
+
+sim_result run_sim(const sim_config& config) {
+  return sim_job(config).run();
+}
+
+}  // namespace ferry

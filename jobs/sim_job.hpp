@@ -1,0 +1,72 @@
+#pragma once
+/// `ferry sim`'s job: the real coordinator, trainer shards and rollout workers on virtual time,
+/// with bulk writes, copies and CPU work modelled on a cluster's resources (sim/): no bytes move,
+/// payloads are sizes, checksums and applies are costs. Thousands of actors in one process.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "sim/cluster.hpp"
+
+namespace ferry {
+
+/// A membership event at a virtual moment (seconds from the start).
+struct sim_event {
+  enum class kind { kill_worker, kill_trainer, join_worker } what = kind::kill_worker;
+  double at_seconds = 0;
+  std::uint32_t instance = 0, rank = 0;  ///< workers
+  std::uint32_t shard = 0;               ///< trainers
+};
+
+struct sim_config {
+  sim::hardware hardware;
+  /// Placement: trainer shard s on GPU s; instance i's rank r on the GPUs after the trainers'
+  /// nodes, instance by instance.
+  std::uint32_t trainers = 8;
+  /// The first rollout GPU; 0: the first GPU after the trainers' nodes.
+  std::uint32_t first_worker_gpu = 0;
+  /// The trainers' tensors in host memory (their offload is a memcpy), not on their GPUs.
+  bool trainers_on_host = false;
+  std::uint32_t instances = 1;
+  std::uint32_t instance_size = 8;
+  std::vector<tensor_spec> model;  ///< the tensor table
+  std::uint64_t chunk_bytes = 64ull << 20;
+  std::uint32_t depth = 2;
+  std::uint32_t stripes = 1;
+  std::uint32_t versions = 2;
+  bool checksums = true;        ///< their CPU cost, modelled
+  double checksum_rate = 20e9;  ///< bytes/s of one thread's xxh3
+  std::vector<sim_event> events;
+  double virtual_limit_seconds = 3600;
+  std::string trace_path;
+  /// Progress: each version as it is delivered (virtual seconds it took).
+  std::function<void(std::uint64_t version, double seconds)> on_version;
+};
+
+struct sim_resource_use {
+  std::string name;
+  double busy_seconds = 0, utilisation = 0, bytes = 0, bound_seconds = 0;
+};
+
+struct sim_result {
+  bool delivered = false;
+  std::string error;
+  std::vector<double> update_seconds, stall_seconds;  ///< per version
+  double predicted_seconds = 0, stall = 0;            ///< the last version's
+  double bound_seconds = 0;  ///< the busiest resource's bytes / rate, per version
+  std::string bottleneck;
+  stage_times stage_busy;                   ///< the last version's, per stage, busiest participant
+  std::vector<sim_resource_use> resources;  ///< the busiest first
+  std::uint32_t actors = 0, regroups = 0, kills = 0;
+  std::uint64_t transfers = 0, trace_events = 0;
+  double virtual_seconds = 0, wall_seconds = 0;
+};
+
+/// Why `config` cannot run, naming the field; empty when it can.
+std::string validate(const sim_config& config);
+/// Runs the job on the calling thread (which must have no fibers yet).
+sim_result run_sim(const sim_config& config);
+
+}  // namespace ferry

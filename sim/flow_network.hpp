@@ -1,0 +1,115 @@
+#pragma once
+/// A flow-level model of bulk transfers on virtual time: resources with rates (a PCIe direction,
+/// a NIC, a socket's memory, a fabric), transfers that cross a path of them, rates shared max-min
+/// fairly and recomputed whenever a transfer starts or ends. Far cheaper than packets and right
+/// for the large, long transfers a weight update is made of.
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/clock.hpp"
+
+namespace ferry {
+class event_loop;
+}
+
+namespace ferry::sim {
+
+using resource_id = std::uint32_t;
+
+/// One shared capacity and what crossed it.
+struct resource {
+  std::string name;
+  double bytes_per_second = 0;
+  double carried_bytes = 0;  ///< Weighted bytes that crossed it.
+  clock::duration busy{};    ///< Time with at least one transfer on it.
+  std::uint32_t active = 0;  ///< Transfers crossing it now.
+};
+
+/// A resource a transfer crosses; `weight` bytes of it per byte moved (a memcpy reads and writes
+/// its socket's memory: weight 2).
+struct hop {
+  resource_id id = 0;
+  double weight = 1;
+};
+
+struct transfer_spec {
+  std::uint64_t bytes = 0;
+  std::vector<hop> path;
+  /// Fixed cost of the operation, added after its last byte moved.
+  clock::duration latency{};
+  /// A cap of its own (one copy thread's speed, one NCCL channel's); infinity when none.
+  double max_rate = std::numeric_limits<double>::infinity();
+};
+
+/// Owning loop only; completions run on the loop. Uses the loop's clock, which must be virtual
+/// for the model to mean anything (on real time it still runs, at the model's pace).
+class flow_network {
+ public:
+  flow_network(event_loop& loop, ferry::clock& clock);
+  flow_network(const flow_network&) = delete;
+  flow_network& operator=(const flow_network&) = delete;
+  ~flow_network();
+
+  class clock& clock() {
+    return clock_;
+  }
+  resource_id add_resource(std::string name, double bytes_per_second);
+  const resource& at(resource_id id) const { return resources_[id]; }
+  std::size_t resource_count() const { return resources_.size(); }
+  std::vector<resource>& resources() { return resources_; }
+
+  /// Starts moving `spec.bytes` across `spec.path`; `done()` runs once on the loop when the last
+  /// byte arrived plus the latency. A transfer of no bytes, or with an empty path, takes only its
+  /// latency. Returns the transfer's id.
+  std::uint64_t start(transfer_spec spec, std::function<void()> done);
+
+  /// The rate a transfer in flight has now (bytes/s), after any pending recomputation; 0 once done.
+  double rate_of(std::uint64_t transfer);
+  std::size_t in_flight() const { return flows_.size() - free_.size(); }
+  /// Brings every resource's carried bytes and busy time up to now.
+  void settle();
+
+  std::uint64_t transfers_started() const { return started_; }
+  std::uint64_t recomputations() const { return recomputations_; }
+
+ private:
+  struct flow {
+    std::uint64_t id = 0;  ///< 0: a free slot.
+    double remaining = 0;
+    double rate = 0;
+    double max_rate = 0;
+    std::vector<hop> path;
+    ferry::clock::duration latency{};
+    std::function<void()> done;
+  };
+
+  void advance();
+  void schedule_recompute();
+  void recompute();
+  void on_timer(std::uint64_t generation);
+
+  event_loop& loop_;
+  ferry::clock& clock_;
+  std::vector<resource> resources_;
+  std::vector<flow> flows_;
+  std::vector<std::uint32_t> free_;
+  ferry::clock::time_point last_{};
+  std::uint64_t next_id_ = 1;
+  std::uint64_t started_ = 0;
+  std::uint64_t recomputations_ = 0;
+  std::uint64_t timer_ = 0;
+  std::uint64_t generation_ = 0;
+  bool recompute_pending_ = false;
+  bool timer_armed_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  // Scratch for the max-min computation, kept to avoid allocating per event.
+  std::vector<double> capacity_left_;
+  std::vector<double> unfixed_weight_;
+  std::vector<std::uint32_t> touched_;
+};
+
+}  // namespace ferry::sim

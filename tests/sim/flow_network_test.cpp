@@ -1,0 +1,211 @@
+#include "sim/flow_network.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "runtime/event_loop.hpp"
+#include "runtime/virtual_environment.hpp"
+#include "sim/cluster.hpp"
+#include "sim/collective_model.hpp"
+
+namespace ferry::sim {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// A virtual-time loop and a network on it; `finish(n)` runs until `n` transfers are done.
+struct bench {
+  event_loop loop;
+  virtual_environment env{loop};
+  flow_network net{loop, env.clock()};
+  std::vector<clock::duration> done_at;
+
+  std::function<void()> record() {
+    return [this] { done_at.push_back(env.clock().now().time_since_epoch()); };
+  }
+  void finish(std::size_t n) {
+    loop.run_until([&] { return done_at.size() >= n; });
+  }
+};
+
+constexpr double G = 1e9;
+
+TEST(flow_network, two_transfers_on_one_link_get_half_each) {
+  bench b;
+  const auto link = b.net.add_resource("link", 1 * G);
+  const auto first = b.net.start({.bytes = 1'000'000'000, .path = {{link}}}, b.record());
+  const auto second = b.net.start({.bytes = 1'000'000'000, .path = {{link}}}, b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(first), 0.5 * G);
+  EXPECT_DOUBLE_EQ(b.net.rate_of(second), 0.5 * G);
+  b.finish(2);
+  EXPECT_EQ(b.done_at, (std::vector<clock::duration>{2s, 2s}));
+  EXPECT_DOUBLE_EQ(b.net.at(link).carried_bytes, 2 * G);
+  EXPECT_EQ(b.net.at(link).busy, 2s);
+}
+
+TEST(flow_network, a_transfer_bottlenecked_elsewhere_leaves_its_share_to_the_other) {
+  bench b;
+  const auto narrow = b.net.add_resource("narrow", 1 * G);
+  const auto shared = b.net.add_resource("shared", 3 * G);
+  const auto slow = b.net.start({.bytes = 1'000'000'000, .path = {{narrow}, {shared}}}, b.record());
+  const auto fast = b.net.start({.bytes = 4'000'000'000, .path = {{shared}}}, b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(slow), 1 * G);
+  EXPECT_DOUBLE_EQ(b.net.rate_of(fast), 2 * G);
+  b.finish(2);
+  // slow: 1 GB at 1 GB/s. fast: 2 GB in that second, then the other 2 GB alone at 3 GB/s.
+  EXPECT_EQ(b.done_at[0], 1s);
+  EXPECT_EQ(b.done_at[1], 1'666'666'667ns);
+  EXPECT_NEAR(b.net.at(shared).carried_bytes, 5 * G, 1);
+}
+
+TEST(flow_network, rates_are_recomputed_when_a_transfer_starts_later) {
+  bench b;
+  const auto link = b.net.add_resource("link", 1 * G);
+  b.net.start({.bytes = 1'500'000'000, .path = {{link}}}, b.record());
+  b.env.clock().async_wait(1s, [&](std::error_code) {
+    b.net.start({.bytes = 500'000'000, .path = {{link}}}, b.record());
+  });
+  b.finish(2);
+  // 1 GB alone in the first second; then 0.5 GB each at 0.5 GB/s: both end at 2 s.
+  EXPECT_EQ(b.done_at, (std::vector<clock::duration>{2s, 2s}));
+  EXPECT_EQ(b.net.at(link).busy, 2s);
+}
+
+TEST(flow_network, the_pcie_duplex_cap_binds_only_when_both_directions_run) {
+  bench b;
+  cluster c(b.net, {.nodes = 1,
+                    .gpus_per_node = 1,
+                    .sockets_per_node = 1,
+                    .nics_per_node = 1,
+                    .pcie_d2h_rate = 55 * G,
+                    .pcie_h2d_rate = 55 * G,
+                    .pcie_duplex_rate = 92 * G,
+                    .host_memory_rate = 1000 * G,
+                    .pcie_latency = 0us});
+  const auto alone = b.net.start(c.offload(0).of(55'000'000'000), b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(alone), 55 * G);
+  b.finish(1);
+  EXPECT_EQ(b.done_at[0], 1s);
+  const auto down = b.net.start(c.offload(0).of(46'000'000'000), b.record());
+  const auto up = b.net.start(c.upload(0).of(46'000'000'000), b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(down), 46 * G);
+  EXPECT_DOUBLE_EQ(b.net.rate_of(up), 46 * G);
+  b.finish(3);
+  EXPECT_EQ(b.done_at[2], 2s);
+}
+
+TEST(flow_network, latency_is_added_once_after_the_last_byte) {
+  bench b;
+  const auto link = b.net.add_resource("link", 1 * G);
+  b.net.start({.bytes = 1'000'000, .path = {{link}}, .latency = 5us}, b.record());
+  b.net.start({.bytes = 0, .path = {{link}}, .latency = 7us}, b.record());
+  b.finish(2);
+  EXPECT_EQ(b.done_at, (std::vector<clock::duration>{7us, 1ms + 5us}));
+}
+
+TEST(flow_network, a_copy_uses_its_memory_twice_and_one_thread_at_most) {
+  bench b;
+  cluster c(b.net, {.nodes = 1,
+                    .gpus_per_node = 1,
+                    .sockets_per_node = 1,
+                    .host_memory_rate = 20 * G,
+                    .copy_threads = 4,
+                    .copy_thread_rate = 8 * G,
+                    .copy_latency = 0us});
+  const auto one = b.net.start(c.host_copy(0, 0).of(8'000'000'000), b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(one), 8 * G);  // one thread's speed, not the memory's 20/2
+  const auto two = b.net.start(c.host_copy(0, 0).of(5'000'000'000), b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(one), 5 * G);  // now the memory binds: 20 GB/s over 2 x 2
+  EXPECT_DOUBLE_EQ(b.net.rate_of(two), 5 * G);
+  b.finish(2);
+  // Both at 5 GB/s for 1 s; then `one` alone at 8 GB/s for its last 3 GB.
+  EXPECT_EQ(b.done_at, (std::vector<clock::duration>{1s, 1375ms}));
+}
+
+TEST(flow_network, a_cap_of_its_own_leaves_the_rest_to_the_others) {
+  bench b;
+  const auto link = b.net.add_resource("link", 10 * G);
+  const auto capped =
+      b.net.start({.bytes = 1'000'000'000, .path = {{link}}, .max_rate = 1 * G}, b.record());
+  const auto free = b.net.start({.bytes = 9'000'000'000, .path = {{link}}}, b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(capped), 1 * G);
+  EXPECT_DOUBLE_EQ(b.net.rate_of(free), 9 * G);
+  b.finish(2);
+  EXPECT_EQ(b.done_at, (std::vector<clock::duration>{1s, 1s}));
+}
+
+TEST(flow_network, nics_on_different_nodes_share_only_what_they_cross) {
+  bench b;
+  cluster c(b.net, {.nodes = 3,
+                    .gpus_per_node = 1,
+                    .sockets_per_node = 1,
+                    .nics_per_node = 1,
+                    .nic_rate = 50 * G,
+                    .host_memory_rate = 1000 * G,
+                    .nic_latency = 0us});
+  // Two senders into one receiver share its NIC's receive side; a third pair is untouched.
+  const auto a = b.net.start(c.network(0, 2).of(25'000'000'000), b.record());
+  const auto bb = b.net.start(c.network(1, 2).of(25'000'000'000), b.record());
+  const auto other = b.net.start(c.network(2, 0).of(50'000'000'000), b.record());
+  EXPECT_DOUBLE_EQ(b.net.rate_of(a), 25 * G);
+  EXPECT_DOUBLE_EQ(b.net.rate_of(bb), 25 * G);
+  EXPECT_DOUBLE_EQ(b.net.rate_of(other), 50 * G);
+  b.finish(3);
+  EXPECT_EQ(b.done_at, (std::vector<clock::duration>{1s, 1s, 1s}));
+}
+
+TEST(flow_network, an_oversubscribed_fabric_is_shared_by_every_crossing) {
+  bench b;
+  cluster c(b.net, {.nodes = 4,
+                    .gpus_per_node = 1,
+                    .sockets_per_node = 1,
+                    .nics_per_node = 1,
+                    .nic_rate = 50 * G,
+                    .host_memory_rate = 1000 * G,
+                    .fabric_oversubscription = 2});
+  // Fabric: 4 x 50 / 2 = 100 GB/s for four 50 GB/s flows.
+  std::vector<std::uint64_t> ids;
+  for (unsigned g = 0; g < 4; ++g)
+    ids.push_back(b.net.start(c.network(g, (g + 1) % 4).of(1'000'000), b.record()));
+  for (const auto id : ids) EXPECT_DOUBLE_EQ(b.net.rate_of(id), 25 * G);
+  b.finish(4);
+}
+
+TEST(collective_model, a_chain_broadcast_takes_the_bytes_once_plus_the_pipeline_fill) {
+  bench b;
+  std::vector<std::vector<hop>> links;
+  for (int i = 0; i < 3; ++i) links.push_back({{b.net.add_resource("link", 1 * G)}});
+  // Three links of 1 GB/s: 1 GB streams through in 1 s, and the last rank starts two 1 MB
+  // slices (1 ms each) and two latencies late, plus the last link's latency.
+  async_chain_broadcast(b.net, links, 1'000'000'000,
+                        {.slice_bytes = 1'000'000, .per_link_latency = 10us}, b.record());
+  b.finish(1);
+  EXPECT_EQ(b.done_at[0], 1s + 2 * (1ms + 10us) + 10us);
+}
+
+TEST(collective_model, a_ring_all_gather_moves_all_but_its_own_piece_over_each_link) {
+  bench b;
+  std::vector<std::vector<hop>> links;
+  std::vector<resource_id> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(b.net.add_resource("link", 1 * G));
+    links.push_back({{ids.back()}});
+  }
+  // 4 ranks, 4 GB: each link carries 3 GB (3 s); two more steps of a 1 MB slice fill the ring.
+  async_ring_all_gather(b.net, links, 4'000'000'000, {.slice_bytes = 1'000'000}, b.record());
+  b.finish(1);
+  EXPECT_EQ(b.done_at[0], 3s + 2ms);
+  for (const auto id : ids) EXPECT_DOUBLE_EQ(b.net.at(id).carried_bytes, 3 * G);
+}
+
+TEST(cluster, validate_names_the_field) {
+  EXPECT_EQ(validate({}), "");
+  EXPECT_EQ(validate({.nic_rate = 0}), "hardware.nic_gbps: a rate must be positive");
+  EXPECT_EQ(validate({.gpus_per_node = 0}), "hardware.gpus_per_node: must be at least 1");
+  EXPECT_EQ(validate({.fabric_oversubscription = 0.5}),
+            "hardware.fabric_oversubscription: must be at least 1");
+}
+
+}  // namespace
+}  // namespace ferry::sim
