@@ -40,8 +40,8 @@ void round_trip(const envelope_header& head, const M& m) {
   if (first != second) broken("re-encoding is not byte-identical", M::kind);
 }
 
-/// Checks one kind's body decoders against `body`: the registry's check and the typed decoder
-/// must agree, and what converts must round-trip.
+/// Checks one kind's body decoders against `body`: the registry accepts exactly what the typed
+/// decoder converts and the message's `valid()` (where it has one) holds, and that must round-trip.
 template <class M>
 void check_kind(const envelope_header& head, const msgpack::object& body) {
   const auto* entry = protocol().find(M::kind);
@@ -51,6 +51,9 @@ void check_kind(const envelope_header& head, const msgpack::object& body) {
   try {
     m = body.as<M>();
   } catch (const std::exception&) {
+  }
+  if constexpr (requires(const M& x) { x.valid(); }) {
+    if (m && !m->valid()) m.reset();
   }
   if (accepted != m.has_value()) broken("the registry and the typed decoder disagree", M::kind);
   if (m) round_trip(head, *m);
