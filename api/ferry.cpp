@@ -66,19 +66,75 @@ std::optional<tensor_ref> to_ref(const tensor& t, bool data_required, std::strin
   return tensor_ref{.spec = std::move(spec), .data = static_cast<std::byte*>(t.data)};
 }
 
-/// The transport's scheme and the address to reach the coordinator at, from `address`.
-std::optional<api::parsed_address> coordinator_route(const std::string& address, std::string& why) {
-  auto a = api::parse_address(address, why);
-  if (!a) return std::nullopt;
-  if (a->scheme == "fabric") {
-    // fabric://PROVIDER/ENDPOINT
+/// How a member reaches its coordinator: the transport's scheme, its settings (the job secret,
+/// the fabric provider) and the coordinator's transport address.
+struct member_link {
+  std::string scheme;
+  api::link_settings settings;
+  std::string coordinator;
+};
+
+status link_to_coordinator(const member_options& o, const char* who, member_link& out) {
+  std::string why;
+  auto a = api::parse_address(o.coordinator, why);
+  if (!a) return failed(api_errc::invalid_argument, fmt::format("{}: {}", who, why));
+  out.scheme = a->scheme;
+  out.coordinator = a->rest;
+  if (a->scheme == "fabric") {  // fabric://PROVIDER/ENDPOINT
     const auto slash = a->rest.find('/');
-    if (slash == std::string::npos)
-      return why = fmt::format("address '{}': expected fabric://provider/endpoint", address),
-             std::nullopt;
+    if (slash == std::string::npos) {
+      return failed(
+          api_errc::invalid_argument,
+          fmt::format("{}: address '{}': expected fabric://provider/endpoint", who, o.coordinator));
+    }
+    out.settings.fabric_provider = a->rest.substr(0, slash);
+    out.coordinator = a->rest.substr(slash + 1);
   }
-  return a;
+  return api::load_secret(o.secret, o.allow_unauthenticated, out.settings);
 }
+
+/// Loop thread: tells `host`'s transport where the coordinator is.
+status reach_coordinator(node& host, const std::string& address, const char* who) {
+  if (auto ec = host.transport().add_peer(coordinator_node, address)) {
+    return failed(api_errc::invalid_argument,
+                  fmt::format("{}: coordinator '{}': {}", who, address, ec.message()));
+  }
+  return {};
+}
+
+/// What a trainer and a rollout share until they join: the tensor table, under `mutex`.
+struct member_table {
+  mutable std::mutex mutex;  ///< guards this table and the derived state's shared fields
+  std::vector<tensor_ref> tensors;
+  std::set<std::string> names;
+  bool joined = false, closed = false;
+
+  status add(const tensor& t, bool data_required, const char* who) {
+    std::lock_guard lock(mutex);
+    if (joined)
+      return failed(api_errc::already_joined,
+                    fmt::format("tensor '{}': registered after join", t.name));
+    std::string why;
+    auto ref = to_ref(t, data_required, why);
+    if (!ref) return failed(api_errc::invalid_argument, fmt::format("{}: {}", who, why));
+    if (!names.insert(t.name).second) {
+      return failed(api_errc::invalid_argument,
+                    fmt::format("{}: tensor '{}' registered twice", who, t.name));
+    }
+    tensors.push_back(*ref);
+    return {};
+  }
+  /// The table to join with, or why this member cannot join.
+  status ready_to_join(const char* who, std::vector<tensor_ref>& out) const {
+    std::lock_guard lock(mutex);
+    if (closed) return failed(api_errc::closed, fmt::format("{}: closed", who));
+    if (joined) return failed(api_errc::already_joined, fmt::format("{}: join called twice", who));
+    if (tensors.empty())
+      return failed(api_errc::invalid_argument, fmt::format("{}: no tensor registered", who));
+    out = tensors;
+    return {};
+  }
+};
 
 }  // namespace
 
@@ -293,16 +349,13 @@ void trainer::update::on_delivered(std::function<void(const status&)> fn) const 
   state_->on(&state::delivered, &state::delivered_fns, std::move(fn));
 }
 
-struct trainer::impl {
+struct trainer::impl : member_table {
   options opts;
   api::member_thread thread;
   std::unique_ptr<trainer_shard> shard;  ///< loop thread only
   std::optional<std::uint64_t> waiting;  ///< loop thread: published before the job was ready
 
-  std::mutex mutex;  ///< guards what follows
-  std::vector<tensor_ref> tensors;
-  std::set<std::string> names;
-  bool joined = false, closed = false;
+  // Guarded by `mutex`:
   std::optional<std::string> failure;
   std::uint64_t last_published = 0;
   std::uint64_t offloading = 0;  ///< the version whose offload is running; 0: none
@@ -356,51 +409,23 @@ trainer::~trainer() {
 }
 
 status trainer::register_tensor(const tensor& t) {
-  std::lock_guard lock(impl_->mutex);
-  if (impl_->joined)
-    return failed(api_errc::already_joined,
-                  fmt::format("tensor '{}': registered after join", t.name));
-  std::string why;
-  auto ref = to_ref(t, true, why);
-  if (!ref) return failed(api_errc::invalid_argument, "trainer: " + why);
-  if (!impl_->names.insert(t.name).second)
-    return failed(api_errc::invalid_argument,
-                  fmt::format("trainer: tensor '{}' registered twice", t.name));
-  impl_->tensors.push_back(*ref);
-  return {};
+  return impl_->add(t, true, "trainer");
 }
 
 status trainer::join() {
   auto* self = impl_.get();
   const auto& o = self->opts;
   std::vector<tensor_ref> tensors;
-  {
-    std::lock_guard lock(self->mutex);
-    if (self->closed) return failed(api_errc::closed, "trainer: closed");
-    if (self->joined) return failed(api_errc::already_joined, "trainer: join called twice");
-    if (self->tensors.empty())
-      return failed(api_errc::invalid_argument, "trainer: no tensor registered");
-    tensors = self->tensors;
-  }
-  std::string why;
-  auto route = coordinator_route(o.coordinator, why);
-  if (!route) return failed(api_errc::invalid_argument, "trainer: " + why);
-  api::link_settings settings;
-  if (auto s = api::load_secret(o.secret, o.allow_unauthenticated, settings); !s) return s;
-  std::string reach = route->rest;
-  if (route->scheme == "fabric") {
-    settings.fabric_provider = reach.substr(0, reach.find('/'));
-    reach = reach.substr(reach.find('/') + 1);
-  }
+  if (auto st = self->ready_to_join("trainer", tensors); !st) return st;
+  member_link link;
+  if (auto st = link_to_coordinator(o, "trainer", link); !st) return st;
   const node_id id = o.node_id ? o.node_id : 1 + o.shard;
   const trainer_options shard_options{.checksums = o.checksums, .digests = o.digests};
   auto s = self->thread.start(
-      route->scheme, id, std::move(settings),
-      [self, tensors, shard_options, reach, shard = o.shard](node& host) -> status {
-        if (auto ec = host.transport().add_peer(coordinator_node, reach)) {
-          return failed(api_errc::invalid_argument,
-                        fmt::format("trainer: coordinator '{}': {}", reach, ec.message()));
-        }
+      link.scheme, id, std::move(link.settings),
+      [self, tensors, shard_options, reach = link.coordinator,
+       shard = o.shard](node& host) -> status {
+        if (auto st = reach_coordinator(host, reach, "trainer"); !st) return st;
         self->shard = std::make_unique<trainer_shard>(
             host, job_actor, address{coordinator_node, job_actor}, shard, tensors, shard_options);
         auto& t = *self->shard;
@@ -491,18 +516,15 @@ void trainer::close() {
 
 // ---- rollout ----
 
-struct rollout::impl {
+struct rollout::impl : member_table {
   options opts;
   api::member_thread thread;
   std::unique_ptr<rollout_worker> worker;  ///< loop thread only
 
-  mutable std::mutex mutex;  ///< guards what follows
+  // Guarded by `mutex`:
   mutable std::condition_variable changed;
-  std::vector<tensor_ref> tensors;
-  std::set<std::string> names;
   std::function<void(std::uint64_t, const std::string&, std::span<const std::byte>)> on_tensor;
   std::function<void(std::uint64_t)> on_version;
-  bool joined = false, closed = false;
   std::uint64_t version = 0;
   std::optional<std::string> failure;
 
@@ -522,18 +544,7 @@ rollout::~rollout() {
 }
 
 status rollout::register_tensor(const tensor& t) {
-  std::lock_guard lock(impl_->mutex);
-  if (impl_->joined)
-    return failed(api_errc::already_joined,
-                  fmt::format("tensor '{}': registered after join", t.name));
-  std::string why;
-  auto ref = to_ref(t, false, why);
-  if (!ref) return failed(api_errc::invalid_argument, "rollout: " + why);
-  if (!impl_->names.insert(t.name).second)
-    return failed(api_errc::invalid_argument,
-                  fmt::format("rollout: tensor '{}' registered twice", t.name));
-  impl_->tensors.push_back(*ref);
-  return {};
+  return impl_->add(t, false, "rollout");
 }
 
 void rollout::on_tensor(
@@ -551,39 +562,21 @@ status rollout::join() {
   auto* self = impl_.get();
   const auto& o = self->opts;
   std::vector<tensor_ref> tensors;
-  {
-    std::lock_guard lock(self->mutex);
-    if (self->closed) return failed(api_errc::closed, "rollout: closed");
-    if (self->joined) return failed(api_errc::already_joined, "rollout: join called twice");
-    if (self->tensors.empty())
-      return failed(api_errc::invalid_argument, "rollout: no tensor registered");
-    tensors = self->tensors;
-  }
+  if (auto st = self->ready_to_join("rollout", tensors); !st) return st;
   if (!o.node_id && (o.instance >= 1024 || o.rank >= 1024)) {
     return failed(api_errc::invalid_argument,
                   "rollout: instance and rank below 1024, or give options.node_id");
   }
-  std::string why;
-  auto route = coordinator_route(o.coordinator, why);
-  if (!route) return failed(api_errc::invalid_argument, "rollout: " + why);
-  api::link_settings settings;
-  if (auto s = api::load_secret(o.secret, o.allow_unauthenticated, settings); !s) return s;
-  std::string reach = route->rest;
-  if (route->scheme == "fabric") {
-    settings.fabric_provider = reach.substr(0, reach.find('/'));
-    reach = reach.substr(reach.find('/') + 1);
-  }
+  member_link link;
+  if (auto st = link_to_coordinator(o, "rollout", link); !st) return st;
   const node_id id = o.node_id ? o.node_id : (1u << 20) + (o.instance << 10) + o.rank;
   const worker_options worker_opts{
       .checksums = o.checksums, .digests = o.digests, .make_broadcast = host_chain(chain_tag)};
   auto s = self->thread.start(
-      route->scheme, id, std::move(settings),
-      [self, tensors, worker_opts, reach, instance = o.instance,
+      link.scheme, id, std::move(link.settings),
+      [self, tensors, worker_opts, reach = link.coordinator, instance = o.instance,
        rank = o.rank](node& host) -> status {
-        if (auto ec = host.transport().add_peer(coordinator_node, reach)) {
-          return failed(api_errc::invalid_argument,
-                        fmt::format("rollout: coordinator '{}': {}", reach, ec.message()));
-        }
+        if (auto st = reach_coordinator(host, reach, "rollout"); !st) return st;
         self->worker =
             std::make_unique<rollout_worker>(host, job_actor, address{coordinator_node, job_actor},
                                              instance, rank, tensors, worker_opts);
