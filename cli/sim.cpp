@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/interrupt.hpp"
 #include "jobs/sim_scenario.hpp"
 #include "runtime/log.hpp"
 
@@ -111,6 +112,7 @@ int run_one(const sim_flags& f) {
     return 2;
   }
   c.trace_path = f.trace_path;
+  c.stop = interrupt_token();
   if (!f.json) {
     fmt::print(stderr, "ferry sim: {} actors on virtual time...\n",
                1 + c.trainers + c.instances * c.instance_size);
@@ -119,6 +121,10 @@ int run_one(const sim_flags& f) {
     };
   }
   const auto r = run_sim(c);
+  if (r.interrupted) {
+    std::fprintf(stderr, "ferry sim: stopped by %s: %s\n", interrupt_name(), r.error.c_str());
+    return interrupted_exit_code();
+  }
   if (f.json) {
     std::printf("%s\n", to_json(r).dump().c_str());
   } else {
@@ -185,7 +191,13 @@ int run_sweep(const sim_flags& f) {
          "seconds\n";
   for (std::size_t i = 0; i < configs.size(); ++i) {
     const auto& c = configs[i];
-    const auto r = run_sim(c);
+    auto run = c;
+    run.stop = interrupt_token();
+    const auto r = run_sim(run);
+    if (r.interrupted) {
+      std::fprintf(stderr, "ferry sim: stopped by %s after %zu of %zu runs\n", interrupt_name(), i, configs.size());
+      return interrupted_exit_code();
+    }
     fmt::print(stderr, "[{}/{}] depth {} chunk {} MiB stripes {}: {:.4f} s (bound {:.4f} s){}\n",
                i + 1, configs.size(), c.depth, c.chunk_bytes >> 20, c.stripes, r.predicted_seconds,
                r.bound_seconds, r.delivered ? "" : " NOT DELIVERED: " + r.error);

@@ -484,7 +484,13 @@ sim_result sim_job::run() {
   for (const auto& e : config_.events) schedule(e);
 
   const auto limit = clock::time_point(to_duration(config_.virtual_limit_seconds));
-  loop_.run_until([&] { return failure_ || env_.clock().now() > limit || settled(); });
+  loop_.run_until([&] {
+    return failure_ || env_.clock().now() > limit || config_.stop.stop_requested() || settled();
+  });
+  if (!failure_ && config_.stop.stop_requested() && !settled()) {
+    result_.interrupted = true;
+    failure_ = fmt::format("stopped with version {} of {} delivered", delivered_, config_.versions);
+  }
   if (!failure_ && loop_.stalled()) failure_ = "stalled: nothing is ready and no timer is pending";
   if (!failure_ && env_.clock().now() > limit)
     failure_ = fmt::format("version {} of {} delivered after {} s of virtual time", delivered_,

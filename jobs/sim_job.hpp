@@ -4,6 +4,7 @@
 /// payloads are sizes, checksums and applies are costs. Thousands of actors in one process.
 #include <cstdint>
 #include <functional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,8 @@ struct sim_config {
   std::string trace_path;
   /// Progress: each version as it is delivered (virtual seconds it took).
   std::function<void(std::uint64_t version, double seconds)> on_version;
+  /// A stop requested here (from any thread) ends the run where it stands: `interrupted`.
+  std::stop_token stop;
 };
 
 struct sim_resource_use {
@@ -52,6 +55,7 @@ struct sim_resource_use {
 
 struct sim_result {
   bool delivered = false;
+  bool interrupted = false;  ///< the config's stop ended it
   std::string error;
   std::vector<double> update_seconds, stall_seconds;  ///< per version
   double predicted_seconds = 0, stall = 0;            ///< the last version's
