@@ -78,6 +78,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
   handle<publish_started>([this](const envelope_header&, const publish_started& m) {
     verdicts_.publish_started(m.version, this->host().clock().now());
     published_ = std::max(published_, m.version);
+    if (m.version > delivered_) pending_.insert(m.version);
     resume();
   });
   handle<shard_offloaded>([this](const envelope_header&, const shard_offloaded& m) { verdicts_.offloaded(m); });
@@ -154,8 +155,13 @@ void job_coordinator::lost(node_id node, const std::string& why) {
       active_.reset();
       if (on_update_failed) on_update_failed(v, reason);
     }
-    // Versions published but not yet sent can no longer complete either.
-    for (auto v = delivered_ + 1; v <= published_; ++v) failed_versions_.insert(v);
+    // Versions published but not yet sent can no longer complete either: say so to everyone
+    // waiting for them.
+    for (const auto v : pending_) {
+      if (!failed_versions_.insert(v).second) continue;
+      broadcast_all([&] { return update_failed{.version = v, .reason = reason}; });
+      if (on_update_failed) on_update_failed(v, reason);
+    }
     return regroup(reason);
   }
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
@@ -308,7 +314,7 @@ void job_coordinator::resume() {
       if (w.complete_version < delivered_) return start_update(delivered_, true);
     }
   }
-  for (auto v = delivered_ + 1; v <= published_; ++v) {
+  for (const auto v : pending_) {
     if (!failed_versions_.contains(v)) return start_update(v, false);
   }
 }
@@ -356,6 +362,7 @@ void job_coordinator::check_complete() {
     log::info("coordinator: late joiner(s) caught up with version {}{}", version, match ? ", digests match" : "");
   } else {
     delivered_ = version;
+    pending_.erase(pending_.begin(), pending_.upper_bound(version));
     const auto report = verdicts_.deliver(version, *plan_, static_cast<std::uint32_t>(workers_.size()), match,
                                           host().clock().now());
     for (const auto& [rank, t] : trainers_) send(t.who, version_delivered{.version = version, .verified = match});

@@ -137,6 +137,7 @@ class job_coordinator final : public actor {
   std::optional<update> active_;
   std::uint64_t delivered_ = 0;
   std::uint64_t published_ = 0;
+  std::set<std::uint64_t> pending_;  ///< published and newer than delivered_ (versions may skip numbers)
   std::set<std::uint64_t> failed_versions_;
   version_verdicts verdicts_;
 };

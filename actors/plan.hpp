@@ -122,7 +122,8 @@ result<plan> make_plan(const plan_inputs& in, std::string& why);
 std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
                                           std::optional<address> first_leader);
 
-/// Checks a worker's registration against the plan: same names, dtypes and shapes.
+/// Checks a worker's registration against the plan: same names, dtypes and shapes (an empty one
+/// takes the trainers' table).
 result<void> check_worker_tensors(const plan& p, std::span<const tensor_spec> worker, std::string& why);
 
 }  // namespace ferry

@@ -22,6 +22,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       instance_(instance),
       rank_(rank),
       tensors_(std::move(tensors)),
+      takes_trainers_table_(tensors_.empty()),
       options_(std::move(options)),
       upload_meter_(host.env(), host.id(), stage::upload),
       broadcast_meter_(host.env(), host.id(), stage::broadcast),
@@ -47,6 +48,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
     // The version cannot complete anywhere; what arrived of it must not count later.
     log::warn("worker {}.{}: update of version {} failed: {}", instance_, rank_, m.version, m.reason);
     progress_.erase(m.version);
+    if (on_update_failed) on_update_failed(m.version, m.reason);
   });
 }
 
@@ -97,11 +99,24 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) gen_->credits->release();
   }
   const bool was_leader = leader_;
+  if (takes_trainers_table_ && tensors_.empty()) {
+    for (const auto& spec : m.plan.tensors) {
+      owned_.push_back(host().env().platform().host_memory(spec.nbytes));
+      tensors_.push_back({.spec = spec, .data = owned_.back().data()});
+    }
+  }
   auto next = std::make_shared<worker_plan>(worker_plan{m.plan, {}});
   next->local_of.assign(next->tensors.size(), -1);
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
     const int index = next->find_tensor(tensors_[i].spec.name);
     if (index >= 0) next->local_of[index] = static_cast<int>(i);
+  }
+  // Only a worker that took the trainers' table can see it change (a trainer came back with another).
+  for (std::size_t i = 0; i < next->local_of.size(); ++i) {
+    if (next->local_of[i] < 0) {
+      return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " publishes tensor '" + next->tensors[i].name +
+                  "', which this worker does not hold (the trainers' table changed)");
+    }
   }
   plan_ = std::move(next);
   set_epoch(plan_->epoch);

@@ -37,7 +37,8 @@ struct worker_options {
 class rollout_worker final : public job_member {
  public:
   /// `tensors` say where each tensor lands; a null `data` makes the worker keep the bytes itself
-  /// (read them in `on_tensor`).
+  /// (read them in `on_tensor`). No tensors at all: the worker takes the trainers' table from its
+  /// first plan and keeps every tensor's bytes itself.
   /// Copies, CPU work and the platform go through `host`'s environment.
   rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
                  std::vector<tensor_ref> tensors, worker_options options);
@@ -54,6 +55,8 @@ class rollout_worker final : public job_member {
   std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)> on_tensor;
   /// Every tensor of `version` is applied here.
   std::function<void(std::uint64_t version)> on_version;
+  /// `version` cannot complete anywhere (a member died mid-update); what arrived of it is dropped.
+  std::function<void(std::uint64_t version, const std::string& reason)> on_update_failed;
 
  private:
   struct received {
@@ -135,6 +138,7 @@ class rollout_worker final : public job_member {
   std::uint32_t instance_;
   std::uint32_t rank_;
   std::vector<tensor_ref> tensors_;
+  bool takes_trainers_table_ = false;  ///< registered no table: holds whatever the trainers publish
   std::vector<host_buffer> owned_;
   host_buffer digest_bounce_;  ///< device tensors: host bytes to hash, the largest tensor's size
   worker_options options_;

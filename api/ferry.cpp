@@ -125,11 +125,11 @@ struct member_table {
     return {};
   }
   /// The table to join with, or why this member cannot join.
-  status ready_to_join(const char* who, std::vector<tensor_ref>& out) const {
+  status ready_to_join(const char* who, bool may_be_empty, std::vector<tensor_ref>& out) const {
     std::lock_guard lock(mutex);
     if (closed) return failed(api_errc::closed, fmt::format("{}: closed", who));
     if (joined) return failed(api_errc::already_joined, fmt::format("{}: join called twice", who));
-    if (tensors.empty())
+    if (tensors.empty() && !may_be_empty)
       return failed(api_errc::invalid_argument, fmt::format("{}: no tensor registered", who));
     out = tensors;
     return {};
@@ -416,7 +416,7 @@ status trainer::join() {
   auto* self = impl_.get();
   const auto& o = self->opts;
   std::vector<tensor_ref> tensors;
-  if (auto st = self->ready_to_join("trainer", tensors); !st) return st;
+  if (auto st = self->ready_to_join("trainer", false, tensors); !st) return st;
   member_link link;
   if (auto st = link_to_coordinator(o, "trainer", link); !st) return st;
   const node_id id = o.node_id ? o.node_id : 1 + o.shard;
@@ -523,14 +523,17 @@ struct rollout::impl : member_table {
 
   // Guarded by `mutex`:
   mutable std::condition_variable changed;
-  std::function<void(std::uint64_t, const std::string&, std::span<const std::byte>)> on_tensor;
+  std::function<void(std::uint64_t, const tensor&, std::span<const std::byte>)> on_tensor;
   std::function<void(std::uint64_t)> on_version;
+  std::function<void(std::uint64_t, const status&)> on_update_failed;
   std::uint64_t version = 0;
+  std::uint64_t newest_failed = 0;  ///< the newest version that failed, and why
+  std::string newest_failure;
   std::optional<std::string> failure;
 
   void fail(const std::string& why) {
     std::lock_guard lock(mutex);
-    if (!failure) failure = why;
+    if (!failure && !closed) failure = why;  // once closed, the links' loss is no failure
     changed.notify_all();
   }
 };
@@ -548,9 +551,14 @@ status rollout::register_tensor(const tensor& t) {
 }
 
 void rollout::on_tensor(
-    std::function<void(std::uint64_t, const std::string&, std::span<const std::byte>)> fn) {
+    std::function<void(std::uint64_t, const tensor&, std::span<const std::byte>)> fn) {
   std::lock_guard lock(impl_->mutex);
   impl_->on_tensor = std::move(fn);
+}
+
+void rollout::on_update_failed(std::function<void(std::uint64_t, const status&)> fn) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->on_update_failed = std::move(fn);
 }
 
 void rollout::on_version(std::function<void(std::uint64_t)> fn) {
@@ -562,7 +570,7 @@ status rollout::join() {
   auto* self = impl_.get();
   const auto& o = self->opts;
   std::vector<tensor_ref> tensors;
-  if (auto st = self->ready_to_join("rollout", tensors); !st) return st;
+  if (auto st = self->ready_to_join("rollout", true, tensors); !st) return st;
   if (!o.node_id && (o.instance >= 1024 || o.rank >= 1024)) {
     return failed(api_errc::invalid_argument,
                   "rollout: instance and rank below 1024, or give options.node_id");
@@ -588,7 +596,27 @@ status rollout::join() {
             std::lock_guard lock(self->mutex);
             fn = self->on_tensor;
           }
-          if (fn) fn(v, spec.name, bytes);
+          if (!fn) return;
+          const tensor t{.name = spec.name,
+                         .dtype = std::string(dtype_name(spec.type)),
+                         .shape = {spec.shape.begin(), spec.shape.end()},
+                         .data = const_cast<std::byte*>(bytes.data())};
+          fn(v, t, bytes);
+        };
+        w.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
+          const auto outcome =
+              failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
+          decltype(self->on_update_failed) fn;
+          {
+            std::lock_guard lock(self->mutex);
+            if (v > self->newest_failed) {
+              self->newest_failed = v;
+              self->newest_failure = outcome.message;
+            }
+            self->changed.notify_all();
+            fn = self->on_update_failed;
+          }
+          if (fn) fn(v, outcome);
         };
         w.on_version = [self](std::uint64_t v) {
           decltype(self->on_version) fn;
@@ -634,9 +662,12 @@ status rollout::wait_version(std::uint64_t version, std::chrono::milliseconds ti
   }
   return wait_for(
       s->mutex, s->changed, timeout,
-      [&] { return s->version >= version || s->failure || s->closed; },
+      [&] {
+        return s->version >= version || s->newest_failed >= version || s->failure || s->closed;
+      },
       [&]() -> status {
         if (s->version >= version) return {};
+        if (s->newest_failed >= version) return failed(api_errc::update_failed, s->newest_failure);
         if (s->failure) return failed(api_errc::job_failed, *s->failure);
         return failed(api_errc::closed, "rollout closed");
       },

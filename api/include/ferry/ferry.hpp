@@ -174,18 +174,23 @@ class FERRY_API rollout {
 
   /// Before `join` only: where `t` lands (`t.data`), or, with a null `data`, ferry keeps the
   /// bytes and hands them to `on_tensor`. Name, dtype and shape must match the trainers'.
+  /// A rollout that registers nothing receives whatever the trainers publish, in memory ferry
+  /// keeps, through `on_tensor`.
   status register_tensor(const tensor& t);
-  /// A tensor of a version is complete here: its version, name and bytes (valid during the call).
-  void on_tensor(std::function<void(std::uint64_t version, const std::string& name,
-                                    std::span<const std::byte>)>
-                     fn);
+  /// A tensor of a version is complete here: its version, its name, dtype and shape, and its bytes
+  /// (`t.data`; valid during the call only).
+  void on_tensor(
+      std::function<void(std::uint64_t version, const tensor& t, std::span<const std::byte>)> fn);
   /// Every tensor of a version is applied here.
   void on_version(std::function<void(std::uint64_t version)> fn);
+  /// A version cannot be delivered (a member died mid-update); what arrived of it is dropped.
+  void on_update_failed(std::function<void(std::uint64_t version, const status& why)> fn);
   /// Connects and registers (before any `on_*` callback can run, set them).
   status join();
   /// The newest version applied here (0: none).
   std::uint64_t version() const;
-  /// Waits until `version` (or a newer one) is applied here, the job fails, or `timeout` passes.
+  /// Waits until `version` (or a newer one) is applied here, it fails (update_failed), the job
+  /// fails, or `timeout` passes.
   status wait_version(std::uint64_t version, std::chrono::milliseconds timeout) const;
   /// Leaves the job (idempotent).
   void close();

@@ -1,0 +1,276 @@
+"""ferry: publish a trainer's tensors to every rollout worker, version after version.
+
+    coordinator = ferry.Coordinator(trainers=1, instance_sizes=[2], secret=SECRET)
+
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    trainer.register("layer.weight", weight)   # torch tensor, numpy array, anything with __dlpack__
+    trainer.join()
+    update = trainer.publish(1)
+    update.wait_offloaded()                     # the step may write `weight` again from here
+    update.wait_delivered()
+
+    rollout = ferry.Rollout(coordinator=address, instance=0, rank=1, secret=SECRET)
+    rollout.join()                              # nothing registered: receive the trainers' table
+    for name, tensor in rollout.receive():      # each tensor of the next version, as it completes
+        ...
+
+A rollout may instead register where each tensor lands and call `wait_version(v)`. Waits take a
+timeout in seconds (None: no limit), release the GIL, and let Ctrl-C through; `await
+update.offloaded()`, `await update.delivered()` and `async for ... in rollout.areceive()` serve
+asyncio programs. Errors are `ferry.Error` subclasses carrying ferry's message. CUDA tensors are
+staged through pinned host copies: publish copies them out on the current stream first, and a rollout's
+CUDA targets are filled by `wait_version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Iterator
+
+from ._ferry import (  # noqa: F401  (re-exported)
+    AlreadyJoined,
+    Busy,
+    Closed,
+    Coordinator,
+    Error,
+    InvalidArgument,
+    JobFailed,
+    NotJoined,
+    TimedOut,
+    Unreachable,
+    UpdateFailed,
+    __version__,
+)
+from . import _ferry
+
+try:
+    import torch
+except ImportError:  # numpy and raw pointers still work
+    torch = None
+import numpy
+
+__all__ = ["Coordinator", "Trainer", "Rollout", "Update", "Error", "InvalidArgument", "Closed", "NotJoined",
+           "AlreadyJoined", "Busy", "TimedOut", "Unreachable", "JobFailed", "UpdateFailed", "torch_dtype"]
+
+_TORCH_DTYPES = {
+    "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "f16": "float16",
+    "bf16": "bfloat16", "f32": "float32", "f64": "float64", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+}
+_NUMPY_DTYPES = {"u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "f16": "float16",
+                 "f32": "float32", "f64": "float64"}
+
+
+def torch_dtype(dtype: str):
+    """The torch dtype of one of ferry's dtype names."""
+    found = getattr(torch, _TORCH_DTYPES.get(dtype, ""), None) if torch else None
+    if found is None:
+        raise InvalidArgument(f"dtype '{dtype}' has no torch equivalent here")
+    return found
+
+
+def _as_array(dtype: str, shape: list[int], raw: numpy.ndarray) -> Any:
+    """Received bytes as a torch tensor (numpy array without torch), without copying."""
+    if torch is not None:
+        return torch.from_numpy(raw).view(torch_dtype(dtype)).reshape(shape)
+    if dtype not in _NUMPY_DTYPES:
+        raise InvalidArgument(f"dtype '{dtype}' needs torch")
+    return raw.view(_NUMPY_DTYPES[dtype]).reshape(shape)
+
+
+def _is_torch(t: Any) -> bool:
+    return torch is not None and isinstance(t, torch.Tensor)
+
+
+def _host_view(name: str, tensor: Any) -> Any:
+    """What ferry can read: torch tensors detached (nn.Parameter included) and bools as bytes."""
+    if not _is_torch(tensor):
+        return tensor
+    tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        raise InvalidArgument(f"tensor '{name}': not contiguous (strides {tuple(tensor.stride())}); "
+                              "pass .contiguous() or a copy")
+    return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
+
+
+def _staging_for(tensor: Any) -> Any:
+    """A pinned host copy for a CUDA tensor (None for a host one)."""
+    if not (_is_torch(tensor) and tensor.is_cuda):
+        return None
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+
+
+class Update:
+    """One published version: wait for (or await) its offload and its delivery."""
+
+    def __init__(self, native: _ferry.Update):
+        self._native = native
+
+    @property
+    def version(self) -> int:
+        return self._native.version
+
+    def wait_offloaded(self, timeout: float | None = None) -> None:
+        """Until the tensors are copied out: the trainer may write them again."""
+        self._native.wait_offloaded(timeout)
+
+    def wait_delivered(self, timeout: float | None = None) -> None:
+        """Until every rollout worker holds this version."""
+        self._native.wait_delivered(timeout)
+
+    async def offloaded(self, timeout: float | None = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._native.wait_offloaded, timeout)
+
+    async def delivered(self, timeout: float | None = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._native.wait_delivered, timeout)
+
+
+class Trainer:
+    """One trainer shard: register tensors, join, publish versions of them."""
+
+    def __init__(self, coordinator: str, shard: int = 0, secret: str = "", **options: Any):
+        self._native = _ferry.Trainer(coordinator=coordinator, shard=shard, secret=secret, **options)
+        self._staged: list[tuple[Any, Any]] = []  # (CUDA tensor, its pinned host copy)
+
+    def register(self, name: str, tensor: Any) -> None:
+        """Before join: a tensor to publish (ferry keeps a reference to it)."""
+        tensor = _host_view(name, tensor)
+        host = _staging_for(tensor)
+        if host is not None:
+            self._staged.append((tensor, host))
+        self._native.register(name, tensor if host is None else host)
+
+    def register_raw(self, name: str, pointer: int, nbytes: int, dtype: str = "u8", shape: list[int] | None = None,
+                     owner: Any = None) -> None:
+        """Before join: host memory at `pointer`; `owner` is kept alive with it."""
+        self._native.register_raw(name, pointer, nbytes, dtype, shape, owner)
+
+    def join(self) -> None:
+        self._native.join()
+
+    def publish(self, version: int) -> Update:
+        """Publishes `version`; CUDA tensors are copied to their host copies first."""
+        for device_tensor, host in self._staged:
+            host.copy_(device_tensor, non_blocking=True)
+        for device in {t.device for t, _ in self._staged}:
+            torch.cuda.current_stream(device).synchronize()
+        return Update(self._native.publish(version))
+
+    def close(self) -> None:
+        """Leaves the job (idempotent)."""
+        self._native.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Rollout:
+    """One rollout worker of instance `instance`: receives every version."""
+
+    def __init__(self, coordinator: str, instance: int = 0, rank: int = 0, secret: str = "", **options: Any):
+        self._native = _ferry.Rollout(coordinator=coordinator, instance=instance, rank=rank, secret=secret,
+                                      **options)
+        self._staged: list[tuple[Any, Any]] = []  # (CUDA target, its pinned host landing place)
+        self._registered = False
+        self._streaming = False
+        self._received = 0  # the newest version `receive` went through
+
+    def register(self, name: str, tensor: Any) -> None:
+        """Before join: where `name` lands. Registering nothing receives the trainers' table instead."""
+        tensor = _host_view(name, tensor)
+        host = _staging_for(tensor)
+        if host is not None:
+            self._staged.append((tensor, host))
+        self._native.register(name, tensor if host is None else host)
+        self._registered = True
+
+    def register_raw(self, name: str, pointer: int, nbytes: int, dtype: str = "u8", shape: list[int] | None = None,
+                     owner: Any = None) -> None:
+        """Before join: host memory at `pointer` where `name` lands; `owner` is kept alive with it."""
+        self._native.register_raw(name, pointer, nbytes, dtype, shape, owner)
+        self._registered = True
+
+    def join(self) -> None:
+        if not self._registered:
+            self._native.stream()
+            self._streaming = True
+        self._native.join()
+
+    @property
+    def version(self) -> int:
+        """The newest version applied here (0: none)."""
+        return self._native.version
+
+    def wait_version(self, version: int, timeout: float | None = None) -> None:
+        """Until `version` (or newer) is applied here; CUDA targets are then filled."""
+        self._native.wait_version(version, timeout)
+        for device_tensor, host in self._staged:
+            device_tensor.copy_(host, non_blocking=True)
+        for device in {t.device for t, _ in self._staged}:
+            torch.cuda.current_stream(device).synchronize()
+
+    def receive(self, version: int | None = None, timeout: float | None = None) -> Iterator[tuple[str, Any]]:
+        """Each tensor of `version` as (name, tensor), as soon as it is complete here; ends when the
+        whole version is. No version: the first one newer than the last received (a rollout that
+        joins a running job first gets the job's current version). Only for a rollout that
+        registered nothing."""
+        receiving = _Receiving(self._streaming, version, self._received)
+        while (item := receiving.take(self._native.next_event(timeout))) is not _DONE:
+            if item is not None:
+                yield item
+        self._received = receiving.version
+
+    async def areceive(self, version: int | None = None,
+                       timeout: float | None = None) -> AsyncIterator[tuple[str, Any]]:
+        """`receive` for asyncio: the event loop runs while this waits."""
+        loop = asyncio.get_running_loop()
+        receiving = _Receiving(self._streaming, version, self._received)
+        while (item := receiving.take(await loop.run_in_executor(None, self._native.next_event, timeout))) is not _DONE:
+            if item is not None:
+                yield item
+        self._received = receiving.version
+
+    def close(self) -> None:
+        """Leaves the job (idempotent)."""
+        self._native.close()
+
+    def __enter__(self) -> "Rollout":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_DONE = object()
+
+
+class _Receiving:
+    """Follows one version through a rollout's stream of events."""
+
+    def __init__(self, streaming: bool, version: int | None, received: int):
+        if not streaming:
+            raise InvalidArgument("receive: this rollout registered its tensors; use wait_version")
+        self.version = version
+        self.received = received  # with no version asked for: the first one newer than this
+
+    def take(self, event: tuple | None) -> Any:
+        """A (name, tensor) pair, None for an event of no interest, or _DONE at the version's end."""
+        if event is None:
+            raise TimedOut(f"receive: nothing of version {self.version or '(next)'} arrived in time")
+        kind, version, name, dtype, shape, payload = event
+        if self.version is None:
+            if version <= self.received:
+                return None
+            self.version = version
+        if version < self.version:  # what is left of an older version
+            return None
+        if version > self.version:
+            raise InvalidArgument(f"receive: version {self.version} was never published here; "
+                                  f"version {version} arrived")
+        if kind == "failed":
+            raise UpdateFailed(payload)
+        if kind == "version":
+            return _DONE
+        return name, _as_array(dtype, shape, payload)

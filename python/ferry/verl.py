@@ -1,0 +1,268 @@
+"""ferry as a verl checkpoint engine, named "ferry" (verl >= 0.9, verl/checkpoint_engine/base.py).
+
+    actor_rollout_ref.rollout.checkpoint_engine.backend=ferry
+    actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=ferry.verl
+    actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.ferry.replica_size=<GPUs per replica>
+
+Every sync verl calls `prepare` on every trainer and rollout rank, `build_topology` on its driver,
+`init_process_group` everywhere, then each trainer rank's `send_weights` (each iterating the same
+full generator) beside each rollout rank's `receive_weights`, then `finalize`. ferry's job outlives
+the sync: the first `init_process_group` joins, later ones keep the job, its plan and its host
+copies, and the job regroups by itself when a rank is replaced. The coordinator runs inside trainer
+rank 0 (the engine built with `is_master=True`).
+
+Each trainer rank copies the tensors it owns (the table split by bytes, the same way on every rank)
+into host memory registered with ferry, drains the rest of the generator, and publishes;
+`send_weights` returns once ferry has offloaded them. `receive_weights` yields each tensor as soon
+as it is complete on this rank. `finalize` on a trainer rank waits until every rollout rank holds
+the version, so a version that cannot be delivered raises there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from typing import Any, AsyncGenerator, Generator
+
+import torch
+
+import ferry
+
+try:
+    from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+except ImportError:  # usable without verl (tests, other frameworks)
+    CheckpointEngine, CheckpointEngineRegistry = object, None
+
+
+def _listen_host() -> str:
+    """This node's address for the coordinator: Ray's view of it when Ray runs here."""
+    if host := os.environ.get("FERRY_LISTEN_HOST"):
+        return host
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address().strip("[]")
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class FerryCheckpointEngine(CheckpointEngine):
+    """verl's checkpoint engine over ferry.
+
+    Args:
+        bucket_size: verl's update bucket in bytes; ferry's chunk is the smaller of it and
+            `chunk_bytes`.
+        is_master: trainer rank 0, which runs the coordinator.
+        replica_size: rollout ranks per replica (the inference engine's world size).
+        chunk_bytes, depth: ferry's chunk size and chunks in flight per stage.
+        timeout: seconds any wait may take before it raises ferry.TimedOut.
+        device: where received tensors are put (default: where ferry holds them, host memory).
+        secret: the job secret; default: a fresh one from the master, handed out by build_topology.
+    """
+
+    def __init__(self, bucket_size: int, is_master: bool = False, replica_size: int = 1,
+                 chunk_bytes: int = 64 << 20, depth: int = 2, timeout: float = 300.0, device: str | None = None,
+                 secret: str | None = None, **unused: Any) -> None:
+        if unused:
+            raise ferry.InvalidArgument(f"ferry engine: unknown engine_kwargs {sorted(unused)}")
+        self.bucket_size = bucket_size
+        self.is_master = is_master
+        self.replica_size = replica_size
+        self.chunk_bytes = max(1 << 20, min(bucket_size, chunk_bytes))
+        self.depth = depth
+        self.timeout = timeout
+        self.device = device
+        self.secret = secret or os.environ.get("FERRY_SECRET") or None
+        self.role: str | None = None
+        self.coordinator: ferry.Coordinator | None = None
+        self._listen: str | None = None
+        self._shape: tuple[int, tuple[int, ...]] | None = None
+        # Trainer rank:
+        self.rank = 0
+        self.world_size = 1
+        self._coordinator_address = ""
+        self._trainer: ferry.Trainer | None = None
+        self._table: list[tuple[str, torch.dtype, tuple[int, ...]]] | None = None
+        self._owners: list[int] = []
+        self._staging: dict[str, torch.Tensor] = {}
+        self._version = 0
+        self._pending: ferry.Update | None = None
+        # Rollout rank:
+        self._rollout: ferry.Rollout | None = None
+        self._member: tuple[str, int, int] | None = None
+
+    # --- every sync, every rank --------------------------------------------------------------
+
+    def prepare(self) -> dict[str, Any]:
+        """The master's coordinator address (and job secret); a rollout rank's replica size."""
+        if self.is_master:
+            if self._listen is None:
+                host = _listen_host()
+                self._listen = f"tcp://{host}:{_free_port(host)}"
+                self.secret = self.secret or secrets.token_hex(16)
+            address = self.coordinator.address if self.coordinator else self._listen
+            return {"ferry_coordinator": address, "ferry_secret": self.secret}
+        return {"ferry_replica_size": self.replica_size}
+
+    @classmethod
+    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int,
+                       metadata: list[dict]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        """Trainer ranks come first in `metadata`, then the rollout ranks, replica by replica."""
+        masters = [m for m in metadata[:actor_wg_world_size] if m and "ferry_coordinator" in m]
+        if len(masters) != 1:
+            raise ferry.InvalidArgument(f"ferry engine: {len(masters)} trainer ranks built with is_master=True; "
+                                        "exactly one (rank 0) must be")
+        sizes = {m.get("ferry_replica_size") for m in metadata[actor_wg_world_size:]}
+        if len(sizes) != 1 or None in sizes:
+            raise ferry.InvalidArgument(f"ferry engine: rollout ranks disagree on replica_size: {sorted(map(str, sizes))}")
+        replica = sizes.pop()
+        if rollout_world_size % replica:
+            raise ferry.InvalidArgument(f"ferry engine: {rollout_world_size} rollout ranks are not whole replicas of "
+                                        f"{replica}")
+        job = {"coordinator": masters[0]["ferry_coordinator"], "secret": masters[0]["ferry_secret"]}
+        trainers = actor_wg_world_size
+        instance_sizes = [replica] * (rollout_world_size // replica)
+        trainer_kwargs = {
+            "role": ["trainer"] * trainers,
+            "rank": list(range(trainers)),
+            "world_size": [trainers] * trainers,
+            "instance_sizes": [instance_sizes] * trainers,
+            **{k: [v] * trainers for k, v in job.items()},
+        }
+        rollout_kwargs = {
+            "role": ["rollout"] * rollout_world_size,
+            "instance": [r // replica for r in range(rollout_world_size)],
+            "rank": [r % replica for r in range(rollout_world_size)],
+            **{k: [v] * rollout_world_size for k, v in job.items()},
+        }
+        return trainer_kwargs, rollout_kwargs
+
+    def init_process_group(self, role: str, rank: int, coordinator: str, secret: str, world_size: int = 1,
+                           instance_sizes: list[int] | None = None, instance: int = 0) -> None:
+        """The first call joins ferry's job (a trainer at its first send); later ones keep it."""
+        self.role, self.secret = role, secret
+        if role == "trainer":
+            self.rank, self.world_size, self._coordinator_address = rank, world_size, coordinator
+            if self.is_master:
+                self._start_coordinator(world_size, instance_sizes or [1])
+            return
+        member = (coordinator, instance, rank)
+        if self._rollout is not None and self._member == member:
+            return
+        if self._rollout is not None:
+            self._rollout.close()
+        self._rollout = ferry.Rollout(coordinator=coordinator, instance=instance, rank=rank, secret=secret,
+                                      connect_timeout=self.timeout)
+        self._rollout.join()
+        self._member = member
+
+    def finalize(self) -> None:
+        """A trainer rank waits until every rollout rank holds the version it sent."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.wait_delivered(self.timeout)
+
+    # --- trainer ranks ------------------------------------------------------------------------
+
+    async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+                           global_steps: int | None = None) -> dict[str, Any]:
+        """Copies this rank's tensors out of `weights` (draining the rest) and publishes them."""
+        if self.role != "trainer":
+            raise ferry.NotJoined("send_weights: init_process_group did not make this a trainer rank")
+        version = global_steps if global_steps is not None else self._version + 1
+        if version <= self._version:
+            raise ferry.InvalidArgument(f"send_weights: version {version} is not newer than {self._version}")
+        start = time.perf_counter()
+        copied = self._copy_owned(weights)
+        copy_done = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        if self._trainer is None:
+            self._trainer = ferry.Trainer(coordinator=self._coordinator_address, shard=self.rank, secret=self.secret,
+                                          connect_timeout=self.timeout)
+            for name, host in self._staging.items():
+                self._trainer.register(name, host)
+            await loop.run_in_executor(None, self._trainer.join)
+        update = await loop.run_in_executor(None, self._trainer.publish, version)
+        await update.offloaded(self.timeout)
+        self._version, self._pending = version, update
+        end = time.perf_counter()
+        return {"version": version, "tensors": len(self._staging), "bytes": copied,
+                "copy_seconds": copy_done - start, "offload_seconds": end - copy_done, "total_seconds": end - start}
+
+    def _copy_owned(self, weights: Generator[tuple[str, torch.Tensor], None, None]) -> int:
+        """Walks the whole generator; copies what this rank owns into its host tensors."""
+        first = self._table is None
+        table, load, copied, count = [], [0] * self.world_size, 0, 0
+        for index, (name, tensor) in enumerate(weights):
+            count = index + 1
+            tensor = tensor.detach()
+            meta = (name, tensor.dtype, tuple(tensor.shape))
+            if first:
+                table.append(meta)
+                owner = min(range(self.world_size), key=lambda r: (load[r], r))  # the same on every rank
+                load[owner] += tensor.numel() * tensor.element_size()
+                self._owners.append(owner)
+            elif index >= len(self._table) or self._table[index] != meta:
+                had = self._table[index] if index < len(self._table) else "nothing"
+                raise ferry.InvalidArgument(f"send_weights: tensor {index} '{name}' ({meta[1]}, {list(meta[2])}) on "
+                                            f"trainer rank {self.rank} differs from the first sync's table ({had})")
+            if self._owners[index] != self.rank:
+                continue
+            if first:
+                self._staging[name] = torch.empty(meta[2], dtype=meta[1], device="cpu",
+                                                  pin_memory=torch.cuda.is_available())
+            self._staging[name].copy_(tensor, non_blocking=True)
+            copied += tensor.numel() * tensor.element_size()
+        if not first and count != len(self._table):
+            raise ferry.InvalidArgument(f"send_weights: trainer rank {self.rank} got {count} tensors, the first "
+                                        f"sync had {len(self._table)}")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if first:
+            if not self._staging:
+                raise ferry.InvalidArgument(f"send_weights: trainer rank {self.rank} of {self.world_size} owns no "
+                                            f"tensor ({len(table)} in the table)")
+            self._table = table
+        return copied
+
+    def _start_coordinator(self, trainers: int, instance_sizes: list[int]) -> None:
+        shape = (trainers, tuple(instance_sizes))
+        if self.coordinator is not None:
+            if shape != self._shape:
+                raise ferry.InvalidArgument(f"init_process_group: the job was {self._shape[0]} trainer ranks and "
+                                            f"replicas {list(self._shape[1])}, now {trainers} and {instance_sizes}; "
+                                            "ferry cannot resize a running job yet")
+            return
+        self.coordinator = ferry.Coordinator(listen=self._listen, trainers=trainers, instance_sizes=instance_sizes,
+                                             chunk_bytes=self.chunk_bytes, depth=self.depth, secret=self.secret)
+        self._shape = shape
+
+    # --- rollout ranks ------------------------------------------------------------------------
+
+    async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
+        """Each tensor of version `global_steps` (default: the next one) as soon as it is here."""
+        if self._rollout is None:
+            raise ferry.NotJoined("receive_weights: init_process_group did not make this a rollout rank")
+        async for name, tensor in self._rollout.areceive(global_steps, self.timeout):
+            yield name, (tensor if self.device is None else tensor.to(self.device))
+
+    def close(self) -> None:
+        """Leaves ferry's job (the coordinator, on the master, stops it for everyone)."""
+        for member in (self._trainer, self._rollout, self.coordinator):
+            if member is not None:
+                member.close()
+
+
+if CheckpointEngineRegistry is not None:
+    CheckpointEngineRegistry.register("ferry")(FerryCheckpointEngine)

@@ -1,0 +1,500 @@
+// ferry._ferry: the C++ API (ferry/ferry.hpp) for Python. Tensors come in by DLPack or as a raw
+// (pointer, bytes) pair; every wait releases the GIL and wakes every 100 ms to let Ctrl-C in; no
+// Python code ever runs on ferry's loop threads (received tensors reach Python through a queue).
+// The package around it (ferry/__init__.py) adds torch and numpy conveniences.
+#include <dlpack/dlpack.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <ferry/ferry.hpp>
+#include <mutex>
+
+namespace py = pybind11;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// ferry's exceptions, by api_errc; `Error` is the base of them all.
+py::object error_base;
+std::map<ferry::api_errc, py::object> error_types;
+
+[[noreturn]] void raise(const ferry::status& s) {
+  const auto it = error_types.find(static_cast<ferry::api_errc>(s.code.value()));
+  const py::object& type = it != error_types.end() ? it->second : error_base;
+  PyErr_SetString(type.ptr(), s.message.c_str());
+  throw py::error_already_set();
+}
+
+void check(const ferry::status& s) {
+  if (!s) raise(s);
+}
+
+/// ferry's threads do not survive fork(): an object used from a child would wait forever.
+struct fork_guard {
+  pid_t owner = getpid();
+  void check(const char* what) const {
+    if (getpid() != owner) {
+      raise({make_error_code(ferry::api_errc::closed),
+             std::string(what) + ": created in process " + std::to_string(owner) +
+                 ", used in its forked child " + std::to_string(getpid()) +
+                 "; ferry cannot cross fork(): create it in the child (or start children with spawn)"});
+    }
+  }
+};
+
+/// Runs `wait(slice)` without the GIL until it returns anything but timed_out, `timeout` seconds
+/// (None: no limit) pass, or a signal handler raises (Ctrl-C).
+template <class Wait>
+ferry::status wait_interruptibly(std::optional<double> timeout, const std::string& what, Wait wait) {
+  if (timeout && !(*timeout >= 0)) raise({make_error_code(ferry::api_errc::invalid_argument), what + ": negative timeout"});
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    auto slice = std::chrono::milliseconds(100);
+    if (timeout) {
+      const auto left = std::chrono::duration<double>(*timeout) - (std::chrono::steady_clock::now() - start);
+      slice = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(left), 0ms, slice);
+    }
+    ferry::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = wait(slice);
+    }
+    if (s.code != ferry::api_errc::timed_out) return s;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (timeout && std::chrono::steady_clock::now() - start >= std::chrono::duration<double>(*timeout)) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", *timeout);
+      return {s.code, what + ": timed out after " + seconds + " s"};
+    }
+  }
+}
+
+std::chrono::milliseconds seconds(double s) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
+}
+
+/// A tensor handed to ferry and what keeps its memory alive while ferry holds it.
+struct held_tensor {
+  ferry::tensor view;
+  py::object owner;                   ///< the Python object whose memory `view` points into
+  DLManagedTensor* managed = nullptr;  ///< a consumed DLPack capsule, released with this
+
+  held_tensor() = default;
+  held_tensor(held_tensor&& o) noexcept
+      : view(std::move(o.view)), owner(std::move(o.owner)), managed(std::exchange(o.managed, nullptr)) {}
+  held_tensor& operator=(held_tensor&&) = delete;
+  ~held_tensor() {
+    if (managed && managed->deleter) managed->deleter(managed);
+  }
+};
+
+std::string dtype_of(const DLDataType& t, const std::string& name) {
+  if (t.lanes == 1) {
+    switch (t.code) {
+      case kDLFloat:
+        if (t.bits == 16) return "f16";
+        if (t.bits == 32) return "f32";
+        if (t.bits == 64) return "f64";
+        break;
+      case kDLBfloat:
+        if (t.bits == 16) return "bf16";
+        break;
+      case kDLInt:
+        if (t.bits == 8) return "i8";
+        if (t.bits == 16) return "i16";
+        if (t.bits == 32) return "i32";
+        if (t.bits == 64) return "i64";
+        break;
+      case kDLUInt:
+        if (t.bits == 8) return "u8";
+        break;
+      default:
+        break;
+    }
+  }
+  raise({make_error_code(ferry::api_errc::invalid_argument),
+         "tensor '" + name + "': dtype (DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
+             " bits, " + std::to_string(t.lanes) + " lanes) is not one ferry knows; pass it raw with a dtype"});
+}
+
+/// `obj` through DLPack (`__dlpack__`, or a capsule), checked to be dense and on a device ferry
+/// can reach.
+held_tensor import_dlpack(const std::string& name, py::object obj) {
+  py::object capsule = obj;
+  if (py::hasattr(obj, "__dlpack__")) capsule = obj.attr("__dlpack__")();
+  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
+    raise({make_error_code(ferry::api_errc::invalid_argument),
+           "tensor '" + name + "': not a DLPack tensor (" + std::string(py::str(py::type::of(obj).attr("__name__"))) +
+               "); pass a torch tensor, a numpy array or register_raw"});
+  }
+  held_tensor h;
+  h.managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // the capsule no longer frees it: we do
+  h.owner = obj;
+  const DLTensor& t = h.managed->dl_tensor;
+  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
+    raise({make_error_code(ferry::api_errc::invalid_argument),
+           "tensor '" + name + "': device type " + std::to_string(t.device.device_type) +
+               " (device tensors go through the package's staging: import ferry, not ferry._ferry)"});
+  }
+  std::int64_t expected = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.strides && t.shape[d] > 1 && t.strides[d] != expected) {
+      raise({make_error_code(ferry::api_errc::invalid_argument),
+             "tensor '" + name + "': not contiguous (dimension " + std::to_string(d) + " has stride " +
+                 std::to_string(t.strides[d]) + ", dense is " + std::to_string(expected) +
+                 "); pass .contiguous() or a copy"});
+    }
+    expected *= t.shape[d];
+  }
+  h.view = {.name = name,
+            .dtype = dtype_of(t.dtype, name),
+            .shape = std::vector<std::int64_t>(t.shape, t.shape + t.ndim),
+            .data = static_cast<std::byte*>(t.data) + t.byte_offset};
+  return h;
+}
+
+held_tensor import_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes, const std::string& dtype,
+                       std::optional<std::vector<std::int64_t>> shape, py::object owner) {
+  held_tensor h;
+  h.owner = std::move(owner);
+  h.view = {.name = name,
+            .dtype = dtype,
+            .shape = shape ? *shape : std::vector<std::int64_t>{nbytes},
+            .data = reinterpret_cast<void*>(pointer)};
+  if (!shape && dtype != "u8" && dtype != "i8") {
+    raise({make_error_code(ferry::api_errc::invalid_argument),
+           "tensor '" + name + "': give the shape of a raw " + dtype + " tensor"});
+  }
+  return h;
+}
+
+class coordinator {
+ public:
+  coordinator(std::string listen, std::uint32_t trainers, std::vector<std::uint32_t> instance_sizes,
+              std::uint64_t chunk_bytes, std::uint32_t depth, std::uint32_t stripes, std::string secret,
+              bool allow_unauthenticated) {
+    ferry::status ok;
+    impl_ = std::make_unique<ferry::coordinator>(
+        ferry::coordinator::options{.listen = std::move(listen),
+                                    .secret = std::move(secret),
+                                    .allow_unauthenticated = allow_unauthenticated,
+                                    .trainers = trainers,
+                                    .instance_sizes = std::move(instance_sizes),
+                                    .chunk_bytes = chunk_bytes,
+                                    .depth = depth,
+                                    .stripes = stripes},
+        ok);
+    check(ok);
+  }
+  std::string address() const {
+    guard_.check("Coordinator");
+    return impl_->address();
+  }
+  std::uint64_t delivered() const {
+    guard_.check("Coordinator");
+    return impl_->delivered();
+  }
+  void wait_delivered(std::uint64_t version, std::optional<double> timeout) const {
+    guard_.check("Coordinator");
+    check(wait_interruptibly(timeout, "Coordinator: waiting for version " + std::to_string(version),
+                             [&](auto slice) { return impl_->wait_delivered(version, slice); }));
+  }
+  void close() {
+    if (getpid() != guard_.owner) return;  // a forked child's copy: ferry's threads are not here
+    py::gil_scoped_release nogil;
+    impl_->close();
+  }
+
+ private:
+  fork_guard guard_;
+  std::unique_ptr<ferry::coordinator> impl_;
+};
+
+ferry::member_options member(std::string coordinator, std::string secret, bool allow_unauthenticated,
+                             std::uint32_t node_id, bool checksums, bool digests, double connect_timeout) {
+  return {.coordinator = std::move(coordinator),
+          .secret = std::move(secret),
+          .allow_unauthenticated = allow_unauthenticated,
+          .node_id = node_id,
+          .checksums = checksums,
+          .digests = digests,
+          .connect_timeout = seconds(connect_timeout)};
+}
+
+class update {
+ public:
+  update(ferry::trainer::update u, fork_guard guard) : impl_(std::move(u)), guard_(guard) {}
+  std::uint64_t version() const { return impl_.version(); }
+  void wait_offloaded(std::optional<double> timeout) const {
+    guard_.check("Update");
+    check(wait_interruptibly(timeout, "version " + std::to_string(version()) + ": waiting for its offload",
+                             [&](auto slice) { return impl_.wait_offloaded(slice); }));
+  }
+  void wait_delivered(std::optional<double> timeout) const {
+    guard_.check("Update");
+    check(wait_interruptibly(timeout, "version " + std::to_string(version()) + ": waiting for its delivery",
+                             [&](auto slice) { return impl_.wait_delivered(slice); }));
+  }
+
+ private:
+  ferry::trainer::update impl_;
+  fork_guard guard_;
+};
+
+class trainer {
+ public:
+  explicit trainer(ferry::trainer::options o) : impl_(std::make_unique<ferry::trainer>(std::move(o))) {}
+  void register_tensor(const std::string& name, py::object obj) { add(import_dlpack(name, std::move(obj))); }
+  void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes, const std::string& dtype,
+                    std::optional<std::vector<std::int64_t>> shape, py::object owner) {
+    add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)));
+  }
+  void join() {
+    guard_.check("Trainer");
+    ferry::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = impl_->join();
+    }
+    check(s);
+  }
+  update publish(std::uint64_t version) {
+    guard_.check("Trainer");
+    ferry::trainer::update u(nullptr);
+    ferry::status s;
+    {
+      py::gil_scoped_release nogil;  // waits for the job to be ready
+      s = impl_->publish(version, &u);
+    }
+    check(s);
+    return {std::move(u), guard_};
+  }
+  void close() {
+    if (getpid() != guard_.owner) return;
+    {
+      py::gil_scoped_release nogil;
+      impl_->close();
+    }
+    held_.clear();
+  }
+
+ private:
+  void add(held_tensor h) {
+    guard_.check("Trainer");
+    check(impl_->register_tensor(h.view));
+    held_.push_back(std::move(h));
+  }
+  fork_guard guard_;
+  std::unique_ptr<ferry::trainer> impl_;
+  std::deque<held_tensor> held_;
+};
+
+/// What a rollout streams to Python: a tensor complete, a version complete, or a version failed.
+struct rollout_event {
+  std::string kind;  ///< "tensor", "version" or "failed"
+  std::uint64_t version = 0;
+  ferry::tensor tensor;  ///< "tensor": name, dtype, shape (data unused)
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t nbytes = 0;
+  std::string reason;  ///< "failed"
+};
+
+class rollout {
+ public:
+  explicit rollout(ferry::rollout::options o) : impl_(std::make_unique<ferry::rollout>(std::move(o))) {}
+  /// Before join: queue every tensor, version and failure for `next_event` (a copy of each tensor).
+  void stream() {
+    guard_.check("Rollout");
+    // On the loop thread: copy and queue, never Python.
+    impl_->on_tensor([q = queue_](std::uint64_t v, const ferry::tensor& t, std::span<const std::byte> b) {
+      rollout_event e{.kind = "tensor", .version = v, .tensor = t, .bytes = nullptr, .nbytes = b.size()};
+      e.tensor.data = nullptr;
+      e.bytes.reset(new std::byte[b.size()]);
+      std::memcpy(e.bytes.get(), b.data(), b.size());
+      q->push(std::move(e));
+    });
+    impl_->on_version([q = queue_](std::uint64_t v) { q->push({.kind = "version", .version = v}); });
+    impl_->on_update_failed([q = queue_](std::uint64_t v, const ferry::status& why) {
+      q->push({.kind = "failed", .version = v, .reason = why.message});
+    });
+  }
+  void register_tensor(const std::string& name, py::object obj) { add(import_dlpack(name, std::move(obj))); }
+  void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes, const std::string& dtype,
+                    std::optional<std::vector<std::int64_t>> shape, py::object owner) {
+    add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)));
+  }
+  void join() {
+    guard_.check("Rollout");
+    ferry::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = impl_->join();
+    }
+    check(s);
+  }
+  std::uint64_t version() const {
+    guard_.check("Rollout");
+    return impl_->version();
+  }
+  void wait_version(std::uint64_t version, std::optional<double> timeout) const {
+    guard_.check("Rollout");
+    check(wait_interruptibly(timeout, "Rollout: waiting for version " + std::to_string(version),
+                             [&](auto slice) { return impl_->wait_version(version, slice); }));
+  }
+  /// The next streamed event, or None at the timeout: ("tensor", version, name, dtype, shape, a
+  /// numpy uint8 array of its bytes), ("version", version, ...) or ("failed", version, ..., reason).
+  py::object next_event(std::optional<double> timeout) {
+    guard_.check("Rollout");
+    std::optional<rollout_event> e;
+    auto s = wait_interruptibly(timeout, "Rollout: waiting for the next tensor", [&](auto slice) -> ferry::status {
+      e = queue_->pop(slice);
+      if (e) return {};
+      return {make_error_code(ferry::api_errc::timed_out), ""};
+    });
+    if (!e) return py::none();
+    if (e->kind != "tensor") {
+      return py::make_tuple(e->kind, e->version, py::none(), py::none(), py::none(), e->reason);
+    }
+    // The bytes become a numpy array that owns them (no further copy).
+    auto* raw = e->bytes.release();
+    py::capsule owner(raw, [](void* p) { delete[] static_cast<std::byte*>(p); });
+    py::array_t<std::uint8_t> bytes({static_cast<py::ssize_t>(e->nbytes)}, {py::ssize_t{1}},
+                                    reinterpret_cast<std::uint8_t*>(raw), owner);
+    return py::make_tuple(e->kind, e->version, e->tensor.name, e->tensor.dtype, e->tensor.shape, bytes);
+  }
+  void close() {
+    if (getpid() != guard_.owner) return;
+    {
+      py::gil_scoped_release nogil;
+      impl_->close();
+    }
+    held_.clear();
+  }
+
+ private:
+  struct event_queue {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<rollout_event> events;
+    void push(rollout_event e) {
+      std::lock_guard lock(m);
+      events.push_back(std::move(e));
+      cv.notify_all();
+    }
+    std::optional<rollout_event> pop(std::chrono::milliseconds timeout) {
+      std::unique_lock lock(m);
+      if (!cv.wait_for(lock, timeout, [&] { return !events.empty(); })) return std::nullopt;
+      auto e = std::move(events.front());
+      events.pop_front();
+      return e;
+    }
+  };
+  void add(held_tensor h) {
+    guard_.check("Rollout");
+    check(impl_->register_tensor(h.view));
+    held_.push_back(std::move(h));
+  }
+  fork_guard guard_;
+  std::shared_ptr<event_queue> queue_ = std::make_shared<event_queue>();
+  std::unique_ptr<ferry::rollout> impl_;
+  std::deque<held_tensor> held_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_ferry, m) {
+  m.doc() = "ferry's native core; use the `ferry` package";
+  m.attr("__version__") = ferry::version_string();
+
+  error_base = py::reinterpret_steal<py::object>(PyErr_NewException("ferry.Error", PyExc_RuntimeError, nullptr));
+  m.attr("Error") = error_base;
+  const auto add_error = [&](ferry::api_errc e, const char* name, PyObject* also) {
+    py::object bases = also ? py::make_tuple(error_base, py::handle(also)) : py::make_tuple(error_base);
+    auto type = py::reinterpret_steal<py::object>(
+        PyErr_NewException((std::string("ferry.") + name).c_str(), bases.ptr(), nullptr));
+    m.attr(name) = type;
+    error_types[e] = type;
+  };
+  using ferry::api_errc;
+  add_error(api_errc::invalid_argument, "InvalidArgument", PyExc_ValueError);
+  add_error(api_errc::closed, "Closed", nullptr);
+  add_error(api_errc::not_joined, "NotJoined", nullptr);
+  add_error(api_errc::already_joined, "AlreadyJoined", nullptr);
+  add_error(api_errc::busy, "Busy", nullptr);
+  add_error(api_errc::timed_out, "TimedOut", PyExc_TimeoutError);
+  add_error(api_errc::unreachable, "Unreachable", PyExc_ConnectionError);
+  add_error(api_errc::job_failed, "JobFailed", nullptr);
+  add_error(api_errc::update_failed, "UpdateFailed", nullptr);
+  // The module may be unloaded after these: drop the references at exit, with the GIL.
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    error_types.clear();
+    error_base = py::object();
+  }));
+
+  py::class_<coordinator>(m, "Coordinator")
+      .def(py::init<std::string, std::uint32_t, std::vector<std::uint32_t>, std::uint64_t, std::uint32_t,
+                    std::uint32_t, std::string, bool>(),
+           py::kw_only(), py::arg("listen") = "tcp://127.0.0.1:0", py::arg("trainers") = 1,
+           py::arg("instance_sizes") = std::vector<std::uint32_t>{1}, py::arg("chunk_bytes") = 64ull << 20,
+           py::arg("depth") = 2, py::arg("stripes") = 0, py::arg("secret") = "",
+           py::arg("allow_unauthenticated") = false)
+      .def_property_readonly("address", &coordinator::address)
+      .def_property_readonly("delivered", &coordinator::delivered)
+      .def("wait_delivered", &coordinator::wait_delivered, py::arg("version"), py::arg("timeout") = py::none())
+      .def("close", &coordinator::close);
+
+  py::class_<update>(m, "Update")
+      .def_property_readonly("version", &update::version)
+      .def("wait_offloaded", &update::wait_offloaded, py::arg("timeout") = py::none())
+      .def("wait_delivered", &update::wait_delivered, py::arg("timeout") = py::none());
+
+  py::class_<trainer>(m, "Trainer")
+      .def(py::init([](std::string coordinator, std::uint32_t shard, std::string secret, bool allow_unauthenticated,
+                       std::uint32_t node_id, bool checksums, bool digests, double connect_timeout) {
+             ferry::trainer::options o;
+             static_cast<ferry::member_options&>(o) = member(std::move(coordinator), std::move(secret),
+                                                             allow_unauthenticated, node_id, checksums, digests,
+                                                             connect_timeout);
+             o.shard = shard;
+             return std::make_unique<trainer>(std::move(o));
+           }),
+           py::kw_only(), py::arg("coordinator"), py::arg("shard") = 0, py::arg("secret") = "",
+           py::arg("allow_unauthenticated") = false, py::arg("node_id") = 0, py::arg("checksums") = true,
+           py::arg("digests") = true, py::arg("connect_timeout") = 30.0)
+      .def("register", &trainer::register_tensor, py::arg("name"), py::arg("tensor"))
+      .def("register_raw", &trainer::register_raw, py::arg("name"), py::arg("pointer"), py::arg("nbytes"),
+           py::arg("dtype") = "u8", py::arg("shape") = py::none(), py::arg("owner") = py::none())
+      .def("join", &trainer::join)
+      .def("publish", &trainer::publish, py::arg("version"))
+      .def("close", &trainer::close);
+
+  py::class_<rollout>(m, "Rollout")
+      .def(py::init([](std::string coordinator, std::uint32_t instance, std::uint32_t rank, std::string secret, bool allow_unauthenticated, std::uint32_t node_id, bool checksums,
+                       bool digests, double connect_timeout) {
+             ferry::rollout::options o;
+             static_cast<ferry::member_options&>(o) = member(std::move(coordinator), std::move(secret),
+                                                             allow_unauthenticated, node_id, checksums, digests,
+                                                             connect_timeout);
+             o.instance = instance;
+             o.rank = rank;
+             return std::make_unique<rollout>(std::move(o));
+           }),
+           py::kw_only(), py::arg("coordinator"), py::arg("instance") = 0, py::arg("rank") = 0,
+           py::arg("secret") = "", py::arg("allow_unauthenticated") = false,
+           py::arg("node_id") = 0, py::arg("checksums") = true, py::arg("digests") = true,
+           py::arg("connect_timeout") = 30.0)
+      .def("register", &rollout::register_tensor, py::arg("name"), py::arg("tensor"))
+      .def("register_raw", &rollout::register_raw, py::arg("name"), py::arg("pointer"), py::arg("nbytes"),
+           py::arg("dtype") = "u8", py::arg("shape") = py::none(), py::arg("owner") = py::none())
+      .def("stream", &rollout::stream)
+      .def("join", &rollout::join)
+      .def_property_readonly("version", &rollout::version)
+      .def("wait_version", &rollout::wait_version, py::arg("version"), py::arg("timeout") = py::none())
+      .def("next_event", &rollout::next_event, py::arg("timeout") = py::none())
+      .def("close", &rollout::close);
+}

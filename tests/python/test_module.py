@@ -1,0 +1,166 @@
+"""The `ferry` Python module in one process: a coordinator, a trainer and rollouts on tcp, torch and
+numpy tensors, the streaming receive, asyncio, and the errors a user meets."""
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import numpy
+import pytest
+import torch
+
+import ferry
+
+SECRET = "python-test-secret-of-32-bytes!!"
+
+
+def model(version: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(version)
+    return {
+        "embed": torch.randn(300, 64, generator=g),
+        "layer.weight": torch.randn(128, 129, generator=g).to(torch.bfloat16),
+        "layer.bias": torch.randn(129, generator=g).to(torch.float16),
+        "steps": torch.arange(1000, dtype=torch.int64) * version,
+    }
+
+
+@pytest.fixture
+def coordinator():
+    c = ferry.Coordinator(trainers=1, instance_sizes=[2], chunk_bytes=32 * 1024, secret=SECRET)
+    yield c
+    c.close()
+
+
+def test_versions_reach_a_registered_rollout_and_a_streaming_one_byte_for_byte(coordinator):
+    weights = model(0)
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    for name, t in weights.items():
+        trainer.register(name, torch.nn.Parameter(t, requires_grad=t.is_floating_point()) if name == "embed" else t)
+    landing = {name: torch.zeros_like(t) for name, t in weights.items()}
+    registered = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=0, secret=SECRET)
+    for name, t in landing.items():
+        registered.register(name, t)
+    streaming = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=1, secret=SECRET)
+    trainer.join()
+    registered.join()
+    streaming.join()
+    for version in (1, 2, 3):
+        for name, t in model(version).items():
+            weights[name].copy_(t)
+        update = trainer.publish(version)
+        assert update.version == version
+        update.wait_offloaded(30)
+        received = dict(streaming.receive(timeout=30))
+        update.wait_delivered(30)
+        registered.wait_version(version, timeout=30)
+        assert streaming.version == version
+        for name, t in model(version).items():
+            assert torch.equal(landing[name], t), (version, name)
+            assert received[name].dtype == t.dtype and torch.equal(received[name], t), (version, name)
+        coordinator.wait_delivered(version, timeout=30)
+    assert coordinator.delivered == 3
+    for member in (trainer, registered, streaming):
+        member.close()
+
+
+def test_numpy_arrays_and_raw_pointers_and_asyncio(coordinator):
+    weight = numpy.arange(50_000, dtype=numpy.float32)
+    raw = bytearray(range(256)) * 40
+    raw_view = numpy.frombuffer(raw, dtype=numpy.uint8)
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    trainer.register("weight", weight)
+    trainer.register_raw("raw", raw_view.ctypes.data, len(raw), owner=raw)
+    got = numpy.zeros_like(weight)
+    rollouts = [ferry.Rollout(coordinator=coordinator.address, instance=0, rank=r, secret=SECRET) for r in (0, 1)]
+    rollouts[0].register("weight", got)
+    got_raw = numpy.zeros(len(raw), dtype=numpy.uint8)
+    rollouts[0].register_raw("raw", got_raw.ctypes.data, len(raw), owner=got_raw)
+    trainer.join()
+    for r in rollouts:
+        r.join()
+
+    async def one_version():
+        update = trainer.publish(7)
+        await update.offloaded(30)
+        received = {name: t async for name, t in rollouts[1].areceive(7, timeout=30)}
+        await update.delivered(30)
+        return received
+
+    received = asyncio.run(one_version())
+    rollouts[0].wait_version(7, timeout=30)
+    assert numpy.array_equal(got, weight) and bytes(got_raw) == bytes(raw)
+    assert numpy.array_equal(received["weight"].numpy(), weight)
+    assert bytes(received["raw"].numpy()) == bytes(raw)
+    for member in (trainer, *rollouts):
+        member.close()
+
+
+def test_bad_input_raises_a_python_exception_naming_the_tensor(coordinator):
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    with pytest.raises(ferry.InvalidArgument, match="'t'.*not contiguous"):
+        trainer.register("t", torch.zeros(8, 8).t())
+    with pytest.raises(ferry.InvalidArgument, match="'c'.*dtype"):
+        trainer.register("c", torch.zeros(4, dtype=torch.complex64))
+    with pytest.raises(ferry.InvalidArgument, match="'s'.*not a DLPack"):
+        trainer.register("s", "a string")
+    with pytest.raises(ferry.InvalidArgument, match="'r'.*shape"):
+        trainer.register_raw("r", 1234, 16, dtype="f32")
+    with pytest.raises(ferry.NotJoined):
+        trainer.publish(1)
+    with pytest.raises(ferry.InvalidArgument, match="no tensor"):
+        trainer.join()
+    trainer.register("ok", torch.zeros(4))
+    with pytest.raises(ferry.InvalidArgument, match="registered twice"):
+        trainer.register("ok", torch.zeros(4))
+    assert isinstance(ferry.InvalidArgument("x"), ValueError)
+    trainer.close()
+
+    streaming = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=0, secret=SECRET)
+    with pytest.raises(ferry.NotJoined):
+        streaming.wait_version(1, timeout=0.1)
+    landing = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=1, secret=SECRET)
+    landing.register("ok", torch.zeros(4))
+    landing.join()
+    with pytest.raises(ferry.InvalidArgument, match="registered its tensors"):
+        next(landing.receive())
+    with pytest.raises(ferry.AlreadyJoined):
+        landing.register("late", torch.zeros(4))
+    landing.close()
+
+
+def test_waits_return_at_their_timeout_and_ctrl_c_interrupts_them(coordinator):
+    rollout = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=0, secret=SECRET)
+    rollout.join()
+    start = time.monotonic()
+    with pytest.raises(ferry.TimedOut, match="version 5"):
+        rollout.wait_version(5, timeout=0.3)
+    assert 0.25 < time.monotonic() - start < 5
+    with pytest.raises(TimeoutError):  # ferry.TimedOut is one
+        next(rollout.receive(timeout=0.2))
+    main = threading.get_ident()
+    threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        rollout.wait_version(5)  # no timeout: only the signal ends it
+    assert time.monotonic() - start < 5
+    rollout.close()
+    with pytest.raises(ferry.Closed):
+        rollout.wait_version(5, timeout=1)
+
+
+def test_a_forked_child_refuses_to_use_ferry(coordinator):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: any use must raise, naming fork
+        try:
+            coordinator.wait_delivered(1, timeout=1)
+            message = b"no error"
+        except ferry.Error as e:
+            message = str(e).encode()
+        os.write(write, message)
+        os._exit(0)
+    os.close(write)
+    message = os.read(read, 4096).decode()
+    os.waitpid(pid, 0)
+    assert "fork" in message, message

@@ -1,0 +1,212 @@
+"""ferry's verl backend in a real multi-process job, driven in exactly verl's call order (verl's
+CheckpointEngineManager.update_weights) with the stand-in for verl's base module beside this file.
+
+Processes: 2 trainer ranks (the coordinator inside rank 0) and 2 replicas of 2 rollout ranks, each
+a process of its own, driven over pipes as verl's Ray workers are. Syncs:
+  1, 2   every rollout rank gets every tensor equal to the trainers';
+  3      one rollout rank was killed (SIGKILL) and replaced by a new process before the sync;
+  4      trainer rank 1 kills itself (SIGKILL) halfway through its generator: every other rank's
+         call raises within BOUND seconds, none hangs;
+  5      a new trainer rank 1 takes its place and the sync delivers again.
+Usage: verl_job.py [--device cuda] [--megabytes N]
+"""
+import argparse
+import asyncio
+import multiprocessing
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAINERS, REPLICAS, REPLICA_SIZE = 2, 2, 2
+BOUND = 60  # seconds any rank may take to answer before the job counts as hung
+ENGINE_KWARGS = {"replica_size": REPLICA_SIZE, "chunk_bytes": 256 << 10, "timeout": 20.0}
+
+
+def model(step: int, megabytes: float, device: str):
+    """verl's per-tensor generator: the same full table on every trainer rank, new values per step."""
+    import torch
+
+    g = torch.Generator().manual_seed(step)
+    scale = max(1, int(megabytes * (1 << 20) / 1_100_000))
+    shapes = [("embed_tokens.weight", (250 * scale, 512), torch.bfloat16)]
+    for layer in range(4):
+        shapes += [(f"layers.{layer}.attn.qkv.weight", (96 * scale, 512), torch.bfloat16),
+                   (f"layers.{layer}.mlp.up.weight", (64 * scale, 513), torch.float32),
+                   (f"layers.{layer}.norm.weight", (513,), torch.float16)]
+    shapes.append(("lm_head.steps", (1000,), torch.int64))
+    for name, shape, dtype in shapes:
+        t = (torch.randn(shape, generator=g) * 10).to(dtype) if dtype != torch.int64 else torch.arange(1000) * step
+        yield name, t.to(device)
+
+
+def member(role: str, is_master: bool, conn, device: str, megabytes: float) -> None:
+    sys.path.insert(0, os.path.join(HERE, "verl_standin"))
+    import torch
+    import ferry.verl  # noqa: F401  (registers "ferry")
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    engine = CheckpointEngineRegistry.new("ferry", bucket_size=512 << 20, is_master=is_master, **ENGINE_KWARGS)
+
+    def dying(weights, after: int):
+        for index, item in enumerate(weights):
+            if index == after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield item
+
+    async def receive(step: int) -> dict:
+        start, first, count = time.perf_counter(), None, 0
+        expected = dict(model(step, megabytes, "cpu"))
+        async for name, tensor in engine.receive_weights(global_steps=step):
+            first = first or time.perf_counter() - start
+            want = expected.pop(name)
+            if tensor.dtype != want.dtype or not torch.equal(tensor.cpu(), want):
+                raise AssertionError(f"step {step}: tensor '{name}' differs from the trainers'")
+            count += 1
+        if expected:
+            raise AssertionError(f"step {step}: never received {sorted(expected)}")
+        return {"tensors": count, "first_tensor_s": first, "all_s": time.perf_counter() - start}
+
+    while True:
+        command, args = conn.recv()
+        try:
+            if command == "call":
+                result = getattr(engine, args["method"])(**args.get("kwargs", {}))
+            elif command == "send":
+                weights = model(args["step"], megabytes, device)
+                if args.get("die_after") is not None:
+                    weights = dying(weights, args["die_after"])
+                result = asyncio.run(engine.send_weights(weights, global_steps=args["step"]))
+            elif command == "receive":
+                result = asyncio.run(receive(args["step"]))
+            else:
+                engine.close()
+                conn.send(("ok", None))
+                return
+            conn.send(("ok", result))
+        except Exception as e:  # the driver reports it
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class Rank:
+    def __init__(self, ctx, role: str, is_master: bool, device: str, megabytes: float):
+        self.role = role
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=member, args=(role, is_master, child, device, megabytes), daemon=True)
+        self.process.start()
+
+    def ask(self, command: str, **args) -> None:
+        self.conn.send((command, args))
+
+    def answer(self) -> tuple[str, object]:
+        if not self.conn.poll(BOUND):
+            raise SystemExit(f"FAIL: a {self.role} rank (pid {self.process.pid}) hung for {BOUND} s")
+        try:
+            return self.conn.recv()
+        except EOFError:
+            return "died", None
+
+
+def call_all(ranks: list[Rank], method: str, per_rank_kwargs: list[dict] | None = None) -> list:
+    for i, r in enumerate(ranks):
+        r.ask("call", method=method, kwargs=per_rank_kwargs[i] if per_rank_kwargs else {})
+    answers = [r.answer() for r in ranks]
+    for r, (status, result) in zip(ranks, answers):
+        if status != "ok":
+            raise SystemExit(f"FAIL: {method} on a {r.role} rank: {result}")
+    return [result for _, result in answers]
+
+
+def sync(engine_class, trainers: list[Rank], rollouts: list[Rank], step: int, die: int | None = None) -> dict:
+    """One weight sync, as verl's manager runs it; returns every rank's answer to send/receive."""
+    metadata = call_all(trainers + rollouts, "prepare")
+    trainer_kwargs, rollout_kwargs = engine_class.build_topology(len(trainers), len(rollouts), metadata)
+    per_trainer = [{k: v[i] for k, v in trainer_kwargs.items()} for i in range(len(trainers))]
+    per_rollout = [{k: v[i] for k, v in rollout_kwargs.items()} for i in range(len(rollouts))]
+    for i, r in enumerate(trainers):
+        r.ask("call", method="init_process_group", kwargs=per_trainer[i])
+    for i, r in enumerate(rollouts):
+        r.ask("call", method="init_process_group", kwargs=per_rollout[i])
+    for r in trainers + rollouts:
+        status, result = r.answer()
+        if status != "ok":
+            raise SystemExit(f"FAIL: init_process_group on a {r.role} rank: {result}")
+    start = time.monotonic()
+    for i, r in enumerate(trainers):
+        r.ask("send", step=step, die_after=die if i == 1 else None)
+    for r in rollouts:
+        r.ask("receive", step=step)
+    answers = {"send": [r.answer() for r in trainers], "receive": [r.answer() for r in rollouts]}
+    if die is None:
+        answers["finalize"] = [("ok", x) for x in call_all(trainers + rollouts, "finalize")]
+    else:  # finalize too must answer, and on the surviving trainer rank raise
+        alive = [r for i, r in enumerate(trainers) if i != 1] + rollouts
+        for r in alive:
+            r.ask("call", method="finalize")
+        answers["finalize"] = [r.answer() for r in alive]
+    answers["seconds"] = time.monotonic() - start
+    return answers
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu", help="where the trainers' tensors live (cuda on a GPU host)")
+    parser.add_argument("--megabytes", type=float, default=4.0, help="about this many MB of weights")
+    args = parser.parse_args()
+    sys.path.insert(0, os.path.join(HERE, "verl_standin"))
+    import ferry.verl
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    engine_class = CheckpointEngineRegistry.get("ferry")
+    assert engine_class is ferry.verl.FerryCheckpointEngine
+    ctx = multiprocessing.get_context("spawn")
+    new = lambda role, master=False: Rank(ctx, role, master, args.device if role == "trainer" else "cpu",
+                                          args.megabytes)
+    trainers = [new("trainer", True), new("trainer")]
+    rollouts = [new("rollout") for _ in range(REPLICAS * REPLICA_SIZE)]
+    try:
+        for step in (1, 2, 3, 4, 5):
+            if step == 3:
+                victim = rollouts[2]
+                os.kill(victim.process.pid, signal.SIGKILL)
+                victim.process.join()
+                rollouts[2] = new("rollout")
+                print(f"sync 3: rollout rank 2 (replica 1, rank 0) killed and replaced", flush=True)
+            if step == 5:
+                trainers[1].process.join(BOUND)
+                trainers[1] = new("trainer")
+                print("sync 5: trainer rank 1 replaced", flush=True)
+            answers = sync(engine_class, trainers, rollouts, step, die=5 if step == 4 else None)
+            if step == 4:
+                failed = [s for s, _ in answers["receive"] + answers["finalize"] if s != "ok"]
+                trainer_death = answers["send"][1][0]
+                print(f"sync 4: trainer rank 1 killed mid-send ({trainer_death}); "
+                      f"{len(failed)} of {len(answers['receive']) + len(answers['finalize'])} calls raised "
+                      f"in {answers['seconds']:.1f} s:", flush=True)
+                for s, message in answers["receive"] + answers["finalize"]:
+                    print(f"  {s}: {message}")
+                if trainer_death != "died" or len(failed) != len(answers["receive"]) + 1:
+                    print("FAIL: every rollout rank's receive and the surviving trainer's finalize must raise")
+                    return 1
+                continue
+            for s, result in answers["send"] + answers["receive"] + answers["finalize"]:
+                if s != "ok":
+                    print(f"FAIL: sync {step}: {result}")
+                    return 1
+            sends = [r for _, r in answers["send"]]
+            receives = [r for _, r in answers["receive"]]
+            print(f"sync {step}: {sum(x['bytes'] for x in sends) / 1e6:.1f} MB from {len(sends)} trainer ranks "
+                  f"({', '.join(str(x['tensors']) for x in sends)} tensors) to {len(receives)} rollout ranks, "
+                  f"every tensor equal; first tensor after {min(x['first_tensor_s'] for x in receives):.3f} s, "
+                  f"all after {max(x['all_s'] for x in receives):.3f} s", flush=True)
+        print("verl job: 5 syncs as expected")
+        return 0
+    finally:
+        for r in trainers + rollouts:
+            if r.process.is_alive():
+                r.process.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
