@@ -168,9 +168,15 @@ void job_coordinator::lost(node_id node, const std::string& why) {
     if (it->second.who.node != node) continue;
     const auto [instance, rank] = it->first;
     if (active_ && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
+    const bool held_active = active_ && it->second.complete_version >= active_->version;
     workers_.erase(it);
     host().transport().remove_peer(node);
-    return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
+    regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
+    // A worker that leaves holding the update takes nothing from it: if every other worker holds it
+    // too (or none is left), it is delivered, even mid-regroup (a job's last workers may all leave
+    // right after the last version, before a new plan could be in force).
+    if (held_active && active_ && holds_everywhere(active_->version)) complete_active();
+    return;
   }
 }
 
@@ -348,13 +354,18 @@ void job_coordinator::start_update(std::uint64_t version, bool catch_up) {
 void job_coordinator::check_complete() {
   // Only under a plan in force: mid-regroup the workers left may be none at all (their plan
   // dropped), and the new plan resends what is missing and checks again (plan_in_force).
-  if (!active_ || failed_ || !in_force_) return;
-  const auto version = active_->version;
-  for (const auto& [key, w] : workers_) {
-    if (w.complete_version < version) return;
-  }
-  if (!active_->catch_up && !verdicts_.shards_in(version, shape_.trainers)) return;  // digests, busy times to come
+  if (!active_ || failed_ || !in_force_ || !holds_everywhere(active_->version)) return;
+  complete_active();
+}
 
+bool job_coordinator::holds_everywhere(std::uint64_t version) const {
+  if (!active_->catch_up && !verdicts_.shards_in(version, shape_.trainers)) return false;  // digests, busy times to come
+  return std::all_of(workers_.begin(), workers_.end(),
+                     [&](const auto& w) { return w.second.complete_version >= version; });
+}
+
+void job_coordinator::complete_active() {
+  const auto version = active_->version;
   const bool match = verdicts_.digests_match(version, *plan_);
   const bool catch_up = active_->catch_up;
   active_.reset();

@@ -111,6 +111,10 @@ class job_coordinator final : public actor {
   void resume();
   void start_update(std::uint64_t version, bool catch_up);
   void check_complete();
+  /// Every worker holds `version` of the active update, and every shard reported it.
+  bool holds_everywhere(std::uint64_t version) const;
+  /// The active update is complete: delivered (or caught up), and the next one starts.
+  void complete_active();
   void fail_job(const std::string& reason);
   template <class F>
   void broadcast_all(F make);

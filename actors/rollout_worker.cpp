@@ -487,10 +487,11 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   auto report = std::make_shared<version_complete>(std::move(m));
   ++in_flight_;
   auto finish = [this, report, version] {
+    // Before the report: the job cannot move on to a later version while on_version runs.
+    if (on_version) on_version(version);
     send(coordinator_, *report);
     --in_flight_;
     changed();
-    if (on_version) on_version(version);
   };
   if (std::any_of(tensors_.begin(), tensors_.end(), [](const tensor_ref& t) { return t.device >= 0; })) {
     // Device tensors are hashed from host bytes: each is copied into a pinned bounce buffer first.

@@ -53,7 +53,8 @@ class rollout_worker final : public job_member {
 
   /// A tensor of `version` is complete here: its spec and bytes.
   std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)> on_tensor;
-  /// Every tensor of `version` is applied here.
+  /// Every tensor of `version` is applied here; called before the coordinator hears so, hence no
+  /// later version lands while it runs.
   std::function<void(std::uint64_t version)> on_version;
   /// `version` cannot complete anywhere (a member died mid-update); what arrived of it is dropped.
   std::function<void(std::uint64_t version, const std::string& reason)> on_update_failed;

@@ -45,3 +45,9 @@ if(NOT FERRY_CUDA STREQUAL "OFF")
   endif()
 endif()
 message(STATUS "ferry: CUDA/NCCL path ${FERRY_WITH_CUDA}")
+
+# Every Python the build runs (tests, the module) is Debian's, which has python3-torch, numpy and
+# msgpack; a pyenv `python3` first on PATH has none of them.
+if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
+  set(Python3_EXECUTABLE /usr/bin/python3)
+endif()

@@ -8,9 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <ferry/ferry.hpp>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,13 +53,24 @@ int run_rollout(const std::string& coordinator, std::uint32_t rank, std::uint64_
   for (const auto& t : got.tensors()) {
     if (auto s = r.register_tensor(t); !s) return fail("register", s);
   }
+  // A later version may land as soon as every rollout holds this one: compare inside on_version,
+  // during which nothing lands.
+  std::mutex m;
+  std::condition_variable checked;
+  std::map<std::uint64_t, bool> same;
+  r.on_version([&](std::uint64_t v) {
+    expected.fill(v);
+    const bool equal = got.embedding == expected.embedding && got.weight == expected.weight;
+    std::lock_guard lock(m);
+    same[v] = equal;
+    checked.notify_all();
+  });
   if (auto s = r.join(); !s) return fail("join", s);
   for (std::uint64_t v = 1; v <= versions; ++v) {
     if (auto s = r.wait_version(v, 60s); !s) return fail("wait_version", s);
-    // The trainer publishes the next version only once this one is delivered: nothing changes
-    // these bytes while they are compared.
-    expected.fill(v);
-    if (got.embedding != expected.embedding || got.weight != expected.weight) {
+    std::unique_lock lock(m);
+    checked.wait(lock, [&] { return same.contains(v); });
+    if (!same[v]) {
       std::fprintf(stderr, "rollout %u: version %llu differs from the trainer's\n", rank,
                    (unsigned long long)v);
       return 1;

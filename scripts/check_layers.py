@@ -20,6 +20,7 @@ LAYERS = {
     "api": {"runtime", "platform", "transport", "collectives", "actors", "api"},
     "bench": {"runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "bench"},
     "cli": {"runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "api", "bench", "cli"},
+    "python": {"python"},  # the module sees only the public API, <ferry/ferry.hpp>
     "examples": {"runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "examples"},
 }
 # actors/ sees collectives only as the interface and the messages it registers, never an

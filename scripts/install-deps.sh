@@ -13,6 +13,7 @@ packages=(
   clang libclang-rt-14-dev clang-format
   clang-16 libclang-rt-16-dev  # libFuzzer builds: clang >= 16 takes libstdc++ 12's std::expected
   python3 python3-msgpack
+  python3-dev pybind11-dev libdlpack-dev python3-torch python3-numpy python3-pytest  # the Python module
 )
 
 missing=()

@@ -12,7 +12,7 @@ root = pathlib.Path(sys.argv[1])
 script = root / "scripts" / "check_layers.py"
 with tempfile.TemporaryDirectory() as tmp:
     copy = pathlib.Path(tmp)
-    for folder in ("runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "api", "bench", "cli", "examples"):
+    for folder in ("runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "api", "python", "bench", "cli", "examples"):
         if (root / folder).is_dir():
             shutil.copytree(root / folder, copy / folder, ignore=shutil.ignore_patterns("*.txt", "*.py", "*.md"))
     clean = subprocess.run([sys.executable, script, copy], capture_output=True, text=True)

@@ -164,3 +164,34 @@ def test_a_forked_child_refuses_to_use_ferry(coordinator):
     message = os.read(read, 4096).decode()
     os.waitpid(pid, 0)
     assert "fork" in message, message
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU host)")
+def test_cuda_tensors_travel_through_pinned_host_copies(coordinator):
+    device = torch.device("cuda", 0)
+    weights = {name: t.to(device) for name, t in model(0).items()}
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    for name, t in weights.items():
+        trainer.register(name, t)
+    landing = {name: torch.zeros_like(t) for name, t in weights.items()}  # on the device too
+    rollouts = [ferry.Rollout(coordinator=coordinator.address, instance=0, rank=r, secret=SECRET) for r in (0, 1)]
+    for name, t in landing.items():
+        rollouts[0].register(name, t)
+    trainer.join()
+    for r in rollouts:
+        r.join()
+    for version in (1, 2):
+        stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):  # the producer's stream: publish must copy after it
+            for name, t in model(version).items():
+                weights[name].copy_(t.to(device, non_blocking=True))
+            update = trainer.publish(version)
+        update.wait_offloaded(30)
+        received = dict(rollouts[1].receive(version, timeout=30))
+        update.wait_delivered(30)
+        rollouts[0].wait_version(version, timeout=30)
+        for name, t in model(version).items():
+            assert torch.equal(landing[name].cpu(), t), (version, name)
+            assert torch.equal(received[name], t), (version, name)
+    for m in (trainer, *rollouts):
+        m.close()

@@ -47,7 +47,9 @@ def member(role: str, is_master: bool, conn, device: str, megabytes: float) -> N
     import ferry.verl  # noqa: F401  (registers "ferry")
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
-    engine = CheckpointEngineRegistry.new("ferry", bucket_size=512 << 20, is_master=is_master, **ENGINE_KWARGS)
+    # A trainer's tensors live on `device`; a rollout rank gets its tensors there.
+    engine = CheckpointEngineRegistry.new("ferry", bucket_size=512 << 20, is_master=is_master, **ENGINE_KWARGS,
+                                          **({"device": device} if role == "rollout" and device != "cpu" else {}))
 
     def dying(weights, after: int):
         for index, item in enumerate(weights):
@@ -61,6 +63,8 @@ def member(role: str, is_master: bool, conn, device: str, megabytes: float) -> N
         async for name, tensor in engine.receive_weights(global_steps=step):
             first = first or time.perf_counter() - start
             want = expected.pop(name)
+            if tensor.device.type != torch.device(device).type:
+                raise AssertionError(f"step {step}: tensor '{name}' arrived on {tensor.device}, not {device}")
             if tensor.dtype != want.dtype or not torch.equal(tensor.cpu(), want):
                 raise AssertionError(f"step {step}: tensor '{name}' differs from the trainers'")
             count += 1
@@ -151,7 +155,8 @@ def sync(engine_class, trainers: list[Rank], rollouts: list[Rank], step: int, di
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cpu", help="where the trainers' tensors live (cuda on a GPU host)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the trainers' tensors live and the rollouts' land (cuda on a GPU host)")
     parser.add_argument("--megabytes", type=float, default=4.0, help="about this many MB of weights")
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(HERE, "verl_standin"))
@@ -161,8 +166,7 @@ def main() -> int:
     engine_class = CheckpointEngineRegistry.get("ferry")
     assert engine_class is ferry.verl.FerryCheckpointEngine
     ctx = multiprocessing.get_context("spawn")
-    new = lambda role, master=False: Rank(ctx, role, master, args.device if role == "trainer" else "cpu",
-                                          args.megabytes)
+    new = lambda role, master=False: Rank(ctx, role, master, args.device, args.megabytes)
     trainers = [new("trainer", True), new("trainer")]
     rollouts = [new("rollout") for _ in range(REPLICAS * REPLICA_SIZE)]
     try:

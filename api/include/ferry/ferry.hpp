@@ -181,7 +181,8 @@ class FERRY_API rollout {
   /// (`t.data`; valid during the call only).
   void on_tensor(
       std::function<void(std::uint64_t version, const tensor& t, std::span<const std::byte>)> fn);
-  /// Every tensor of a version is applied here.
+  /// Every tensor of a version is applied here. No later version lands here while `fn` runs (the
+  /// job waits for it), so it may read the registered tensors as one consistent version.
   void on_version(std::function<void(std::uint64_t version)> fn);
   /// A version cannot be delivered (a member died mid-update); what arrived of it is dropped.
   void on_update_failed(std::function<void(std::uint64_t version, const status& why)> fn);
