@@ -75,10 +75,16 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
   });
   handle<heartbeat>([](const envelope_header&, const heartbeat&) {});
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) { lost(h.from.node, "left: " + m.reason); });
-  handle<publish_started>([this](const envelope_header&, const publish_started& m) {
+  handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
     verdicts_.publish_started(m.version, this->host().clock().now());
     published_ = std::max(published_, m.version);
     if (m.version > delivered_) pending_.insert(m.version);
+    const auto shard = std::find_if(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who == h.from; });
+    if (shard != trainers_.end()) {
+      shard->second.last_published = std::max(shard->second.last_published, m.version);
+      publishers_[m.version].insert(shard->first);
+    }
+    fail_skipped_versions();
     resume();
   });
   handle<shard_offloaded>([this](const envelope_header&, const shard_offloaded& m) { verdicts_.offloaded(m); });
@@ -155,13 +161,9 @@ void job_coordinator::lost(node_id node, const std::string& why) {
       active_.reset();
       if (on_update_failed) on_update_failed(v, reason);
     }
-    // Versions published but not yet sent can no longer complete either: say so to everyone
-    // waiting for them.
-    for (const auto v : pending_) {
-      if (!failed_versions_.insert(v).second) continue;
-      broadcast_all([&] { return update_failed{.version = v, .reason = reason}; });
-      if (on_update_failed) on_update_failed(v, reason);
-    }
+    // Versions published but not yet sent can no longer complete either (a shard that comes back
+    // has no copy of them): say so to everyone waiting for them.
+    for (const auto v : pending_) fail_version(v, reason);
     return regroup(reason);
   }
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
@@ -177,6 +179,30 @@ void job_coordinator::lost(node_id node, const std::string& why) {
     // right after the last version, before a new plan could be in force).
     if (held_active && active_ && holds_everywhere(active_->version)) complete_active();
     return;
+  }
+}
+
+void job_coordinator::fail_version(std::uint64_t version, const std::string& reason) {
+  if (!failed_versions_.insert(version).second) return;
+  log::error("coordinator: update of version {} failed: {}", version, reason);
+  broadcast_all([&] { return update_failed{.version = version, .reason = reason}; });
+  if (on_update_failed) on_update_failed(version, reason);
+  if (active_ && active_->version == version && !active_->catch_up) {
+    // Abandoned mid-update: a new epoch keeps its writes still in flight out of the next one's slots.
+    active_.reset();
+    regroup("version " + std::to_string(version) + " failed");
+  }
+}
+
+void job_coordinator::fail_skipped_versions() {
+  for (const auto v : pending_) {
+    for (const auto& [shard, t] : trainers_) {
+      if (t.last_published > v && !publishers_[v].contains(shard)) {
+        fail_version(v, "trainer shard " + std::to_string(shard) + " published version " +
+                            std::to_string(t.last_published) + " without it");
+        break;
+      }
+    }
   }
 }
 
@@ -374,6 +400,7 @@ void job_coordinator::complete_active() {
   } else {
     delivered_ = version;
     pending_.erase(pending_.begin(), pending_.upper_bound(version));
+    publishers_.erase(publishers_.begin(), publishers_.upper_bound(version));
     const auto report = verdicts_.deliver(version, *plan_, static_cast<std::uint32_t>(workers_.size()), match,
                                           host().clock().now());
     for (const auto& [rank, t] : trainers_) send(t.who, version_delivered{.version = version, .verified = match});

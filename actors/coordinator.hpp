@@ -78,6 +78,7 @@ class job_coordinator final : public actor {
     std::string transport_address;
     std::vector<tensor_spec> tensors;
     std::uint64_t first_version = 1;  ///< the oldest version its host copies can hold (it joined then)
+    std::uint64_t last_published = 0;
   };
   struct worker_entry {
     address who;
@@ -110,6 +111,10 @@ class job_coordinator final : public actor {
   void plan_in_force();
   void resume();
   void start_update(std::uint64_t version, bool catch_up);
+  /// `version` cannot complete: everyone waiting for it hears why.
+  void fail_version(std::uint64_t version, const std::string& reason);
+  /// Fails every pending version some shard went past without publishing.
+  void fail_skipped_versions();
   void check_complete();
   /// Every worker holds `version` of the active update, and every shard reported it.
   bool holds_everywhere(std::uint64_t version) const;
@@ -142,6 +147,7 @@ class job_coordinator final : public actor {
   std::uint64_t delivered_ = 0;
   std::uint64_t published_ = 0;
   std::set<std::uint64_t> pending_;  ///< published and newer than delivered_ (versions may skip numbers)
+  std::map<std::uint64_t, std::set<std::uint32_t>> publishers_;  ///< the shards that published each pending version
   std::set<std::uint64_t> failed_versions_;
   version_verdicts verdicts_;
 };

@@ -414,9 +414,11 @@ PYBIND11_MODULE(_ferry, m) {
   error_base = py::reinterpret_steal<py::object>(PyErr_NewException("ferry.Error", PyExc_RuntimeError, nullptr));
   m.attr("Error") = error_base;
   const auto add_error = [&](ferry::api_errc e, const char* name, PyObject* also) {
-    py::object bases = also ? py::make_tuple(error_base, py::handle(also)) : py::make_tuple(error_base);
+    py::list bases;
+    bases.append(error_base);
+    if (also) bases.append(py::handle(also));
     auto type = py::reinterpret_steal<py::object>(
-        PyErr_NewException((std::string("ferry.") + name).c_str(), bases.ptr(), nullptr));
+        PyErr_NewException((std::string("ferry.") + name).c_str(), py::tuple(bases).ptr(), nullptr));
     m.attr(name) = type;
     error_types[e] = type;
   };

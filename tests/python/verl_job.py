@@ -7,7 +7,12 @@ a process of its own, driven over pipes as verl's Ray workers are. Syncs:
   3      one rollout rank was killed (SIGKILL) and replaced by a new process before the sync;
   4      trainer rank 1 kills itself (SIGKILL) halfway through its generator: every other rank's
          call raises within BOUND seconds, none hangs;
-  5      a new trainer rank 1 takes its place and the sync delivers again.
+  5      a new trainer rank 1 takes its place and the sync delivers again;
+  6      trainer rank 1 is killed after init_process_group, before it sends: rank 0 publishes without
+         it, and every other rank's call raises (at the engine's timeout: a rank that comes back
+         could still publish that version);
+  7      a new trainer rank 1 publishes the next version, which is delivered (the one it skipped
+         fails for good).
 Usage: verl_job.py [--device cuda] [--megabytes N]
 """
 import argparse
@@ -21,7 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAINERS, REPLICAS, REPLICA_SIZE = 2, 2, 2
 BOUND = 60  # seconds any rank may take to answer before the job counts as hung
-ENGINE_KWARGS = {"replica_size": REPLICA_SIZE, "chunk_bytes": 256 << 10, "timeout": 20.0}
+ENGINE_KWARGS = {"replica_size": REPLICA_SIZE, "chunk_bytes": 256 << 10, "timeout": 10.0}
 
 
 def model(step: int, megabytes: float, device: str):
@@ -122,8 +127,10 @@ def call_all(ranks: list[Rank], method: str, per_rank_kwargs: list[dict] | None 
     return [result for _, result in answers]
 
 
-def sync(engine_class, trainers: list[Rank], rollouts: list[Rank], step: int, die: int | None = None) -> dict:
-    """One weight sync, as verl's manager runs it; returns every rank's answer to send/receive."""
+def sync(engine_class, trainers: list[Rank], rollouts: list[Rank], step: int, kill: str | None = None,
+         die_after: int = 0) -> dict:
+    """One weight sync, as verl's manager runs it; returns every rank's answer to send/receive.
+    `kill`: trainer rank 1 dies "mid-send" (after `die_after` tensors) or "before-send"."""
     metadata = call_all(trainers + rollouts, "prepare")
     trainer_kwargs, rollout_kwargs = engine_class.build_topology(len(trainers), len(rollouts), metadata)
     per_trainer = [{k: v[i] for k, v in trainer_kwargs.items()} for i in range(len(trainers))]
@@ -136,21 +143,35 @@ def sync(engine_class, trainers: list[Rank], rollouts: list[Rank], step: int, di
         status, result = r.answer()
         if status != "ok":
             raise SystemExit(f"FAIL: init_process_group on a {r.role} rank: {result}")
+    if kill == "before-send":
+        os.kill(trainers[1].process.pid, signal.SIGKILL)
+        trainers[1].process.join()
     start = time.monotonic()
-    for i, r in enumerate(trainers):
-        r.ask("send", step=step, die_after=die if i == 1 else None)
+    senders = trainers if kill != "before-send" else trainers[:1]
+    for i, r in enumerate(senders):
+        r.ask("send", step=step, die_after=die_after if i == 1 and kill == "mid-send" else None)
     for r in rollouts:
         r.ask("receive", step=step)
-    answers = {"send": [r.answer() for r in trainers], "receive": [r.answer() for r in rollouts]}
-    if die is None:
-        answers["finalize"] = [("ok", x) for x in call_all(trainers + rollouts, "finalize")]
-    else:  # finalize too must answer, and on the surviving trainer rank raise
-        alive = [r for i, r in enumerate(trainers) if i != 1] + rollouts
-        for r in alive:
-            r.ask("call", method="finalize")
-        answers["finalize"] = [r.answer() for r in alive]
+    answers = {"send": [r.answer() for r in senders], "receive": [r.answer() for r in rollouts]}
+    alive = [r for i, r in enumerate(trainers) if i != 1 or kill is None] + rollouts
+    for r in alive:  # finalize too must answer (on a surviving trainer rank it raises)
+        r.ask("call", method="finalize")
+    answers["finalize"] = [r.answer() for r in alive]
     answers["seconds"] = time.monotonic() - start
     return answers
+
+
+def check_failed_sync(step: int, kill: str, answers: dict) -> bool:
+    """Every rollout rank's receive and the surviving trainer rank's finalize raised, none hung."""
+    failed = [s for s, _ in answers["receive"] + answers["finalize"] if s != "ok"]
+    calls = len(answers["receive"]) + len(answers["finalize"])
+    print(f"sync {step}: trainer rank 1 killed {kill}; {len(failed)} of {calls} calls raised in "
+          f"{answers['seconds']:.1f} s:", flush=True)
+    for s, message in answers["receive"] + answers["finalize"]:
+        if s != "ok":
+            print(f"  {s}: {message}")
+    died = kill == "before-send" or answers["send"][1][0] == "died"
+    return died and len(failed) == len(answers["receive"]) + 1
 
 
 def main() -> int:
@@ -158,6 +179,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu",
                         help="where the trainers' tensors live and the rollouts' land (cuda on a GPU host)")
     parser.add_argument("--megabytes", type=float, default=4.0, help="about this many MB of weights")
+    parser.add_argument("--die-after", type=int, default=5,
+                        help="sync 4: trainer rank 1 dies after this many tensors of its generator")
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(HERE, "verl_standin"))
     import ferry.verl
@@ -169,28 +192,22 @@ def main() -> int:
     new = lambda role, master=False: Rank(ctx, role, master, args.device, args.megabytes)
     trainers = [new("trainer", True), new("trainer")]
     rollouts = [new("rollout") for _ in range(REPLICAS * REPLICA_SIZE)]
+    kills = {4: "mid-send", 6: "before-send"}
     try:
-        for step in (1, 2, 3, 4, 5):
+        for step in range(1, 8):
             if step == 3:
                 victim = rollouts[2]
                 os.kill(victim.process.pid, signal.SIGKILL)
                 victim.process.join()
                 rollouts[2] = new("rollout")
                 print(f"sync 3: rollout rank 2 (replica 1, rank 0) killed and replaced", flush=True)
-            if step == 5:
+            if step in (5, 7):
                 trainers[1].process.join(BOUND)
                 trainers[1] = new("trainer")
-                print("sync 5: trainer rank 1 replaced", flush=True)
-            answers = sync(engine_class, trainers, rollouts, step, die=5 if step == 4 else None)
-            if step == 4:
-                failed = [s for s, _ in answers["receive"] + answers["finalize"] if s != "ok"]
-                trainer_death = answers["send"][1][0]
-                print(f"sync 4: trainer rank 1 killed mid-send ({trainer_death}); "
-                      f"{len(failed)} of {len(answers['receive']) + len(answers['finalize'])} calls raised "
-                      f"in {answers['seconds']:.1f} s:", flush=True)
-                for s, message in answers["receive"] + answers["finalize"]:
-                    print(f"  {s}: {message}")
-                if trainer_death != "died" or len(failed) != len(answers["receive"]) + 1:
+                print(f"sync {step}: trainer rank 1 replaced", flush=True)
+            answers = sync(engine_class, trainers, rollouts, step, kills.get(step), args.die_after)
+            if step in kills:
+                if not check_failed_sync(step, kills[step], answers):
                     print("FAIL: every rollout rank's receive and the surviving trainer's finalize must raise")
                     return 1
                 continue
@@ -204,7 +221,7 @@ def main() -> int:
                   f"({', '.join(str(x['tensors']) for x in sends)} tensors) to {len(receives)} rollout ranks, "
                   f"every tensor equal; first tensor after {min(x['first_tensor_s'] for x in receives):.3f} s, "
                   f"all after {max(x['all_s'] for x in receives):.3f} s", flush=True)
-        print("verl job: 5 syncs as expected")
+        print("verl job: 7 syncs as expected")
         return 0
     finally:
         for r in trainers + rollouts:
