@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The same job through the C++ API (ferry_api_bench), the Python module, and the verl backend, in
-one run: one trainer and one instance of rollouts in one process each, over tcp loopback; each
-number is the median, over versions 2.., of the time from publish to every rollout holding the
-version. C++ and Python alternate, twice, so drift of the machine hits both alike.
+"""The same job inside ferry (`ferry bench`), through the C++ API (ferry_api_bench), the Python
+module, and the verl backend, in one run: one trainer and one instance of rollouts in one process
+each, over tcp loopback; each number is the median, over versions 2.., of the time from publish to
+every rollout holding the version. The jobs alternate, --rounds times, so drift of the machine hits
+each alike.
 
-  python3 bench/python_bench.py --api-bench build/bench/ferry_api_bench [--model-mib 256]
-      [--verl-model-mib 1024] [--workers 2] [--versions 9] [--out bench/results/python.md]
+  python3 bench/python_bench.py --api-bench build/bench/ferry_api_bench [--ferry build/cli/ferry]
+      [--model-mib 256] [--verl-model-mib 1024] [--workers 2] [--versions 9] [--rounds 2]
+      [--out bench/results/python.md]
 Needs PYTHONPATH to hold the built module (build/python).
 """
 import argparse
@@ -16,6 +18,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -32,6 +35,17 @@ def cpp_job(api_bench: str, model_bytes: int, args, checks: bool = False) -> lis
                           str(args.workers), "--versions", str(args.versions)] + (["--checks"] if checks else []),
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["per_version_s"]
+
+
+def internal_job(ferry_cli: str, model_bytes: int, args) -> float:
+    """`ferry bench`'s in-process job (actors driven directly, no API), checks off: its median."""
+    with tempfile.NamedTemporaryFile(suffix=".csv") as csv:
+        subprocess.run([ferry_cli, "bench", "--transports", "tcp", "--depths", str(args.depth), "--chunk-bytes",
+                        str(args.chunk_bytes), "--model-bytes", str(model_bytes), "--trainers", "1", "--instances",
+                        "1", "--workers", str(args.workers), "--versions", str(args.versions), "--stage-repeats",
+                        "1", "--csv", csv.name], check=True, capture_output=True)
+        header, row = open(csv.name).read().splitlines()[:2]
+        return float(dict(zip(header.split(","), row.split(",")))["median_seconds"])
 
 
 def python_job(model_bytes: int, args) -> list[float]:
@@ -108,6 +122,8 @@ def median(times: list[float]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--api-bench", required=True)
+    parser.add_argument("--ferry", help="the ferry command: adds `ferry bench`'s internal job")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model-mib", type=int, default=256)
     parser.add_argument("--verl-model-mib", type=int, default=1024)
     parser.add_argument("--tensors", type=int, default=64)
@@ -120,28 +136,35 @@ def main() -> int:
     os.environ.setdefault("FERRY_LOG", "warn")
 
     model, verl_model = args.model_mib << 20, args.verl_model_mib << 20
-    runs = {"C++ API": [], "Python module": []}
-    for _ in range(2):  # alternated: C++, Python, C++, Python
-        runs["C++ API"].append(median(cpp_job(args.api_bench, model, args)))
+    runs = {"internal (ferry bench)": [], "C++ API (ferry_api_bench)": [], "Python module": []}
+    for _ in range(args.rounds):  # alternated
+        if args.ferry:
+            runs["internal (ferry bench)"].append(internal_job(args.ferry, model, args))
+        runs["C++ API (ferry_api_bench)"].append(median(cpp_job(args.api_bench, model, args)))
         runs["Python module"].append(median(python_job(model, args)))
     cpp_big = median(cpp_job(args.api_bench, verl_model, args, checks=True))  # the backend's defaults
     verl_big = median(verl_job(verl_model, args))
 
-    cpp, py = statistics.mean(runs["C++ API"]), statistics.mean(runs["Python module"])
+    reference = statistics.mean(runs["C++ API (ferry_api_bench)"])
     lines = [
         f"One trainer -> 1 instance x {args.workers} rollouts, one process each job, tcp loopback, "
         f"{args.tensors} tensors, chunk {args.chunk_bytes >> 20} MiB, depth {args.depth}, checks off; "
-        f"median of versions 2..{args.versions} (publish -> every rollout holds it).",
+        f"median of versions 2..{args.versions} (publish -> every rollout holds it); {args.rounds} rounds, "
+        "the jobs alternating.",
         "",
-        "| job | model | run 1 s | run 2 s | mean s | ratio |",
-        "| --- | --- | --- | --- | --- | --- |",
-        f"| C++ API (ferry_api_bench) | {args.model_mib} MiB | {runs['C++ API'][0]:.4f} | {runs['C++ API'][1]:.4f} "
-        f"| {cpp:.4f} | 1.00 |",
-        f"| Python module | {args.model_mib} MiB | {runs['Python module'][0]:.4f} | {runs['Python module'][1]:.4f} "
-        f"| {py:.4f} | {py / cpp:.3f} |",
-        f"| C++ API (ferry_api_bench), checks on | {args.verl_model_mib} MiB | {cpp_big:.4f} | | | 1.00 |",
-        f"| verl backend, whole sync (prepare .. finalize), checks on | {args.verl_model_mib} MiB | {verl_big:.4f} | | | "
-        f"{verl_big / cpp_big:.3f} |",
+        "| job | model | " + " | ".join(f"round {i + 1} s" for i in range(args.rounds)) + " | mean s | x C++ API |",
+        "| --- | --- | " + " | ".join("---" for _ in range(args.rounds)) + " | --- | --- |",
+    ]
+    for name, times in runs.items():
+        if times:
+            mean = statistics.mean(times)
+            lines.append(f"| {name} | {args.model_mib} MiB | " + " | ".join(f"{t:.4f}" for t in times) +
+                         f" | {mean:.4f} | {mean / reference:.3f} |")
+    blank = " | ".join("" for _ in range(args.rounds - 1))
+    lines += [
+        f"| C++ API, checks on | {args.verl_model_mib} MiB | {cpp_big:.4f} | {blank} | {cpp_big:.4f} | 1.000 |",
+        f"| verl backend, whole sync (prepare .. finalize), checks on | {args.verl_model_mib} MiB | {verl_big:.4f} | "
+        f"{blank} | {verl_big:.4f} | {verl_big / cpp_big:.3f} |",
         "",
         f"Machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"torch {torch.__version__}; load {os.getloadavg()[0]:.2f} at the end.",
