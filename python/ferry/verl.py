@@ -21,6 +21,7 @@ the version, so a version that cannot be delivered raises there.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import secrets
 import socket
@@ -35,6 +36,15 @@ try:
     from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 except ImportError:  # usable without verl (tests, other frameworks)
     CheckpointEngine, CheckpointEngineRegistry = object, None
+
+
+# Each trainer rank publishes, under this name and its rank, a digest of the table it iterated.
+TABLE_DIGEST = "ferry.verl.table_digest."
+
+
+def _table_digest(table: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> torch.Tensor:
+    digest = hashlib.sha256(repr(table).encode()).digest()
+    return torch.frombuffer(bytearray(digest), dtype=torch.uint8)
 
 
 def _listen_host() -> str:
@@ -57,6 +67,11 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+# The engine_kwargs the engine takes, with their defaults.
+ENGINE_KWARGS = {"replica_size": 1, "chunk_bytes": 64 << 20, "depth": 2, "timeout": 300.0, "device": None,
+                 "secret": None}
+
+
 class FerryCheckpointEngine(CheckpointEngine):
     """verl's checkpoint engine over ferry.
 
@@ -64,6 +79,7 @@ class FerryCheckpointEngine(CheckpointEngine):
         bucket_size: verl's update bucket in bytes; ferry's chunk is the smaller of it and
             `chunk_bytes`.
         is_master: trainer rank 0, which runs the coordinator.
+    engine_kwargs (ENGINE_KWARGS):
         replica_size: rollout ranks per replica (the inference engine's world size).
         chunk_bytes, depth: ferry's chunk size and chunks in flight per stage.
         timeout: seconds any wait may take before it raises ferry.TimedOut.
@@ -71,19 +87,20 @@ class FerryCheckpointEngine(CheckpointEngine):
         secret: the job secret; default: a fresh one from the master, handed out by build_topology.
     """
 
-    def __init__(self, bucket_size: int, is_master: bool = False, replica_size: int = 1,
-                 chunk_bytes: int = 64 << 20, depth: int = 2, timeout: float = 300.0, device: str | None = None,
-                 secret: str | None = None, **unused: Any) -> None:
-        if unused:
-            raise ferry.InvalidArgument(f"ferry engine: unknown engine_kwargs {sorted(unused)}")
+    def __init__(self, bucket_size: int, is_master: bool = False, **engine_kwargs: Any) -> None:
+        unknown = set(engine_kwargs) - set(ENGINE_KWARGS)
+        if unknown:
+            raise ferry.InvalidArgument(f"ferry engine: unknown engine_kwargs {sorted(unknown)}; "
+                                        f"it takes {sorted(ENGINE_KWARGS)}")
+        options = {**ENGINE_KWARGS, **engine_kwargs}
         self.bucket_size = bucket_size
         self.is_master = is_master
-        self.replica_size = replica_size
-        self.chunk_bytes = max(1 << 20, min(bucket_size, chunk_bytes))
-        self.depth = depth
-        self.timeout = timeout
-        self.device = device
-        self.secret = secret or os.environ.get("FERRY_SECRET") or None
+        self.replica_size = options["replica_size"]
+        self.chunk_bytes = max(1 << 20, min(bucket_size, options["chunk_bytes"]))
+        self.depth = options["depth"]
+        self.timeout = options["timeout"]
+        self.device = options["device"]
+        self.secret = options["secret"] or os.environ.get("FERRY_SECRET") or None
         self.role: str | None = None
         self.coordinator: ferry.Coordinator | None = None
         self._listen: str | None = None
@@ -148,9 +165,15 @@ class FerryCheckpointEngine(CheckpointEngine):
         }
         return trainer_kwargs, rollout_kwargs
 
-    def init_process_group(self, role: str, rank: int, coordinator: str, secret: str, world_size: int = 1,
-                           instance_sizes: list[int] | None = None, instance: int = 0) -> None:
-        """The first call joins ferry's job (a trainer at its first send); later ones keep it."""
+    def init_process_group(self, **kwargs: Any) -> None:
+        """With this rank's share of build_topology's answer. The first call joins ferry's job (a
+        trainer at its first send); later ones keep it."""
+        try:
+            role, rank, coordinator, secret = (kwargs[k] for k in ("role", "rank", "coordinator", "secret"))
+        except KeyError as missing:
+            raise ferry.InvalidArgument(f"init_process_group: no {missing}: pass this rank's share of what "
+                                        "build_topology returned") from None
+        world_size, instance_sizes, instance = kwargs.get("world_size", 1), kwargs.get("instance_sizes"), kwargs.get("instance", 0)
         self.role, self.secret = role, secret
         if role == "trainer":
             self.rank, self.world_size, self._coordinator_address = rank, world_size, coordinator
@@ -190,6 +213,8 @@ class FerryCheckpointEngine(CheckpointEngine):
         if self._trainer is None:
             self._trainer = ferry.Trainer(coordinator=self._coordinator_address, shard=self.rank, secret=self.secret,
                                           connect_timeout=self.timeout)
+            # What this rank saw of the whole table travels with its tensors: rollout ranks compare.
+            self._trainer.register(f"{TABLE_DIGEST}{self.rank}", _table_digest(self._table))
             for name, host in self._staging.items():
                 self._trainer.register(name, host)
             await loop.run_in_executor(None, self._trainer.join)
@@ -254,7 +279,16 @@ class FerryCheckpointEngine(CheckpointEngine):
         """Each tensor of version `global_steps` (default: the next one) as soon as it is here."""
         if self._rollout is None:
             raise ferry.NotJoined("receive_weights: init_process_group did not make this a rollout rank")
+        digests: dict[int, torch.Tensor] = {}
         async for name, tensor in self._rollout.areceive(global_steps, self.timeout):
+            if name.startswith(TABLE_DIGEST):
+                digests[int(name[len(TABLE_DIGEST):])] = tensor
+                differ = [r for r, d in digests.items() if not torch.equal(d, next(iter(digests.values())))]
+                if differ:
+                    raise ferry.InvalidArgument(f"receive_weights: trainer ranks {sorted(digests)} did not iterate "
+                                                f"the same tensor table (rank {differ[0]} differs from rank "
+                                                f"{next(iter(digests))}): every rank must see the full generator")
+                continue
             yield name, (tensor if self.device is None else tensor.to(self.device))
 
     def close(self) -> None:

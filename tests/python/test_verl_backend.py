@@ -108,3 +108,29 @@ def test_topology_errors_name_the_problem():
     trainer_kwargs, rollout_kwargs = engine.build_topology(1, 4, [master] + [{"ferry_replica_size": 2}] * 4)
     assert trainer_kwargs["instance_sizes"] == [[2, 2]]
     assert rollout_kwargs["instance"] == [0, 0, 1, 1] and rollout_kwargs["rank"] == [0, 1, 0, 1]
+
+
+def test_trainer_ranks_that_iterate_different_tables_are_named():
+    engine = ferry.verl.FerryCheckpointEngine
+    ranks = [engine(1 << 20, is_master=True, timeout=5.0), engine(1 << 20, timeout=5.0)]
+    rollout = engine(1 << 20, timeout=5.0)
+    trainer_kwargs, rollout_kwargs = engine.build_topology(2, 1, [e.prepare() for e in (*ranks, rollout)])
+    for i, e in enumerate(ranks):
+        e.init_process_group(**{k: v[i] for k, v in trainer_kwargs.items()})
+    rollout.init_process_group(**{k: v[0] for k, v in rollout_kwargs.items()})
+
+    async def sync():
+        received = [n async for n, _ in rollout.receive_weights(1)]
+        return received
+
+    async def both():
+        # Rank 1's table names one tensor differently, one that rank 0 owns: only the digests tell.
+        return await asyncio.gather(ranks[0].send_weights(weights(1), 1),
+                                    ranks[1].send_weights(weights(1, rename="renamed"), 1), sync(),
+                                    return_exceptions=True)
+
+    sent0, sent1, received = asyncio.run(both())
+    assert isinstance(sent0, dict) and isinstance(sent1, dict)
+    assert isinstance(received, ferry.InvalidArgument) and "did not iterate the same tensor table" in str(received)
+    for e in (rollout, *ranks):
+        e.close()
