@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "actors/synthetic_model.hpp"
 
 namespace ferry {
@@ -34,6 +36,49 @@ TEST(sim_job, a_small_job_delivers_and_never_beats_its_bound) {
       "predicted %.4f s bound %.4f s (%s) stall %.4f s actors %u wall %.2f s transfers %lu\n",
       r.predicted_seconds, r.bound_seconds, r.bottleneck.c_str(), r.stall, r.actors, r.wall_seconds,
       (unsigned long)r.transfers);
+}
+
+/// Every rate of the cluster and every modelled CPU rate, times `k`.
+sim_config with_rates_times(sim_config c, double k) {
+  auto& h = c.hardware;
+  for (double* rate : {&h.nic_rate, &h.pcie_d2h_rate, &h.pcie_h2d_rate, &h.pcie_duplex_rate,
+                       &h.host_memory_rate, &h.nvlink_rate, &h.copy_thread_rate, &c.checksum_rate}) {
+    *rate *= k;
+  }
+  return c;
+}
+
+TEST(sim_job, doubling_every_rate_halves_a_bandwidth_bound_prediction) {
+  const auto base = run_sim(sixty_four_gpus());
+  const auto fast = run_sim(with_rates_times(sixty_four_gpus(), 2));
+  ASSERT_TRUE(base.delivered && fast.delivered) << base.error << fast.error;
+  EXPECT_NEAR(fast.predicted_seconds / base.predicted_seconds, 0.5, 0.5 * 0.05)
+      << "predicted " << base.predicted_seconds << " s, then " << fast.predicted_seconds << " s";
+  EXPECT_NEAR(fast.bound_seconds / base.bound_seconds, 0.5, 1e-6);
+  std::printf("doubled rates: predicted %.4f -> %.4f s (x%.4f)\n", base.predicted_seconds, fast.predicted_seconds,
+              fast.predicted_seconds / base.predicted_seconds);
+  EXPECT_GE(fast.predicted_seconds, fast.bound_seconds);
+}
+
+/// A worker killed at a seeded moment of the first update (and rank): the job regroups around it
+/// and still delivers every version to the workers left.
+TEST(sim_job, a_seeded_kill_regroups_and_still_delivers) {
+  const auto clean = run_sim(sixty_four_gpus());
+  ASSERT_TRUE(clean.delivered) << clean.error;
+  for (const std::uint64_t seed : {1, 2, 3}) {
+    std::mt19937_64 draw(seed);
+    auto c = sixty_four_gpus();
+    c.events.push_back({.what = sim_event::kind::kill_worker,
+                        .at_seconds = std::uniform_real_distribution<double>(0.1, 0.9)(draw) *
+                                      clean.update_seconds.front(),
+                        .instance = static_cast<std::uint32_t>(draw() % c.instances),
+                        .rank = static_cast<std::uint32_t>(draw() % c.instance_size)});
+    const auto r = run_sim(c);
+    EXPECT_TRUE(r.delivered) << "seed " << seed << ": " << r.error;
+    EXPECT_EQ(r.kills, 1u) << "seed " << seed;
+    EXPECT_GE(r.regroups, 1u) << "seed " << seed;
+    EXPECT_EQ(r.update_seconds.size(), 2u) << "seed " << seed;
+  }
 }
 
 }  // namespace
