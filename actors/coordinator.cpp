@@ -173,12 +173,15 @@ void job_coordinator::lost(node_id node, const std::string& why) {
     const bool held_active = active_ && it->second.complete_version >= active_->version;
     workers_.erase(it);
     host().transport().remove_peer(node);
-    regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
     // A worker that leaves holding the update takes nothing from it: if every other worker holds it
     // too (or none is left), it is delivered, even mid-regroup (a job's last workers may all leave
-    // right after the last version, before a new plan could be in force).
-    if (held_active && active_ && holds_everywhere(active_->version)) complete_active();
-    return;
+    // right after the last version, before a new plan could be in force). Nothing new starts on the
+    // old plan: the regroup below makes the next.
+    if (held_active && plan_ && holds_everywhere(active_->version)) {
+      in_force_ = false;
+      complete_active();
+    }
+    return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
   }
 }
 
