@@ -14,6 +14,7 @@
 #include "api/member_thread.hpp"
 #include "collectives/host/chain_broadcast.hpp"
 #include "runtime/clock.hpp"
+#include "runtime/log.hpp"
 
 namespace ferry {
 
@@ -140,6 +141,21 @@ struct member_table {
 
 const char* version_string() noexcept {
   return "0.1.0";
+}
+
+status set_log_level(const std::string& level) {
+  static const std::map<std::string, log::level> levels{{"debug", log::level::debug},
+                                                        {"info", log::level::info},
+                                                        {"warn", log::level::warn},
+                                                        {"error", log::level::error},
+                                                        {"off", log::level::off}};
+  const auto it = levels.find(level);
+  if (it == levels.end()) {
+    return failed(api_errc::invalid_argument,
+                  fmt::format("log level '{}': one of debug, info, warn, error, off", level));
+  }
+  log::set_level(it->second);
+  return {};
 }
 
 const std::error_category& api_category() noexcept {

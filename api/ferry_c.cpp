@@ -152,6 +152,11 @@ const char* ferry_version(void) {
   return ferry::version_string();
 }
 
+ferry_status ferry_set_log_level(const char* level) {
+  if (!level) return refuse("ferry_set_log_level: null level");
+  return guarded([&] { return to_status(ferry::set_log_level(level)); });
+}
+
 ferry_status ferry_coordinator_open(const ferry_coordinator_options* o, ferry_coordinator** out) {
   return guarded([&] {
     if (!out) return refuse("ferry_coordinator_open: out is NULL");

@@ -410,6 +410,9 @@ class rollout {
 PYBIND11_MODULE(_ferry, m) {
   m.doc() = "ferry's native core; use the `ferry` package";
   m.attr("__version__") = ferry::version_string();
+  m.def(
+      "set_log_level", [](const std::string& level) { check(ferry::set_log_level(level)); }, py::arg("level"),
+      "How much ferry writes to stderr, process-wide: debug, info (default), warn, error or off.");
 
   error_base = py::reinterpret_steal<py::object>(PyErr_NewException("ferry.Error", PyExc_RuntimeError, nullptr));
   m.attr("Error") = error_base;

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import random
 import secrets
 import socket
 import time
@@ -62,7 +63,24 @@ def _listen_host() -> str:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free now for the coordinator to listen on at init_process_group. Taken below the
+    kernel's ephemeral range, which outgoing connections draw from: none of them can take it in
+    between (a port the kernel picked from that range could be)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = list(range(10000, max(10001, ephemeral_low)))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: any free port
         s.bind((host, 0))
         return s.getsockname()[1]
 

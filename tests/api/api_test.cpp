@@ -96,6 +96,9 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
   EXPECT_EQ(ok.code, api_errc::invalid_argument);
   EXPECT_NE(ok.message.find("carrier-pigeon"), std::string::npos) << ok.message;
 
+  EXPECT_EQ(set_log_level("loud").code, api_errc::invalid_argument);
+  EXPECT_TRUE(set_log_level("info"));
+
   coordinator short_secret({.secret = "short"}, ok);
   EXPECT_EQ(ok.code, api_errc::invalid_argument);
   EXPECT_NE(ok.message.find("at least 16"), std::string::npos) << ok.message;

@@ -97,6 +97,9 @@ def test_numpy_arrays_and_raw_pointers_and_asyncio(coordinator):
 
 
 def test_bad_input_raises_a_python_exception_naming_the_tensor(coordinator):
+    with pytest.raises(ferry.InvalidArgument, match="'loud'"):
+        ferry.set_log_level("loud")
+    ferry.set_log_level("info")
     trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
     with pytest.raises(ferry.InvalidArgument, match="'t'.*not contiguous"):
         trainer.register("t", torch.zeros(8, 8).t())

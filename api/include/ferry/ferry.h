@@ -42,6 +42,8 @@ FERRY_C_API const char* ferry_status_string(ferry_status s);
 FERRY_C_API const char* ferry_last_error(void);
 /* "major.minor.patch" of the library loaded. */
 FERRY_C_API const char* ferry_version(void);
+/* How much ferry writes to stderr, process-wide: "debug", "info" (default), "warn", "error", "off". */
+FERRY_C_API ferry_status ferry_set_log_level(const char* level);
 
 typedef struct ferry_coordinator ferry_coordinator;
 typedef struct ferry_trainer ferry_trainer;

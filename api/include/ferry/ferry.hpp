@@ -33,6 +33,11 @@ namespace ferry {
 /// "major.minor.patch" of the library loaded (which may be newer than the headers).
 FERRY_API const char* version_string() noexcept;
 
+struct status;
+/// How much ferry writes to stderr, for the whole process: "debug", "info" (the default),
+/// "warn", "error" or "off". FERRY_LOG sets it at start.
+FERRY_API status set_log_level(const std::string& level);
+
 /// Errors of the API; `std::error_code`s of `api_category()`, each returned with a message.
 enum class api_errc : int {
   invalid_argument = 1,  ///< a bad option, tensor, version or address
