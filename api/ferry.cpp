@@ -91,7 +91,12 @@ status link_to_coordinator(const member_options& o, const char* who, member_link
     out.settings.fabric_provider = a->rest.substr(0, slash);
     out.coordinator = a->rest.substr(slash + 1);
   }
-  return api::load_secret(o.secret, o.allow_unauthenticated, out.settings);
+  if (a->scheme == "inproc") {  // inproc://NAME: the coordinator is node 0 of that network
+    out.settings.inproc_job = a->rest;
+    out.coordinator = std::to_string(coordinator_node);
+  }
+  // One process's objects need no secret among themselves.
+  return api::load_secret(o.secret, o.allow_unauthenticated || a->scheme == "inproc", out.settings);
 }
 
 /// Loop thread: tells `host`'s transport where the coordinator is.
@@ -223,9 +228,12 @@ status coordinator::open(options o) {
             o.chunk_bytes, o.depth));
   }
   api::link_settings settings;
-  if (auto s = api::load_secret(o.secret, o.allow_unauthenticated, settings); !s) return s;
+  const bool trusted = o.allow_unauthenticated || listen->scheme == "inproc";
+  if (auto s = api::load_secret(o.secret, trusted, settings); !s) return s;
   if (listen->scheme == "fabric") {
     settings.fabric_provider = listen->rest;
+  } else if (listen->scheme == "inproc") {
+    settings.inproc_job = listen->rest;
   } else {
     const auto colon = listen->rest.rfind(':');
     if (colon == std::string::npos)
@@ -245,9 +253,10 @@ status coordinator::open(options o) {
   auto* self = impl_.get();
   const auto scheme = listen->scheme;
   const auto provider = settings.fabric_provider;
+  const auto inproc_job = settings.inproc_job;
   return self->thread.start(
       scheme, coordinator_node, std::move(settings),
-      [self, shape, scheme, provider](node& host) -> status {
+      [self, shape, scheme, provider, inproc_job](node& host) -> status {
         self->actor = std::make_unique<job_coordinator>(host, job_actor, shape);
         self->actor->on_delivered = [self](const version_report& r) {
           std::lock_guard lock(self->mutex);
@@ -260,8 +269,9 @@ status coordinator::open(options o) {
           self->changed.notify_all();
         };
         self->actor->start();
-        self->address = scheme + "://" + (scheme == "fabric" ? provider + "/" : "") +
-                        host.transport().local_address();
+        self->address = scheme == "inproc" ? "inproc://" + inproc_job
+                                           : scheme + "://" + (scheme == "fabric" ? provider + "/" : "") +
+                                                 host.transport().local_address();
         return {};
       },
       [self](node& host) {

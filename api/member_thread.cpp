@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <map>
+
 #include "actors/messages.hpp"
 #include "transport/tcp/link_auth.hpp"
 
@@ -20,17 +22,27 @@ std::optional<parsed_address> parse_address(const std::string& address, std::str
     return std::nullopt;
   }
   parsed_address a{address.substr(0, sep), address.substr(sep + 3)};
-  if (a.scheme == "inproc") {
-    why = fmt::format(
-        "address '{}': inproc links one loop's nodes; API objects each run their own (use tcp)",
-        address);
+  if (a.scheme != "tcp" && a.scheme != "cma" && a.scheme != "fabric" && a.scheme != "inproc") {
+    why = fmt::format("address '{}': unknown scheme '{}' (tcp, cma, fabric or inproc)", address,
+                      a.scheme);
     return std::nullopt;
   }
-  if (a.scheme != "tcp" && a.scheme != "cma" && a.scheme != "fabric") {
-    why = fmt::format("address '{}': unknown scheme '{}' (tcp, cma or fabric)", address, a.scheme);
+  if (a.scheme == "inproc" && a.rest.empty()) {
+    why = fmt::format("address '{}': inproc://NAME needs a name", address);
     return std::nullopt;
   }
   return a;
+}
+
+std::shared_ptr<inproc_network> inproc_job_network(const std::string& name) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<inproc_network>> networks;
+  std::lock_guard lock(mutex);
+  std::erase_if(networks, [](const auto& n) { return n.second.expired(); });
+  auto& slot = networks[name];
+  auto network = slot.lock();
+  if (!network) slot = network = std::make_shared<inproc_network>();
+  return network;
 }
 
 status load_secret(const std::string& given, bool allow_unauthenticated, link_settings& settings) {
@@ -83,7 +95,17 @@ void member_thread::run(const std::string& scheme, node_id self, const link_sett
   settings.bind_host = link.bind_host;
   settings.port = link.port;
   settings.fabric_provider = link.fabric_provider;
-  auto t = make_transport(scheme, env, self, settings);
+  // inproc://NAME: every object of this process naming NAME shares one network.
+  const auto network = scheme == "inproc" ? inproc_job_network(link.inproc_job) : nullptr;
+  if (network && network->find(self)) {
+    return opened.set_value(failed(
+        api_errc::invalid_argument,
+        fmt::format("inproc://{}: node {} is already there (one coordinator per name, and unique "
+                    "shards and (instance, rank)s)",
+                    link.inproc_job, self)));
+  }
+  auto t = network ? result<std::shared_ptr<transport>>(inproc_transport::make(env, *network, self))
+                   : make_transport(scheme, env, self, settings);
   if (!t)
     return opened.set_value(
         failed(api_errc::invalid_argument, "cannot open the transport: " + t.error().message()));

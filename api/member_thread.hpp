@@ -29,6 +29,9 @@ struct parsed_address {
 };
 std::optional<parsed_address> parse_address(const std::string& address, std::string& why);
 
+/// The inproc network of `name`, shared by this process's objects while any of them holds it.
+std::shared_ptr<inproc_network> inproc_job_network(const std::string& name);
+
 /// How a member's transport is opened (transport_settings, which cannot be copied to the thread).
 struct link_settings {
   std::vector<std::byte> secret;  ///< empty: unauthenticated
@@ -36,6 +39,7 @@ struct link_settings {
   std::string bind_host = "127.0.0.1";
   std::uint16_t port = 0;
   std::string fabric_provider;
+  std::string inproc_job;  ///< inproc://NAME: the process-wide network of that name
 };
 
 /// The job secret into `out`: `given`, else FERRY_SECRET_FILE / FERRY_SECRET; refused when

@@ -134,10 +134,44 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
 
   rollout r({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}, 0, 0});
   EXPECT_EQ(r.wait_version(1, 10ms).code, api_errc::not_joined);
-  rollout inproc({{.coordinator = "inproc://x", .secret = secret}, 0, 0});
-  ASSERT_TRUE(inproc.register_tensor({.name = "w", .dtype = "f32", .shape = {4}}));
-  s = inproc.join();
-  EXPECT_NE(s.message.find("inproc"), std::string::npos) << s.message;
+  rollout nameless({{.coordinator = "inproc://", .secret = secret}, 0, 0});
+  ASSERT_TRUE(nameless.register_tensor({.name = "w", .dtype = "f32", .shape = {4}}));
+  s = nameless.join();
+  EXPECT_NE(s.message.find("needs a name"), std::string::npos) << s.message;
+}
+
+TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
+  status ok;
+  coordinator coord({.listen = "inproc://api-test-job", .instance_sizes = {2}, .chunk_bytes = 64 * 1024},
+                    ok);
+  ASSERT_TRUE(ok) << ok.message;
+  EXPECT_EQ(coord.address(), "inproc://api-test-job");
+  coordinator twin({.listen = "inproc://api-test-job"}, ok);
+  EXPECT_EQ(ok.code, api_errc::invalid_argument);
+  EXPECT_NE(ok.message.find("already there"), std::string::npos) << ok.message;
+
+  table sent;
+  std::array<table, 2> got;
+  trainer t({{.coordinator = coord.address()}});  // no secret: one process
+  for (const auto& x : sent.tensors()) ASSERT_TRUE(t.register_tensor(x));
+  std::vector<std::unique_ptr<rollout>> workers;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    workers.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address()}, 0, r}));
+    for (const auto& x : got[r].tensors()) ASSERT_TRUE(workers.back()->register_tensor(x));
+  }
+  ASSERT_TRUE(t.join());
+  for (auto& w : workers) ASSERT_TRUE(w->join());
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    sent.fill(v);
+    trainer::update u(nullptr);
+    ASSERT_TRUE(t.publish(v, &u));
+    const auto d = u.wait_delivered(30s);
+    ASSERT_TRUE(d) << d.message;
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(workers[r]->wait_version(v, 30s));
+      EXPECT_TRUE(got[r] == sent) << "worker " << r << " differs at version " << v;
+    }
+  }
 }
 
 TEST(api, a_rollout_whose_tensor_differs_from_the_trainers_fails_the_job_by_name) {

@@ -7,8 +7,9 @@
 ///
 /// Addresses name the transport: "tcp://host:port" (authenticated by the job secret),
 /// "cma://host:port" (tcp links, same-host bulk copies), "fabric://provider" (libfabric; the
-/// coordinator's reply to `address()` is what members pass). The job secret comes from
-/// `options::secret`, else from FERRY_SECRET_FILE or FERRY_SECRET.
+/// coordinator's reply to `address()` is what members pass), "inproc://NAME" (the objects of one
+/// process, no secret needed). The job secret comes from `options::secret`, else from
+/// FERRY_SECRET_FILE or FERRY_SECRET.
 #include <chrono>
 #include <cstdint>
 #include <functional>
