@@ -269,9 +269,10 @@ status coordinator::open(options o) {
           self->changed.notify_all();
         };
         self->actor->start();
-        self->address = scheme == "inproc" ? "inproc://" + inproc_job
-                                           : scheme + "://" + (scheme == "fabric" ? provider + "/" : "") +
-                                                 host.transport().local_address();
+        self->address = scheme == "inproc"
+                            ? "inproc://" + inproc_job
+                            : scheme + "://" + (scheme == "fabric" ? provider + "/" : "") +
+                                  host.transport().local_address();
         return {};
       },
       [self](node& host) {

@@ -20,7 +20,8 @@ namespace {
 struct table {
   std::vector<std::vector<std::byte>> tensors;
   table(std::uint64_t model_bytes, std::uint32_t count) {
-    for (std::uint32_t i = 0; i < count; ++i) tensors.emplace_back(model_bytes / count, std::byte{1});
+    for (std::uint32_t i = 0; i < count; ++i)
+      tensors.emplace_back(model_bytes / count, std::byte{1});
   }
   std::vector<ferry::tensor> view() {
     std::vector<ferry::tensor> out;
@@ -58,10 +59,13 @@ int main(int argc, char** argv) {
   const std::string secret = "api-bench-secret-of-enough-bytes";
   ferry::status ok;
   ferry::coordinator coordinator(
-      {.secret = secret, .instance_sizes = {workers}, .chunk_bytes = chunk_bytes, .depth = depth}, ok);
+      {.secret = secret, .instance_sizes = {workers}, .chunk_bytes = chunk_bytes, .depth = depth},
+      ok);
   if (!ok) return fail("coordinator", ok);
-  const ferry::member_options member{
-      .coordinator = coordinator.address(), .secret = secret, .checksums = checks, .digests = checks};
+  const ferry::member_options member{.coordinator = coordinator.address(),
+                                     .secret = secret,
+                                     .checksums = checks,
+                                     .digests = checks};
 
   table sent(model_bytes, tensors);
   ferry::trainer trainer({member});
@@ -82,8 +86,8 @@ int main(int argc, char** argv) {
     if (auto s = r->join(); !s) return fail("join", s);
   }
 
-  std::printf("{\"model_bytes\": %llu, \"workers\": %u, \"per_version_s\": [", (unsigned long long)model_bytes,
-              workers);
+  std::printf("{\"model_bytes\": %llu, \"workers\": %u, \"per_version_s\": [",
+              (unsigned long long)model_bytes, workers);
   for (std::uint64_t v = 1; v <= versions; ++v) {
     const auto start = std::chrono::steady_clock::now();
     ferry::trainer::update u(nullptr);
@@ -96,5 +100,7 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::printf("]}\n");
-  return landing.front()->tensors == sent.tensors ? 0 : fail("verify", {{}, "a rollout's bytes differ"});
+  return landing.front()->tensors == sent.tensors
+             ? 0
+             : fail("verify", {{}, "a rollout's bytes differ"});
 }

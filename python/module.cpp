@@ -41,7 +41,8 @@ struct fork_guard {
       raise({make_error_code(ferry::api_errc::closed),
              std::string(what) + ": created in process " + std::to_string(owner) +
                  ", used in its forked child " + std::to_string(getpid()) +
-                 "; ferry cannot cross fork(): create it in the child (or start children with spawn)"});
+                 "; ferry cannot cross fork(): create it in the child (or start children with "
+                 "spawn)"});
     }
   }
 };
@@ -49,13 +50,16 @@ struct fork_guard {
 /// Runs `wait(slice)` without the GIL until it returns anything but timed_out, `timeout` seconds
 /// (None: no limit) pass, or a signal handler raises (Ctrl-C).
 template <class Wait>
-ferry::status wait_interruptibly(std::optional<double> timeout, const std::string& what, Wait wait) {
-  if (timeout && !(*timeout >= 0)) raise({make_error_code(ferry::api_errc::invalid_argument), what + ": negative timeout"});
+ferry::status wait_interruptibly(std::optional<double> timeout, const std::string& what,
+                                 Wait wait) {
+  if (timeout && !(*timeout >= 0))
+    raise({make_error_code(ferry::api_errc::invalid_argument), what + ": negative timeout"});
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     auto slice = std::chrono::milliseconds(100);
     if (timeout) {
-      const auto left = std::chrono::duration<double>(*timeout) - (std::chrono::steady_clock::now() - start);
+      const auto left =
+          std::chrono::duration<double>(*timeout) - (std::chrono::steady_clock::now() - start);
       slice = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(left), 0ms, slice);
     }
     ferry::status s;
@@ -65,7 +69,8 @@ ferry::status wait_interruptibly(std::optional<double> timeout, const std::strin
     }
     if (s.code != ferry::api_errc::timed_out) return s;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    if (timeout && std::chrono::steady_clock::now() - start >= std::chrono::duration<double>(*timeout)) {
+    if (timeout &&
+        std::chrono::steady_clock::now() - start >= std::chrono::duration<double>(*timeout)) {
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", *timeout);
       return {s.code, what + ": timed out after " + seconds + " s"};
@@ -80,12 +85,14 @@ std::chrono::milliseconds seconds(double s) {
 /// A tensor handed to ferry and what keeps its memory alive while ferry holds it.
 struct held_tensor {
   ferry::tensor view;
-  py::object owner;                   ///< the Python object whose memory `view` points into
+  py::object owner;                    ///< the Python object whose memory `view` points into
   DLManagedTensor* managed = nullptr;  ///< a consumed DLPack capsule, released with this
 
   held_tensor() = default;
   held_tensor(held_tensor&& o) noexcept
-      : view(std::move(o.view)), owner(std::move(o.owner)), managed(std::exchange(o.managed, nullptr)) {}
+      : view(std::move(o.view)),
+        owner(std::move(o.owner)),
+        managed(std::exchange(o.managed, nullptr)) {}
   held_tensor& operator=(held_tensor&&) = delete;
   ~held_tensor() {
     if (managed && managed->deleter) managed->deleter(managed);
@@ -117,8 +124,9 @@ std::string dtype_of(const DLDataType& t, const std::string& name) {
     }
   }
   raise({make_error_code(ferry::api_errc::invalid_argument),
-         "tensor '" + name + "': dtype (DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
-             " bits, " + std::to_string(t.lanes) + " lanes) is not one ferry knows; pass it raw with a dtype"});
+         "tensor '" + name + "': dtype (DLPack code " + std::to_string(t.code) + ", " +
+             std::to_string(t.bits) + " bits, " + std::to_string(t.lanes) +
+             " lanes) is not one ferry knows; pass it raw with a dtype"});
 }
 
 /// `obj` through DLPack (`__dlpack__`, or a capsule), checked to be dense and on a device ferry
@@ -128,7 +136,8 @@ held_tensor import_dlpack(const std::string& name, py::object obj) {
   if (py::hasattr(obj, "__dlpack__")) capsule = obj.attr("__dlpack__")();
   if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
     raise({make_error_code(ferry::api_errc::invalid_argument),
-           "tensor '" + name + "': not a DLPack tensor (" + std::string(py::str(py::type::of(obj).attr("__name__"))) +
+           "tensor '" + name + "': not a DLPack tensor (" +
+               std::string(py::str(py::type::of(obj).attr("__name__"))) +
                "); pass a torch tensor, a numpy array or register_raw"});
   }
   held_tensor h;
@@ -137,17 +146,18 @@ held_tensor import_dlpack(const std::string& name, py::object obj) {
   h.owner = obj;
   const DLTensor& t = h.managed->dl_tensor;
   if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
-    raise({make_error_code(ferry::api_errc::invalid_argument),
-           "tensor '" + name + "': device type " + std::to_string(t.device.device_type) +
-               " (device tensors go through the package's staging: import ferry, not ferry._ferry)"});
+    raise(
+        {make_error_code(ferry::api_errc::invalid_argument),
+         "tensor '" + name + "': device type " + std::to_string(t.device.device_type) +
+             " (device tensors go through the package's staging: import ferry, not ferry._ferry)"});
   }
   std::int64_t expected = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     if (t.strides && t.shape[d] > 1 && t.strides[d] != expected) {
       raise({make_error_code(ferry::api_errc::invalid_argument),
-             "tensor '" + name + "': not contiguous (dimension " + std::to_string(d) + " has stride " +
-                 std::to_string(t.strides[d]) + ", dense is " + std::to_string(expected) +
-                 "); pass .contiguous() or a copy"});
+             "tensor '" + name + "': not contiguous (dimension " + std::to_string(d) +
+                 " has stride " + std::to_string(t.strides[d]) + ", dense is " +
+                 std::to_string(expected) + "); pass .contiguous() or a copy"});
     }
     expected *= t.shape[d];
   }
@@ -158,8 +168,9 @@ held_tensor import_dlpack(const std::string& name, py::object obj) {
   return h;
 }
 
-held_tensor import_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes, const std::string& dtype,
-                       std::optional<std::vector<std::int64_t>> shape, py::object owner) {
+held_tensor import_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes,
+                       const std::string& dtype, std::optional<std::vector<std::int64_t>> shape,
+                       py::object owner) {
   held_tensor h;
   h.owner = std::move(owner);
   h.view = {.name = name,
@@ -176,8 +187,8 @@ held_tensor import_raw(const std::string& name, std::uintptr_t pointer, std::int
 class coordinator {
  public:
   coordinator(std::string listen, std::uint32_t trainers, std::vector<std::uint32_t> instance_sizes,
-              std::uint64_t chunk_bytes, std::uint32_t depth, std::uint32_t stripes, std::string secret,
-              bool allow_unauthenticated) {
+              std::uint64_t chunk_bytes, std::uint32_t depth, std::uint32_t stripes,
+              std::string secret, bool allow_unauthenticated) {
     ferry::status ok;
     impl_ = std::make_unique<ferry::coordinator>(
         ferry::coordinator::options{.listen = std::move(listen),
@@ -215,8 +226,9 @@ class coordinator {
   std::unique_ptr<ferry::coordinator> impl_;
 };
 
-ferry::member_options member(std::string coordinator, std::string secret, bool allow_unauthenticated,
-                             std::uint32_t node_id, bool checksums, bool digests, double connect_timeout) {
+ferry::member_options member(std::string coordinator, std::string secret,
+                             bool allow_unauthenticated, std::uint32_t node_id, bool checksums,
+                             bool digests, double connect_timeout) {
   return {.coordinator = std::move(coordinator),
           .secret = std::move(secret),
           .allow_unauthenticated = allow_unauthenticated,
@@ -232,12 +244,14 @@ class update {
   std::uint64_t version() const { return impl_.version(); }
   void wait_offloaded(std::optional<double> timeout) const {
     guard_.check("Update");
-    check(wait_interruptibly(timeout, "version " + std::to_string(version()) + ": waiting for its offload",
+    check(wait_interruptibly(timeout,
+                             "version " + std::to_string(version()) + ": waiting for its offload",
                              [&](auto slice) { return impl_.wait_offloaded(slice); }));
   }
   void wait_delivered(std::optional<double> timeout) const {
     guard_.check("Update");
-    check(wait_interruptibly(timeout, "version " + std::to_string(version()) + ": waiting for its delivery",
+    check(wait_interruptibly(timeout,
+                             "version " + std::to_string(version()) + ": waiting for its delivery",
                              [&](auto slice) { return impl_.wait_delivered(slice); }));
   }
 
@@ -248,10 +262,14 @@ class update {
 
 class trainer {
  public:
-  explicit trainer(ferry::trainer::options o) : impl_(std::make_unique<ferry::trainer>(std::move(o))) {}
-  void register_tensor(const std::string& name, py::object obj) { add(import_dlpack(name, std::move(obj))); }
-  void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes, const std::string& dtype,
-                    std::optional<std::vector<std::int64_t>> shape, py::object owner) {
+  explicit trainer(ferry::trainer::options o)
+      : impl_(std::make_unique<ferry::trainer>(std::move(o))) {}
+  void register_tensor(const std::string& name, py::object obj) {
+    add(import_dlpack(name, std::move(obj)));
+  }
+  void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes,
+                    const std::string& dtype, std::optional<std::vector<std::int64_t>> shape,
+                    py::object owner) {
     add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)));
   }
   void join() {
@@ -306,26 +324,33 @@ struct rollout_event {
 
 class rollout {
  public:
-  explicit rollout(ferry::rollout::options o) : impl_(std::make_unique<ferry::rollout>(std::move(o))) {}
+  explicit rollout(ferry::rollout::options o)
+      : impl_(std::make_unique<ferry::rollout>(std::move(o))) {}
   /// Before join: queue every tensor, version and failure for `next_event` (a copy of each tensor).
   void stream() {
     guard_.check("Rollout");
     // On the loop thread: copy and queue, never Python.
-    impl_->on_tensor([q = queue_](std::uint64_t v, const ferry::tensor& t, std::span<const std::byte> b) {
-      rollout_event e{.kind = "tensor", .version = v, .tensor = t, .bytes = nullptr, .nbytes = b.size()};
-      e.tensor.data = nullptr;
-      e.bytes.reset(new std::byte[b.size()]);
-      std::memcpy(e.bytes.get(), b.data(), b.size());
-      q->push(std::move(e));
-    });
-    impl_->on_version([q = queue_](std::uint64_t v) { q->push({.kind = "version", .version = v}); });
+    impl_->on_tensor(
+        [q = queue_](std::uint64_t v, const ferry::tensor& t, std::span<const std::byte> b) {
+          rollout_event e{
+              .kind = "tensor", .version = v, .tensor = t, .bytes = nullptr, .nbytes = b.size()};
+          e.tensor.data = nullptr;
+          e.bytes.reset(new std::byte[b.size()]);
+          std::memcpy(e.bytes.get(), b.data(), b.size());
+          q->push(std::move(e));
+        });
+    impl_->on_version(
+        [q = queue_](std::uint64_t v) { q->push({.kind = "version", .version = v}); });
     impl_->on_update_failed([q = queue_](std::uint64_t v, const ferry::status& why) {
       q->push({.kind = "failed", .version = v, .reason = why.message});
     });
   }
-  void register_tensor(const std::string& name, py::object obj) { add(import_dlpack(name, std::move(obj))); }
-  void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes, const std::string& dtype,
-                    std::optional<std::vector<std::int64_t>> shape, py::object owner) {
+  void register_tensor(const std::string& name, py::object obj) {
+    add(import_dlpack(name, std::move(obj)));
+  }
+  void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes,
+                    const std::string& dtype, std::optional<std::vector<std::int64_t>> shape,
+                    py::object owner) {
     add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)));
   }
   void join() {
@@ -347,15 +372,17 @@ class rollout {
                              [&](auto slice) { return impl_->wait_version(version, slice); }));
   }
   /// The next streamed event, or None at the timeout: ("tensor", version, name, dtype, shape, a
-  /// numpy uint8 array of its bytes), ("version", version, ...) or ("failed", version, ..., reason).
+  /// numpy uint8 array of its bytes), ("version", version, ...) or ("failed", version, ...,
+  /// reason).
   py::object next_event(std::optional<double> timeout) {
     guard_.check("Rollout");
     std::optional<rollout_event> e;
-    auto s = wait_interruptibly(timeout, "Rollout: waiting for the next tensor", [&](auto slice) -> ferry::status {
-      e = queue_->pop(slice);
-      if (e) return {};
-      return {make_error_code(ferry::api_errc::timed_out), ""};
-    });
+    auto s = wait_interruptibly(timeout, "Rollout: waiting for the next tensor",
+                                [&](auto slice) -> ferry::status {
+                                  e = queue_->pop(slice);
+                                  if (e) return {};
+                                  return {make_error_code(ferry::api_errc::timed_out), ""};
+                                });
     if (!e) return py::none();
     if (e->kind != "tensor") {
       return py::make_tuple(e->kind, e->version, py::none(), py::none(), py::none(), e->reason);
@@ -365,7 +392,8 @@ class rollout {
     py::capsule owner(raw, [](void* p) { delete[] static_cast<std::byte*>(p); });
     py::array_t<std::uint8_t> bytes({static_cast<py::ssize_t>(e->nbytes)}, {py::ssize_t{1}},
                                     reinterpret_cast<std::uint8_t*>(raw), owner);
-    return py::make_tuple(e->kind, e->version, e->tensor.name, e->tensor.dtype, e->tensor.shape, bytes);
+    return py::make_tuple(e->kind, e->version, e->tensor.name, e->tensor.dtype, e->tensor.shape,
+                          bytes);
   }
   void close() {
     if (getpid() != guard_.owner) return;
@@ -411,17 +439,19 @@ PYBIND11_MODULE(_ferry, m) {
   m.doc() = "ferry's native core; use the `ferry` package";
   m.attr("__version__") = ferry::version_string();
   m.def(
-      "set_log_level", [](const std::string& level) { check(ferry::set_log_level(level)); }, py::arg("level"),
+      "set_log_level", [](const std::string& level) { check(ferry::set_log_level(level)); },
+      py::arg("level"),
       "How much ferry writes to stderr, process-wide: debug, info (default), warn, error or off.");
 
-  error_base = py::reinterpret_steal<py::object>(PyErr_NewException("ferry.Error", PyExc_RuntimeError, nullptr));
+  error_base = py::reinterpret_steal<py::object>(
+      PyErr_NewException("ferry.Error", PyExc_RuntimeError, nullptr));
   m.attr("Error") = error_base;
   const auto add_error = [&](ferry::api_errc e, const char* name, PyObject* also) {
     py::list bases;
     bases.append(error_base);
     if (also) bases.append(py::handle(also));
-    auto type = py::reinterpret_steal<py::object>(
-        PyErr_NewException((std::string("ferry.") + name).c_str(), py::tuple(bases).ptr(), nullptr));
+    auto type = py::reinterpret_steal<py::object>(PyErr_NewException(
+        (std::string("ferry.") + name).c_str(), py::tuple(bases).ptr(), nullptr));
     m.attr(name) = type;
     error_types[e] = type;
   };
@@ -442,15 +472,16 @@ PYBIND11_MODULE(_ferry, m) {
   }));
 
   py::class_<coordinator>(m, "Coordinator")
-      .def(py::init<std::string, std::uint32_t, std::vector<std::uint32_t>, std::uint64_t, std::uint32_t,
-                    std::uint32_t, std::string, bool>(),
+      .def(py::init<std::string, std::uint32_t, std::vector<std::uint32_t>, std::uint64_t,
+                    std::uint32_t, std::uint32_t, std::string, bool>(),
            py::kw_only(), py::arg("listen") = "tcp://127.0.0.1:0", py::arg("trainers") = 1,
-           py::arg("instance_sizes") = std::vector<std::uint32_t>{1}, py::arg("chunk_bytes") = 64ull << 20,
-           py::arg("depth") = 2, py::arg("stripes") = 0, py::arg("secret") = "",
-           py::arg("allow_unauthenticated") = false)
+           py::arg("instance_sizes") = std::vector<std::uint32_t>{1},
+           py::arg("chunk_bytes") = 64ull << 20, py::arg("depth") = 2, py::arg("stripes") = 0,
+           py::arg("secret") = "", py::arg("allow_unauthenticated") = false)
       .def_property_readonly("address", &coordinator::address)
       .def_property_readonly("delivered", &coordinator::delivered)
-      .def("wait_delivered", &coordinator::wait_delivered, py::arg("version"), py::arg("timeout") = py::none())
+      .def("wait_delivered", &coordinator::wait_delivered, py::arg("version"),
+           py::arg("timeout") = py::none())
       .def("close", &coordinator::close);
 
   py::class_<update>(m, "Update")
@@ -459,47 +490,53 @@ PYBIND11_MODULE(_ferry, m) {
       .def("wait_delivered", &update::wait_delivered, py::arg("timeout") = py::none());
 
   py::class_<trainer>(m, "Trainer")
-      .def(py::init([](std::string coordinator, std::uint32_t shard, std::string secret, bool allow_unauthenticated,
-                       std::uint32_t node_id, bool checksums, bool digests, double connect_timeout) {
+      .def(py::init([](std::string coordinator, std::uint32_t shard, std::string secret,
+                       bool allow_unauthenticated, std::uint32_t node_id, bool checksums,
+                       bool digests, double connect_timeout) {
              ferry::trainer::options o;
-             static_cast<ferry::member_options&>(o) = member(std::move(coordinator), std::move(secret),
-                                                             allow_unauthenticated, node_id, checksums, digests,
-                                                             connect_timeout);
+             static_cast<ferry::member_options&>(o) =
+                 member(std::move(coordinator), std::move(secret), allow_unauthenticated, node_id,
+                        checksums, digests, connect_timeout);
              o.shard = shard;
              return std::make_unique<trainer>(std::move(o));
            }),
            py::kw_only(), py::arg("coordinator"), py::arg("shard") = 0, py::arg("secret") = "",
-           py::arg("allow_unauthenticated") = false, py::arg("node_id") = 0, py::arg("checksums") = true,
-           py::arg("digests") = true, py::arg("connect_timeout") = 30.0)
+           py::arg("allow_unauthenticated") = false, py::arg("node_id") = 0,
+           py::arg("checksums") = true, py::arg("digests") = true,
+           py::arg("connect_timeout") = 30.0)
       .def("register", &trainer::register_tensor, py::arg("name"), py::arg("tensor"))
-      .def("register_raw", &trainer::register_raw, py::arg("name"), py::arg("pointer"), py::arg("nbytes"),
-           py::arg("dtype") = "u8", py::arg("shape") = py::none(), py::arg("owner") = py::none())
+      .def("register_raw", &trainer::register_raw, py::arg("name"), py::arg("pointer"),
+           py::arg("nbytes"), py::arg("dtype") = "u8", py::arg("shape") = py::none(),
+           py::arg("owner") = py::none())
       .def("join", &trainer::join)
       .def("publish", &trainer::publish, py::arg("version"))
       .def("close", &trainer::close);
 
   py::class_<rollout>(m, "Rollout")
-      .def(py::init([](std::string coordinator, std::uint32_t instance, std::uint32_t rank, std::string secret, bool allow_unauthenticated, std::uint32_t node_id, bool checksums,
-                       bool digests, double connect_timeout) {
+      .def(py::init([](std::string coordinator, std::uint32_t instance, std::uint32_t rank,
+                       std::string secret, bool allow_unauthenticated, std::uint32_t node_id,
+                       bool checksums, bool digests, double connect_timeout) {
              ferry::rollout::options o;
-             static_cast<ferry::member_options&>(o) = member(std::move(coordinator), std::move(secret),
-                                                             allow_unauthenticated, node_id, checksums, digests,
-                                                             connect_timeout);
+             static_cast<ferry::member_options&>(o) =
+                 member(std::move(coordinator), std::move(secret), allow_unauthenticated, node_id,
+                        checksums, digests, connect_timeout);
              o.instance = instance;
              o.rank = rank;
              return std::make_unique<rollout>(std::move(o));
            }),
            py::kw_only(), py::arg("coordinator"), py::arg("instance") = 0, py::arg("rank") = 0,
-           py::arg("secret") = "", py::arg("allow_unauthenticated") = false,
-           py::arg("node_id") = 0, py::arg("checksums") = true, py::arg("digests") = true,
+           py::arg("secret") = "", py::arg("allow_unauthenticated") = false, py::arg("node_id") = 0,
+           py::arg("checksums") = true, py::arg("digests") = true,
            py::arg("connect_timeout") = 30.0)
       .def("register", &rollout::register_tensor, py::arg("name"), py::arg("tensor"))
-      .def("register_raw", &rollout::register_raw, py::arg("name"), py::arg("pointer"), py::arg("nbytes"),
-           py::arg("dtype") = "u8", py::arg("shape") = py::none(), py::arg("owner") = py::none())
+      .def("register_raw", &rollout::register_raw, py::arg("name"), py::arg("pointer"),
+           py::arg("nbytes"), py::arg("dtype") = "u8", py::arg("shape") = py::none(),
+           py::arg("owner") = py::none())
       .def("stream", &rollout::stream)
       .def("join", &rollout::join)
       .def_property_readonly("version", &rollout::version)
-      .def("wait_version", &rollout::wait_version, py::arg("version"), py::arg("timeout") = py::none())
+      .def("wait_version", &rollout::wait_version, py::arg("version"),
+           py::arg("timeout") = py::none())
       .def("next_event", &rollout::next_event, py::arg("timeout") = py::none())
       .def("close", &rollout::close);
 }
