@@ -1,5 +1,7 @@
 #include "actors/plan.hpp"
 
+#include <unordered_map>
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -21,11 +23,15 @@ std::vector<std::uint32_t> plan::chunks_of(std::uint32_t shard) const {
   return ids;
 }
 
-int plan::find_tensor(const std::string& name) const {
+std::vector<int> plan::indices_in(std::span<const std::string_view> names) const {
+  std::unordered_map<std::string_view, int> index;
+  index.reserve(names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) index.emplace(names[i], static_cast<int>(i));
+  std::vector<int> out(tensors.size(), -1);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].name == name) return static_cast<int>(i);
+    if (const auto it = index.find(tensors[i].name); it != index.end()) out[i] = it->second;
   }
-  return -1;
+  return out;
 }
 
 namespace {

@@ -64,8 +64,9 @@ struct plan {
   std::uint64_t total_bytes() const;
   /// Ids of the chunks `shard` sources, in send order.
   std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
-  /// Index of `name` in `tensors`, or -1.
-  int find_tensor(const std::string& name) const;
+  /// For each of `tensors`, the index of the same name in `names`, or -1: one hashed pass, for
+  /// tables of 100k+ tensors (Kimi-K2's experts).
+  std::vector<int> indices_in(std::span<const std::string_view> names) const;
 };
 
 /// Caps on what a job's registrations may announce. The coordinator holds one; every refusal

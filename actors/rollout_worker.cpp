@@ -106,11 +106,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     }
   }
   auto next = std::make_shared<worker_plan>(worker_plan{m.plan, {}});
-  next->local_of.assign(next->tensors.size(), -1);
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    const int index = next->find_tensor(tensors_[i].spec.name);
-    if (index >= 0) next->local_of[index] = static_cast<int>(i);
-  }
+  next->local_of = next->indices_in(names_of(tensors_));
   // Only a worker that took the trainers' table can see it change (a trainer came back with another).
   for (std::size_t i = 0; i < next->local_of.size(); ++i) {
     if (next->local_of[i] < 0) {

@@ -97,12 +97,8 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   routes_.clear();
   auto next = std::make_shared<shard_plan>(shard_plan{m.plan, {}, {}, {}});
   set_epoch(next->epoch);
-  next->local_of.assign(next->tensors.size(), -1);
+  next->local_of = next->indices_in(names_of(tensors_));
   next->stream_offset.assign(next->tensors.size(), 0);
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    const int index = next->find_tensor(tensors_[i].spec.name);
-    if (index >= 0) next->local_of[index] = static_cast<int>(i);
-  }
   next->my_chunks = next->chunks_of(shard_);
   for (const auto& c : next->chunks) {
     if (c.shard != shard_) continue;

@@ -63,11 +63,18 @@ double median(std::vector<double> v) {
 /// Where each plan tensor lives in a contiguous buffer of one owner (a shard or a worker).
 std::vector<std::uint64_t> layout(const plan& p, const std::vector<tensor_spec>& owned,
                                   std::uint64_t& total) {
-  std::vector<std::uint64_t> at(p.tensors.size(), 0);
+  std::vector<std::uint64_t> offset_of_owned;
+  std::vector<std::string_view> names;
   total = 0;
   for (const auto& t : owned) {
-    at[p.find_tensor(t.name)] = total;
+    offset_of_owned.push_back(total);
+    names.push_back(t.name);
     total += (t.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+  }
+  std::vector<std::uint64_t> at(p.tensors.size(), 0);
+  const auto owned_index = p.indices_in(names);
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    if (owned_index[i] >= 0) at[i] = offset_of_owned[owned_index[i]];
   }
   return at;
 }
