@@ -4,9 +4,10 @@
 #   scripts/sanitize.sh thread  [LABELS]   TSan (build-tsan); LABELS default
 #                                          'runtime|protocol|transport|fabric'
 # LABELS is a ctest label regex; with one, only the test folders that hold such tests are built
-# (tests/runtime, tests/transport, tests/hostile), so tests labelled `integration` (they run the
-# ferry binary, which is not built then) are left out. BUILD_DIR and CXX override the build
-# folder and the compiler. docs/hardening.md explains the sanitizer options below.
+# (tests/runtime, tests/transport, tests/hostile; with actors, collectives or virtual in LABELS,
+# tests/actors, tests/collectives and tests/jobs too; with api, tests/api), so tests labelled
+# `integration` (they run the ferry binary, which is not built then) are left out. BUILD_DIR and
+# CXX override the build folder and the compiler. docs/hardening.md explains the sanitizer options below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -20,7 +21,11 @@ esac
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE="$sanitizers" \
   -DFERRY_CUDA=OFF ${CXX:+-DCMAKE_CXX_COMPILER="$CXX"} >/dev/null
 if [[ -n "$labels" ]]; then
-  ninja -C "$build_dir" -j"${BUILD_JOBS:-$(nproc)}" tests/runtime/all tests/transport/all tests/hostile/all
+  folders=(tests/runtime/all tests/transport/all tests/hostile/all)
+  # The actors' and collectives' tests (in-process jobs, virtual time) only when asked for.
+  [[ "$labels" =~ actors|collectives|virtual ]] && folders+=(tests/actors/all tests/collectives/all tests/jobs/all)
+  [[ "$labels" =~ api ]] && folders+=(tests/api/all)
+  ninja -C "$build_dir" -j"${BUILD_JOBS:-$(nproc)}" "${folders[@]}"
 else
   ninja -C "$build_dir" -j"${BUILD_JOBS:-$(nproc)}"
 fi
