@@ -136,9 +136,9 @@ class Trainer:
         """Before join: a tensor to publish (ferry keeps a reference to it)."""
         tensor = _host_view(name, tensor)
         host = _staging_for(tensor)
+        self._native.register(name, tensor if host is None else host)
         if host is not None:
             self._staged.append((tensor, host))
-        self._native.register(name, tensor if host is None else host)
 
     def register_raw(self, name: str, pointer: int, nbytes: int, dtype: str = "u8", shape: list[int] | None = None,
                      owner: Any = None) -> None:
@@ -182,9 +182,9 @@ class Rollout:
         """Before join: where `name` lands. Registering nothing receives the trainers' table instead."""
         tensor = _host_view(name, tensor)
         host = _staging_for(tensor)
+        self._native.register(name, tensor if host is None else host)
         if host is not None:
             self._staged.append((tensor, host))
-        self._native.register(name, tensor if host is None else host)
         self._registered = True
 
     def register_raw(self, name: str, pointer: int, nbytes: int, dtype: str = "u8", shape: list[int] | None = None,
