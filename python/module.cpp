@@ -47,6 +47,13 @@ struct fork_guard {
   }
 };
 
+/// `fn()` with the GIL released (ferry's calls may wait on its loop thread).
+template <class F>
+auto without_gil(F fn) {
+  py::gil_scoped_release nogil;
+  return fn();
+}
+
 /// Runs `wait(slice)` without the GIL until it returns anything but timed_out, `timeout` seconds
 /// (None: no limit) pass, or a signal handler raises (Ctrl-C).
 template <class Wait>
@@ -62,11 +69,7 @@ ferry::status wait_interruptibly(std::optional<double> timeout, const std::strin
           std::chrono::duration<double>(*timeout) - (std::chrono::steady_clock::now() - start);
       slice = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(left), 0ms, slice);
     }
-    ferry::status s;
-    {
-      py::gil_scoped_release nogil;
-      s = wait(slice);
-    }
+    const ferry::status s = without_gil([&] { return wait(slice); });
     if (s.code != ferry::api_errc::timed_out) return s;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     if (timeout &&
@@ -217,8 +220,7 @@ class coordinator {
   }
   void close() {
     if (getpid() != guard_.owner) return;  // a forked child's copy: ferry's threads are not here
-    py::gil_scoped_release nogil;
-    impl_->close();
+    without_gil([&] { impl_->close(); });
   }
 
  private:
@@ -226,9 +228,9 @@ class coordinator {
   std::unique_ptr<ferry::coordinator> impl_;
 };
 
-ferry::member_options member(std::string coordinator, std::string secret,
-                             bool allow_unauthenticated, std::uint32_t node_id, bool checksums,
-                             bool digests, double connect_timeout) {
+ferry::member_options member_options(std::string coordinator, std::string secret,
+                                     bool allow_unauthenticated, std::uint32_t node_id,
+                                     bool checksums, bool digests, double connect_timeout) {
   return {.coordinator = std::move(coordinator),
           .secret = std::move(secret),
           .allow_unauthenticated = allow_unauthenticated,
@@ -260,10 +262,11 @@ class update {
   fork_guard guard_;
 };
 
-class trainer {
+/// What the trainer and rollout wrappers share: tensors registered and held alive while ferry
+/// holds them, join, close.
+template <class Impl>
+class member {
  public:
-  explicit trainer(ferry::trainer::options o)
-      : impl_(std::make_unique<ferry::trainer>(std::move(o))) {}
   void register_tensor(const std::string& name, py::object obj) {
     add(import_dlpack(name, std::move(obj)));
   }
@@ -273,43 +276,42 @@ class trainer {
     add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)));
   }
   void join() {
-    guard_.check("Trainer");
-    ferry::status s;
-    {
-      py::gil_scoped_release nogil;
-      s = impl_->join();
-    }
-    check(s);
-  }
-  update publish(std::uint64_t version) {
-    guard_.check("Trainer");
-    ferry::trainer::update u(nullptr);
-    ferry::status s;
-    {
-      py::gil_scoped_release nogil;  // waits for the job to be ready
-      s = impl_->publish(version, &u);
-    }
-    check(s);
-    return {std::move(u), guard_};
+    guard_.check(what_);
+    check(without_gil([&] { return impl_->join(); }));
   }
   void close() {
-    if (getpid() != guard_.owner) return;
-    {
-      py::gil_scoped_release nogil;
-      impl_->close();
-    }
+    if (getpid() != guard_.owner) return;  // a forked child's copy: ferry's threads are not here
+    without_gil([&] { impl_->close(); });
     held_.clear();
   }
 
+ protected:
+  member(std::unique_ptr<Impl> impl, const char* what) : what_(what), impl_(std::move(impl)) {}
+
+  fork_guard guard_;
+  const char* what_;  ///< the Python class, for errors
+  std::unique_ptr<Impl> impl_;
+
  private:
   void add(held_tensor h) {
-    guard_.check("Trainer");
+    guard_.check(what_);
     check(impl_->register_tensor(h.view));
     held_.push_back(std::move(h));
   }
-  fork_guard guard_;
-  std::unique_ptr<ferry::trainer> impl_;
   std::deque<held_tensor> held_;
+};
+
+class trainer : public member<ferry::trainer> {
+ public:
+  explicit trainer(ferry::trainer::options o)
+      : member(std::make_unique<ferry::trainer>(std::move(o)), "Trainer") {}
+  update publish(std::uint64_t version) {
+    guard_.check(what_);
+    ferry::trainer::update u(nullptr);
+    // Without the GIL: publish waits for the job to be ready.
+    check(without_gil([&] { return impl_->publish(version, &u); }));
+    return {std::move(u), guard_};
+  }
 };
 
 /// What a rollout streams to Python: a tensor complete, a version complete, or a version failed.
@@ -322,13 +324,13 @@ struct rollout_event {
   std::string reason;  ///< "failed"
 };
 
-class rollout {
+class rollout : public member<ferry::rollout> {
  public:
   explicit rollout(ferry::rollout::options o)
-      : impl_(std::make_unique<ferry::rollout>(std::move(o))) {}
+      : member(std::make_unique<ferry::rollout>(std::move(o)), "Rollout") {}
   /// Before join: queue every tensor, version and failure for `next_event` (a copy of each tensor).
   void stream() {
-    guard_.check("Rollout");
+    guard_.check(what_);
     // On the loop thread: copy and queue, never Python.
     impl_->on_tensor(
         [q = queue_](std::uint64_t v, const ferry::tensor& t, std::span<const std::byte> b) {
@@ -345,29 +347,12 @@ class rollout {
       q->push({.kind = "failed", .version = v, .reason = why.message});
     });
   }
-  void register_tensor(const std::string& name, py::object obj) {
-    add(import_dlpack(name, std::move(obj)));
-  }
-  void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes,
-                    const std::string& dtype, std::optional<std::vector<std::int64_t>> shape,
-                    py::object owner) {
-    add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)));
-  }
-  void join() {
-    guard_.check("Rollout");
-    ferry::status s;
-    {
-      py::gil_scoped_release nogil;
-      s = impl_->join();
-    }
-    check(s);
-  }
   std::uint64_t version() const {
-    guard_.check("Rollout");
+    guard_.check(what_);
     return impl_->version();
   }
   void wait_version(std::uint64_t version, std::optional<double> timeout) const {
-    guard_.check("Rollout");
+    guard_.check(what_);
     check(wait_interruptibly(timeout, "Rollout: waiting for version " + std::to_string(version),
                              [&](auto slice) { return impl_->wait_version(version, slice); }));
   }
@@ -375,7 +360,7 @@ class rollout {
   /// numpy uint8 array of its bytes), ("version", version, ...) or ("failed", version, ...,
   /// reason).
   py::object next_event(std::optional<double> timeout) {
-    guard_.check("Rollout");
+    guard_.check(what_);
     std::optional<rollout_event> e;
     auto s = wait_interruptibly(timeout, "Rollout: waiting for the next tensor",
                                 [&](auto slice) -> ferry::status {
@@ -394,14 +379,6 @@ class rollout {
                                     reinterpret_cast<std::uint8_t*>(raw), owner);
     return py::make_tuple(e->kind, e->version, e->tensor.name, e->tensor.dtype, e->tensor.shape,
                           bytes);
-  }
-  void close() {
-    if (getpid() != guard_.owner) return;
-    {
-      py::gil_scoped_release nogil;
-      impl_->close();
-    }
-    held_.clear();
   }
 
  private:
@@ -422,15 +399,7 @@ class rollout {
       return e;
     }
   };
-  void add(held_tensor h) {
-    guard_.check("Rollout");
-    check(impl_->register_tensor(h.view));
-    held_.push_back(std::move(h));
-  }
-  fork_guard guard_;
   std::shared_ptr<event_queue> queue_ = std::make_shared<event_queue>();
-  std::unique_ptr<ferry::rollout> impl_;
-  std::deque<held_tensor> held_;
 };
 
 }  // namespace
@@ -495,8 +464,8 @@ PYBIND11_MODULE(_ferry, m) {
                        bool digests, double connect_timeout) {
              ferry::trainer::options o;
              static_cast<ferry::member_options&>(o) =
-                 member(std::move(coordinator), std::move(secret), allow_unauthenticated, node_id,
-                        checksums, digests, connect_timeout);
+                 member_options(std::move(coordinator), std::move(secret), allow_unauthenticated,
+                                node_id, checksums, digests, connect_timeout);
              o.shard = shard;
              return std::make_unique<trainer>(std::move(o));
            }),
@@ -518,8 +487,8 @@ PYBIND11_MODULE(_ferry, m) {
                        bool checksums, bool digests, double connect_timeout) {
              ferry::rollout::options o;
              static_cast<ferry::member_options&>(o) =
-                 member(std::move(coordinator), std::move(secret), allow_unauthenticated, node_id,
-                        checksums, digests, connect_timeout);
+                 member_options(std::move(coordinator), std::move(secret), allow_unauthenticated,
+                                node_id, checksums, digests, connect_timeout);
              o.instance = instance;
              o.rank = rank;
              return std::make_unique<rollout>(std::move(o));

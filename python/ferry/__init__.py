@@ -125,15 +125,16 @@ class Update:
         await asyncio.get_running_loop().run_in_executor(None, self._native.wait_delivered, timeout)
 
 
-class Trainer:
-    """One trainer shard: register tensors, join, publish versions of them."""
+class _Member:
+    """What a trainer and a rollout share: registration (a CUDA tensor through a pinned host copy,
+    `_staged`), join, close."""
 
-    def __init__(self, coordinator: str, shard: int = 0, secret: str = "", **options: Any):
-        self._native = _ferry.Trainer(coordinator=coordinator, shard=shard, secret=secret, **options)
+    def __init__(self, native: Any):
+        self._native = native
         self._staged: list[tuple[Any, Any]] = []  # (CUDA tensor, its pinned host copy)
 
     def register(self, name: str, tensor: Any) -> None:
-        """Before join: a tensor to publish (ferry keeps a reference to it)."""
+        """Before join: the tensor `name` (ferry keeps a reference to it)."""
         tensor = _host_view(name, tensor)
         host = _staging_for(tensor)
         self._native.register(name, tensor if host is None else host)
@@ -148,56 +149,65 @@ class Trainer:
     def join(self) -> None:
         self._native.join()
 
-    def publish(self, version: int) -> Update:
-        """Publishes `version`; CUDA tensors are copied to their host copies first."""
-        for device_tensor, host in self._staged:
-            host.copy_(device_tensor, non_blocking=True)
-        for device in {t.device for t, _ in self._staged}:
-            torch.cuda.current_stream(device).synchronize()
-        return Update(self._native.publish(version))
-
     def close(self) -> None:
         """Leaves the job (idempotent)."""
         self._native.close()
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _copy_staged(self, to_device: bool) -> None:
+        """Copies every CUDA tensor to (or from) its host copy, on the current stream, and waits."""
+        for device_tensor, host in self._staged:
+            if to_device:
+                device_tensor.copy_(host, non_blocking=True)
+            else:
+                host.copy_(device_tensor, non_blocking=True)
+        for device in {t.device for t, _ in self._staged}:
+            torch.cuda.current_stream(device).synchronize()
 
-class Rollout:
+
+class Trainer(_Member):
+    """One trainer shard: register tensors, join, publish versions of them."""
+
+    def __init__(self, coordinator: str, shard: int = 0, secret: str = "", **options: Any):
+        super().__init__(_ferry.Trainer(coordinator=coordinator, shard=shard, secret=secret, **options))
+
+    def publish(self, version: int) -> Update:
+        """Publishes `version`; CUDA tensors are copied to their host copies first."""
+        self._copy_staged(to_device=False)
+        return Update(self._native.publish(version))
+
+
+class Rollout(_Member):
     """One rollout worker of instance `instance`: receives every version."""
 
     def __init__(self, coordinator: str, instance: int = 0, rank: int = 0, secret: str = "", **options: Any):
-        self._native = _ferry.Rollout(coordinator=coordinator, instance=instance, rank=rank, secret=secret,
-                                      **options)
-        self._staged: list[tuple[Any, Any]] = []  # (CUDA target, its pinned host landing place)
+        super().__init__(_ferry.Rollout(coordinator=coordinator, instance=instance, rank=rank, secret=secret,
+                                        **options))
         self._registered = False
         self._streaming = False
         self._received = 0  # the newest version `receive` went through
 
     def register(self, name: str, tensor: Any) -> None:
         """Before join: where `name` lands. Registering nothing receives the trainers' table instead."""
-        tensor = _host_view(name, tensor)
-        host = _staging_for(tensor)
-        self._native.register(name, tensor if host is None else host)
-        if host is not None:
-            self._staged.append((tensor, host))
+        super().register(name, tensor)
         self._registered = True
 
     def register_raw(self, name: str, pointer: int, nbytes: int, dtype: str = "u8", shape: list[int] | None = None,
                      owner: Any = None) -> None:
         """Before join: host memory at `pointer` where `name` lands; `owner` is kept alive with it."""
-        self._native.register_raw(name, pointer, nbytes, dtype, shape, owner)
+        super().register_raw(name, pointer, nbytes, dtype, shape, owner)
         self._registered = True
 
     def join(self) -> None:
         if not self._registered:
             self._native.stream()
             self._streaming = True
-        self._native.join()
+        super().join()
 
     @property
     def version(self) -> int:
@@ -207,10 +217,7 @@ class Rollout:
     def wait_version(self, version: int, timeout: float | None = None) -> None:
         """Until `version` (or newer) is applied here; CUDA targets are then filled."""
         self._native.wait_version(version, timeout)
-        for device_tensor, host in self._staged:
-            device_tensor.copy_(host, non_blocking=True)
-        for device in {t.device for t, _ in self._staged}:
-            torch.cuda.current_stream(device).synchronize()
+        self._copy_staged(to_device=True)
 
     def receive(self, version: int | None = None, timeout: float | None = None) -> Iterator[tuple[str, Any]]:
         """Each tensor of `version` as (name, tensor), as soon as it is complete here; ends when the
@@ -232,16 +239,6 @@ class Rollout:
             if item is not None:
                 yield item
         self._received = receiving.version
-
-    def close(self) -> None:
-        """Leaves the job (idempotent)."""
-        self._native.close()
-
-    def __enter__(self) -> "Rollout":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 _DONE = object()
