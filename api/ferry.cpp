@@ -95,8 +95,7 @@ status link_to_coordinator(const member_options& o, const char* who, member_link
     out.settings.inproc_job = a->rest;
     out.coordinator = std::to_string(coordinator_node);
   }
-  // One process's objects need no secret among themselves.
-  return api::load_secret(o.secret, o.allow_unauthenticated || a->scheme == "inproc", out.settings);
+  return api::load_secret(a->scheme, o.secret, o.allow_unauthenticated, out.settings);
 }
 
 /// Loop thread: tells `host`'s transport where the coordinator is.
@@ -149,17 +148,12 @@ const char* version_string() noexcept {
 }
 
 status set_log_level(const std::string& level) {
-  static const std::map<std::string, log::level> levels{{"debug", log::level::debug},
-                                                        {"info", log::level::info},
-                                                        {"warn", log::level::warn},
-                                                        {"error", log::level::error},
-                                                        {"off", log::level::off}};
-  const auto it = levels.find(level);
-  if (it == levels.end()) {
+  const auto parsed = log::parse_level(level);
+  if (!parsed) {
     return failed(api_errc::invalid_argument,
                   fmt::format("log level '{}': one of debug, info, warn, error, off", level));
   }
-  log::set_level(it->second);
+  log::set_level(*parsed);
   return {};
 }
 
@@ -228,8 +222,8 @@ status coordinator::open(options o) {
             o.chunk_bytes, o.depth));
   }
   api::link_settings settings;
-  const bool trusted = o.allow_unauthenticated || listen->scheme == "inproc";
-  if (auto s = api::load_secret(o.secret, trusted, settings); !s) return s;
+  if (auto s = api::load_secret(listen->scheme, o.secret, o.allow_unauthenticated, settings); !s)
+    return s;
   if (listen->scheme == "fabric") {
     settings.fabric_provider = listen->rest;
   } else if (listen->scheme == "inproc") {

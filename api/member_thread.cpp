@@ -45,7 +45,9 @@ std::shared_ptr<inproc_network> inproc_job_network(const std::string& name) {
   return network;
 }
 
-status load_secret(const std::string& given, bool allow_unauthenticated, link_settings& settings) {
+status load_secret(const std::string& scheme, const std::string& given, bool allow_unauthenticated,
+                   link_settings& settings) {
+  allow_unauthenticated = allow_unauthenticated || scheme == "inproc";
   settings.allow_unauthenticated = allow_unauthenticated;
   if (!given.empty()) {
     if (given.size() < min_secret_bytes) {

@@ -43,8 +43,10 @@ struct link_settings {
 };
 
 /// The job secret into `out`: `given`, else FERRY_SECRET_FILE / FERRY_SECRET; refused when
-/// missing unless unauthenticated links are allowed.
-status load_secret(const std::string& given, bool allow_unauthenticated, link_settings& out);
+/// missing unless unauthenticated links are allowed, or `scheme` is inproc (one process's objects
+/// need none among themselves).
+status load_secret(const std::string& scheme, const std::string& given, bool allow_unauthenticated,
+                   link_settings& out);
 
 class member_thread {
  public:

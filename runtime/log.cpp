@@ -12,12 +12,7 @@ namespace {
 
 level from_environment() {
   const char* v = std::getenv("FERRY_LOG");
-  const std::string s = v ? v : "";
-  if (s == "debug") return level::debug;
-  if (s == "warn") return level::warn;
-  if (s == "error") return level::error;
-  if (s == "off") return level::off;
-  return level::info;
+  return parse_level(v ? v : "").value_or(level::info);
 }
 
 std::atomic<level>& current() {
@@ -28,6 +23,15 @@ std::atomic<level>& current() {
 }  // namespace
 
 void set_level(level l) { current() = l; }
+
+std::optional<level> parse_level(std::string_view name) {
+  if (name == "debug") return level::debug;
+  if (name == "info") return level::info;
+  if (name == "warn") return level::warn;
+  if (name == "error") return level::error;
+  if (name == "off") return level::off;
+  return std::nullopt;
+}
 level threshold() { return current(); }
 
 void write(level l, std::string_view line) {

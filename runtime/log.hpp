@@ -2,6 +2,7 @@
 /// Leveled logging to stderr, one line per record, safe from any thread.
 #include <fmt/format.h>
 
+#include <optional>
 #include <string_view>
 
 namespace ferry::log {
@@ -10,6 +11,8 @@ enum class level { debug, info, warn, error, off };
 
 /// Sets the process-wide threshold (default: info, or FERRY_LOG=debug|info|warn|error|off).
 void set_level(level l);
+/// "debug", "info", "warn", "error" or "off" as a level; nullopt for anything else.
+std::optional<level> parse_level(std::string_view name);
 level threshold();
 void write(level l, std::string_view line);
 
