@@ -119,14 +119,10 @@ def test_trainer_ranks_that_iterate_different_tables_are_named():
         e.init_process_group(**{k: v[i] for k, v in trainer_kwargs.items()})
     rollout.init_process_group(**{k: v[0] for k, v in rollout_kwargs.items()})
 
-    async def sync():
-        received = [n async for n, _ in rollout.receive_weights(1)]
-        return received
-
     async def both():
         # Rank 1's table names one tensor differently, one that rank 0 owns: only the digests tell.
         return await asyncio.gather(ranks[0].send_weights(weights(1), 1),
-                                    ranks[1].send_weights(weights(1, rename="renamed"), 1), sync(),
+                                    ranks[1].send_weights(weights(1, rename="renamed"), 1), receive_all(rollout, 1),
                                     return_exceptions=True)
 
     sent0, sent1, received = asyncio.run(both())
