@@ -52,7 +52,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     if (auto it = workers_.find({m.instance, m.rank}); it != workers_.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     workers_[{m.instance, m.rank}] = {.who = h.from, .transport_address = m.transport_address, .tensors = m.tensors,
-                                      .on_device = m.on_device};
+                                      .parts = m.parts, .on_device = m.on_device};
     if (started_) {
       regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")");
     } else if (trainers_.size() == shape_.trainers && workers_.size() >= initial_workers()) {
@@ -68,6 +68,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     auto& w = it->second;
     w.ready = true;
     w.slots = m.slots.length > 0 ? std::optional(m.slots) : std::nullopt;
+    w.direct_slot = m.direct_slot;
     w.complete_version = std::max(w.complete_version, m.complete_version);
     w.partial_version = m.partial_version;
     w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
@@ -240,14 +241,26 @@ void job_coordinator::regroup(const std::string& reason) {
     return;
   }
 
+  // The coverage of a partial registration is checked once every declared member is in: at start.
   plan_inputs in{.epoch = epoch(),
                  .chunk_bytes = shape_.chunk_bytes,
                  .depth = shape_.depth,
+                 .require_coverage = shape_.require_coverage && !started_,
                  .limits = shape_.limits,
                  .shared_host_copies = shape_.shared_host_copies};
+  std::vector<tensor_spec> published;
   for (const auto& [rank, t] : trainers_) {
     in.shards.push_back(t.who);
     in.shard_tensors.push_back(t.tensors);
+    published.insert(published.end(), t.tensors.begin(), t.tensors.end());
+  }
+  std::string why;
+  for (const auto& [key, w] : workers_) {
+    std::vector<tensor_range> selected;
+    if (!check_worker_tensors(published, w.tensors, w.parts, selected, why)) {
+      return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
+    }
+    if (!selected.empty()) in.selections.emplace(w.who, std::move(selected));
   }
   for (std::uint32_t i = 0; i < shape_.instance_sizes.size(); ++i) {
     instance_plan inst{.id = i};
@@ -270,12 +283,8 @@ void job_coordinator::regroup(const std::string& reason) {
     plan_.reset();
     return;
   }
-  std::string why;
   auto p = make_plan(in, why);
   if (!p) return fail_job("no plan: " + why);
-  for (const auto& [key, w] : workers_) {
-    if (!check_worker_tensors(*p, w.tensors, why)) return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
-  }
   plan_ = std::move(*p);
   started_ = true;
   std::vector<peer_entry> peers;
@@ -296,15 +305,30 @@ std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const in
   const auto stripes = static_cast<std::uint32_t>(inst.leaders.size());
   for (std::uint32_t s = 0; s < stripes; ++s) {
     const auto leader = inst.workers.at(inst.leaders[s]);
-    const auto w = std::find_if(workers_.begin(), workers_.end(), [&](const auto& e) { return e.second.who == leader; });
-    if (w == workers_.end() || !w->second.slots) {
+    const auto* w = find_worker(leader);
+    if (!w || !w->slots) {
       fail_job("leader " + std::to_string(leader.node) + " of instance " + std::to_string(inst.id) +
                " offered no receive slots");
       return std::nullopt;
     }
-    routes.push_back({.instance = inst.id, .leader = leader, .slots = *w->second.slots, .stripe = s, .stripes = stripes});
+    routes.push_back({.instance = inst.id, .leader = leader, .slots = *w->slots, .stripe = s, .stripes = stripes});
   }
   return routes;
+}
+
+const job_coordinator::worker_entry* job_coordinator::find_worker(const address& who) const {
+  const auto w = std::find_if(workers_.begin(), workers_.end(), [&](const auto& e) { return e.second.who == who; });
+  return w == workers_.end() ? nullptr : &w->second;
+}
+
+std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance, const address& worker) {
+  const auto* w = find_worker(worker);
+  if (!w || !w->slots) {
+    fail_job("worker " + std::to_string(worker.node) + " of instance " + std::to_string(instance) +
+             " offered no slots for the chunks sent to it directly");
+    return std::nullopt;
+  }
+  return leader_route{.instance = instance, .leader = worker, .slots = *w->slots, .first_slot = w->direct_slot};
 }
 
 void job_coordinator::plan_in_force() {
@@ -358,20 +382,37 @@ void job_coordinator::start_update(std::uint64_t version, bool catch_up) {
   active_ = update{.version = version, .catch_up = catch_up};
   update_go go{.version = version};
   for (const auto& inst : plan_->instances) {
-    // Only what some member of the instance lacks travels (again), to each of its leaders.
-    std::vector<std::uint32_t> chunks;
+    // Only what some member lacks travels (again): a chunk the whole instance hears to each of
+    // its leaders, any other to each member that hears it.
+    std::vector<const worker_entry*> members;
+    for (const auto& w : inst.workers) members.push_back(find_worker(w));
+    std::map<std::uint32_t, std::vector<std::uint32_t>> hearers;  // audience -> ranks
+    std::vector<std::uint32_t> through_leaders;
+    std::vector<std::vector<std::uint32_t>> direct(members.size());
     for (const auto& c : plan_->chunks) {
-      for (const auto& [key, w] : workers_) {
-        if (key.first == inst.id && !w.holds(version, c.id)) {
-          chunks.push_back(c.id);
-          break;
+      auto [it, fresh] = hearers.emplace(c.audience, std::vector<std::uint32_t>{});
+      if (fresh) it->second = plan_->hearers(inst, c.audience);
+      const auto& ranks = it->second;
+      const auto lacks = [&](std::uint32_t r) { return members[r] && !members[r]->holds(version, c.id); };
+      if (ranks.size() == members.size()) {
+        if (std::any_of(ranks.begin(), ranks.end(), lacks)) through_leaders.push_back(c.id);
+      } else {
+        for (auto r : ranks) {
+          if (lacks(r)) direct[r].push_back(c.id);
         }
       }
     }
     auto routes = leader_routes(inst);
     if (!routes) return;
-    if (chunks.empty()) continue;
-    for (const auto& route : *routes) go.routes.push_back({.route = route, .chunks = chunks});
+    if (!through_leaders.empty()) {
+      for (const auto& route : *routes) go.routes.push_back({.route = route, .chunks = through_leaders});
+    }
+    for (std::uint32_t r = 0; r < direct.size(); ++r) {
+      if (direct[r].empty()) continue;
+      auto route = direct_route(inst.id, inst.workers[r]);
+      if (!route) return;
+      go.routes.push_back({.route = *route, .chunks = std::move(direct[r])});
+    }
   }
   log::debug("coordinator: epoch {}: {} version {} to {} instance(s)", epoch(), catch_up ? "catch-up of" : "update",
              version, go.routes.size());
@@ -395,7 +436,10 @@ bool job_coordinator::holds_everywhere(std::uint64_t version) const {
 
 void job_coordinator::complete_active() {
   const auto version = active_->version;
-  const bool match = verdicts_.digests_match(version, *plan_);
+  const bool match = verdicts_.digests_match(version, *plan_, [this](std::uint32_t instance, std::uint32_t rank) {
+    const auto it = workers_.find({instance, rank});
+    return it == workers_.end() ? std::optional<address>() : it->second.who;
+  });
   const bool catch_up = active_->catch_up;
   active_.reset();
   if (catch_up) {

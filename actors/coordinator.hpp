@@ -29,6 +29,9 @@ struct job_shape {
   /// each chunk in place instead of receiving a write: no point-to-point copy. Every trainer and
   /// leader must share one host.
   bool shared_host_copies = false;
+  /// With workers that register part of the table: every instance's members together must
+  /// register every published byte (checked once, when the job starts).
+  bool require_coverage = true;
   /// A member silent for this long is declared dead (a lost link declares it at once, so this
   /// only catches hung processes; generous, since a loaded host can stall a loop for seconds).
   std::chrono::milliseconds heartbeat_timeout{10000};
@@ -84,9 +87,11 @@ class job_coordinator final : public actor {
     address who;
     std::string transport_address;
     std::vector<tensor_spec> tensors;
+    std::vector<byte_range> parts;  ///< parallel to `tensors`, or empty: whole tensors
     bool on_device = false;
     bool ready = false;
     std::optional<region_desc> slots;
+    std::uint32_t direct_slot = 0;  ///< the first of the slots for chunks sent to it alone
     std::uint64_t complete_version = 0;
     std::uint64_t partial_version = 0;
     std::set<std::uint32_t> partial_chunks;
@@ -126,6 +131,10 @@ class job_coordinator final : public actor {
   std::uint32_t initial_workers() const;
   /// Where the trainers write for each leader of `inst`; fails the job when one offered no slots.
   std::optional<std::vector<leader_route>> leader_routes(const instance_plan& inst);
+  /// Where the trainers write the chunks `worker` alone (of its instance) hears; fails the job
+  /// when it offered no slots.
+  std::optional<leader_route> direct_route(std::uint32_t instance, const address& worker);
+  const worker_entry* find_worker(const address& who) const;
 
   job_shape shape_;
   std::map<std::uint32_t, trainer_entry> trainers_;

@@ -35,12 +35,13 @@ struct stage_times {
   MSGPACK_DEFINE_MAP(offload, send, upload, broadcast, apply)
 };
 
-/// A tensor's content digest (xxh3-128), for end-to-end verification.
+/// A segment's content digest (xxh3-128), for end-to-end verification (a segment is a whole
+/// tensor unless some worker registered part of it).
 struct tensor_digest {
-  std::uint32_t tensor = 0;
+  std::uint32_t segment = 0;  ///< index into plan::segments
   std::uint64_t low = 0, high = 0;
   friend bool operator==(const tensor_digest&, const tensor_digest&) = default;
-  MSGPACK_DEFINE_MAP(tensor, low, high)
+  MSGPACK_DEFINE_MAP(segment, low, high)
 };
 
 // --- membership and plan -----------------------------------------------------------------
@@ -62,7 +63,10 @@ struct register_worker {
   std::string transport_address;
   std::vector<tensor_spec> tensors;
   bool on_device = false;  ///< the tensors live on a GPU (striping pays off there)
-  MSGPACK_DEFINE_MAP(instance, rank, transport_address, tensors, on_device)
+  /// The bytes of each tensor it holds (parallel to `tensors`; empty: all of every one). A worker
+  /// that registers part of the table receives only that part.
+  std::vector<byte_range> parts;
+  MSGPACK_DEFINE_MAP(instance, rank, transport_address, tensors, on_device, parts)
 };
 
 /// Coordinator -> everyone: the plan of this epoch and how to reach every node.
@@ -73,28 +77,34 @@ struct plan_ready {
   MSGPACK_DEFINE_MAP(plan, peers)
 };
 
-/// Worker -> coordinator: staging for the plan's epoch is allocated; leaders include their
-/// receive slots. It also says what the worker holds, so a regroup resends only what is missing.
+/// Worker -> coordinator: staging for the plan's epoch is allocated; leaders, and workers that
+/// receive chunks directly, include their receive slots. It also says what the worker holds, so a
+/// regroup resends only what is missing.
 struct worker_ready {
   static constexpr msg_kind kind{19};
   std::uint32_t instance = 0;
   std::uint32_t rank = 0;
-  region_desc slots;  ///< leaders: `shards * depth` receive slots of chunk_bytes; others: empty
+  /// Slots of chunk_bytes: a leader's `shards * depth` receive slots from slot 0, and the
+  /// `shards * depth` slots of chunks sent to this worker alone from `direct_slot`; empty if neither.
+  region_desc slots;
+  std::uint32_t direct_slot = 0;
   std::uint64_t complete_version = 0;  ///< the newest version fully applied here
   std::uint64_t partial_version = 0;   ///< a newer version partly applied here, or 0
   std::vector<std::uint32_t> partial_chunks;  ///< the chunks of partial_version applied here
-  MSGPACK_DEFINE_MAP(instance, rank, slots, complete_version, partial_version, partial_chunks)
+  MSGPACK_DEFINE_MAP(instance, rank, slots, direct_slot, complete_version, partial_version, partial_chunks)
 };
 
 /// Where a trainer shard writes the chunks for one instance leader: stripe `stripe` of `stripes`
-/// of each chunk (the whole chunk when `stripes` is 1).
+/// of each chunk (the whole chunk when `stripes` is 1). A direct route (a worker's own chunks)
+/// is a leader route of one stripe whose slots start at `first_slot`.
 struct leader_route {
   std::uint32_t instance = 0;
   address leader;
   region_desc slots;
   std::uint32_t stripe = 0;
   std::uint32_t stripes = 1;
-  MSGPACK_DEFINE_MAP(instance, leader, slots, stripe, stripes)
+  std::uint32_t first_slot = 0;  ///< shard s uses slots first_slot + s * depth ... + depth - 1
+  MSGPACK_DEFINE_MAP(instance, leader, slots, stripe, stripes, first_slot)
 };
 
 /// Coordinator -> trainers: the plan of this epoch is in force; publishing may go on from

@@ -2,6 +2,13 @@
 /// The static plan: computed once per (tensor table, membership epoch), reused by every update.
 /// It packs each trainer shard's tensors into chunks, names who sources and who receives each
 /// chunk, and fixes the send order.
+///
+/// Selective delivery: a worker may register only part of the table (some tensors, or a byte
+/// range of one: its rows). Each tensor is then cut into segments where a worker's range starts
+/// or ends; a segment's audience is the workers that registered all of it. Segments are packed by
+/// audience, so every chunk has one: an instance whose members all hear it takes it through its
+/// leaders and collective as before; a member that alone (or with some, not all, of its instance)
+/// hears it receives it directly from the trainer.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -26,14 +33,32 @@ struct tensor_piece {
   MSGPACK_DEFINE_MAP(tensor, tensor_offset, chunk_offset, bytes)
 };
 
-/// A slice of one shard's packed stream; the unit of pipelining.
+/// A byte range of one tensor that one audience needs: the unit of packing and of digests. A
+/// plan where every worker takes the whole table has one segment per tensor.
+struct tensor_segment {
+  std::uint32_t tensor = 0;  ///< index into plan::tensors
+  std::uint64_t offset = 0;  ///< in the tensor
+  std::uint64_t bytes = 0;
+  std::uint64_t shard_offset = 0;  ///< in its shard's packed stream
+  std::uint32_t audience = 0;      ///< index into plan::audiences
+  MSGPACK_DEFINE_MAP(tensor, offset, bytes, shard_offset, audience)
+};
+
+/// A slice of one shard's packed stream; the unit of pipelining. Its segments share one audience.
 struct chunk_info {
   std::uint32_t id = 0;  ///< position in plan::chunks, which is the send order
   std::uint32_t shard = 0;
   std::uint64_t shard_offset = 0;  ///< where the chunk starts in the shard's host copy
   std::uint64_t bytes = 0;
   std::vector<tensor_piece> pieces;
-  MSGPACK_DEFINE_MAP(id, shard, shard_offset, bytes, pieces)
+  std::uint32_t audience = 0;  ///< index into plan::audiences
+  MSGPACK_DEFINE_MAP(id, shard, shard_offset, bytes, pieces, audience)
+};
+
+/// What one worker registered of a published tensor.
+struct tensor_range {
+  std::string name;
+  byte_range range;
 };
 
 /// One rollout instance: its workers in rank order and the ranks that receive point-to-point.
@@ -55,13 +80,26 @@ struct plan {
   std::vector<std::uint64_t> shard_bytes;  ///< size of each shard's packed stream (its host copy)
   std::vector<address> shards;          ///< trainer shard actors by rank
   std::vector<chunk_info> chunks;       ///< in send order: shards interleaved
+  std::vector<tensor_segment> segments;  ///< in stream order per shard, shards in rank order
+  /// Who hears each audience: workers, sorted. Audience 0 is every worker (and its list empty).
+  std::vector<std::vector<address>> audiences{{}};
   std::vector<instance_plan> instances;
   /// Trainers keep their host copies in shared memory and leaders read chunks there in place.
   bool shared_host_copies = false;
-  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, instances,
-                     shared_host_copies)
+  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
+                     instances, shared_host_copies)
 
+  /// Bytes the trainers send once: every chunk's.
   std::uint64_t total_bytes() const;
+  /// Whether `worker` is in `audience`.
+  bool hears(std::uint32_t audience, const address& worker) const;
+  /// The ranks (indices into `inst.workers`) in `audience`.
+  std::vector<std::uint32_t> hearers(const instance_plan& inst, std::uint32_t audience) const;
+  /// Whether every member of `inst` hears `audience`: its chunks then travel through the
+  /// instance's leaders and collective; otherwise directly to each member that hears it.
+  bool whole_instance(const instance_plan& inst, std::uint32_t audience) const;
+  /// The bytes `worker` receives per update: its chunks'.
+  std::uint64_t bytes_for(const address& worker) const;
   /// Ids of the chunks `shard` sources, in send order.
   std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
   /// For each of `tensors`, the index of the same name in `names`, or -1: one hashed pass, for
@@ -106,12 +144,18 @@ struct plan_inputs {
   std::vector<address> shards;
   std::vector<std::vector<tensor_spec>> shard_tensors;  ///< per shard, in registration order
   std::vector<instance_plan> instances;                 ///< leaders may be empty: rank 0 is chosen
+  /// Workers that registered part of the table (checked by `check_worker_tensors`); the others
+  /// take all of it.
+  std::map<address, std::vector<tensor_range>> selections;
+  /// Every instance's members together must register every published byte.
+  bool require_coverage = false;
   job_limits limits;
   bool shared_host_copies = false;
 };
 
 /// Builds the plan, or says why it cannot: chunk size not a positive multiple of the alignment,
-/// a bad tensor table, a tensor owned by two shards, an empty instance, a limit of `in.limits`.
+/// a bad tensor table, a tensor owned by two shards, an empty instance, a limit of `in.limits`,
+/// bytes no member of an instance registered (with `require_coverage`).
 result<plan> make_plan(const plan_inputs& in, std::string& why);
 
 /// The leaders of an instance whose live members are `workers` (rank order), in stripe order, as
@@ -123,8 +167,11 @@ result<plan> make_plan(const plan_inputs& in, std::string& why);
 std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
                                           std::optional<address> first_leader);
 
-/// Checks a worker's registration against the plan: same names, dtypes and shapes (an empty one
-/// takes the trainers' table).
-result<void> check_worker_tensors(const plan& p, std::span<const tensor_spec> worker, std::string& why);
+/// Checks a worker's registration against what the trainers publish: names they publish, same
+/// dtypes and shapes, each range inside its tensor (`parts`: parallel to `worker`, or empty for
+/// whole tensors). Its selection, when it registered less than the whole table, goes to `selected`.
+result<void> check_worker_tensors(std::span<const tensor_spec> published, std::span<const tensor_spec> worker,
+                                  std::span<const byte_range> parts, std::vector<tensor_range>& selected,
+                                  std::string& why);
 
 }  // namespace ferry

@@ -29,7 +29,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       apply_meter_(host.env(), host.id(), stage::apply) {
   for (auto& t : tensors_) {
     if (t.data) continue;
-    owned_.push_back(host.env().platform().host_memory(t.spec.nbytes));
+    owned_.push_back(host.env().platform().host_memory(t.held().bytes));
     t.data = owned_.back().data();
   }
   on<plan_ready>([this](const envelope_header&, const plan_ready& m) {
@@ -68,7 +68,10 @@ rollout_worker::~rollout_worker() {
 void rollout_worker::join() {
   register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
                     .on_device = on_device()};
-  for (const auto& t : tensors_) m.tensors.push_back(t.spec);
+  for (const auto& t : tensors_) {
+    m.tensors.push_back(t.spec);
+    m.parts.push_back(t.held());
+  }
   join_with(m);
 }
 
@@ -105,14 +108,9 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
       tensors_.push_back({.spec = spec, .data = owned_.back().data()});
     }
   }
-  auto next = std::make_shared<worker_plan>(worker_plan{m.plan, {}});
-  next->local_of = next->indices_in(names_of(tensors_));
-  // Only a worker that took the trainers' table can see it change (a trainer came back with another).
-  for (std::size_t i = 0; i < next->local_of.size(); ++i) {
-    if (next->local_of[i] < 0) {
-      return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " publishes tensor '" + next->tensors[i].name +
-                  "', which this worker does not hold (the trainers' table changed)");
-    }
+  auto next = std::make_shared<worker_plan>(worker_plan{m.plan, {}, {}, 0, {}, false});
+  if (auto why = next->derive(tensors_, self(), *it); !why.empty()) {
+    return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " " + why);
   }
   plan_ = std::move(next);
   set_epoch(plan_->epoch);
@@ -139,8 +137,11 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
 
   // Staging: a leader has `depth` receive slots per trainer shard in host memory; every member
   // has `depth` broadcast slots, on the device when there is one (a host leader broadcasts
-  // straight from its receive slots). Kept across epochs while the size fits.
-  const std::size_t host_slots = leader_ ? plan_->shards.size() * plan_->depth : (on_device() ? 0 : plan_->depth);
+  // straight from its receive slots). After them, a worker that hears chunks alone has `depth`
+  // receive slots per shard for those. Kept across epochs while the size fits.
+  const std::size_t receive_slots = plan_->shards.size() * plan_->depth;
+  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : plan_->depth));
+  const std::size_t host_slots = direct_slot_ + (plan_->direct ? receive_slots : 0);
   const std::size_t host_bytes = host_slots * plan_->chunk_bytes;
   if (host_bytes > slots_.size()) {
     if (slots_region_) host().transport().deregister_region(slots_region_->id);
@@ -170,7 +171,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   gen_ = g;
   changed();
 
-  if (leader_)
+  if (leader_ || plan_->direct)
     host().on_write(leader_slot_tag, [this](const write_notice& n) { on_slot_landed(n.imm); });
   else
     host().forget_writes(leader_slot_tag);
@@ -179,6 +180,13 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     serve(g);
     --fibers_;
   });
+  if (plan_->direct) {
+    ++fibers_;
+    host().loop().spawn([this, g] {
+      serve_direct(g);
+      --fibers_;
+    });
+  }
   // The old epoch's readers of the staging (apply, upload) finish first, so that no write of the
   // new epoch lands under them; then the worker says what it holds.
   if (in_flight_ > 0) note("new epoch waits for old readers");
@@ -186,11 +194,42 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   host().loop().spawn([this, g] {
     if (wait_for([&] { return g != gen_ || in_flight_ == 0; }) && g == gen_) {
       auto ready = holdings();
-      ready.slots = leader_ ? *slots_region_ : region_desc{};
+      if (leader_ || plan_->direct) ready.slots = *slots_region_;
+      ready.direct_slot = direct_slot_;
       send(coordinator_, ready);
     }
     --fibers_;
   });
+}
+
+std::string rollout_worker::worker_plan::derive(const std::vector<tensor_ref>& local, const address& self,
+                                               const instance_plan& inst) {
+  local_of = indices_in(names_of(local));
+  // What this worker hears must lie in what it holds (a worker that took the trainers' table sees
+  // it change when a trainer comes back with another).
+  for (std::uint32_t i = 0; i < segments.size(); ++i) {
+    const auto& s = segments[i];
+    if (!hears(s.audience, self)) continue;
+    if (local_of[s.tensor] < 0) {
+      return "publishes tensor '" + tensors[s.tensor].name + "', which this worker does not hold";
+    }
+    const auto held = local[local_of[s.tensor]].held();
+    if (s.offset < held.offset || s.offset + s.bytes > held.end()) {
+      return "sends bytes of tensor '" + tensors[s.tensor].name + "' this worker does not hold";
+    }
+    heard_segments.push_back(i);
+  }
+  mine.assign(chunks.size(), false);
+  std::map<std::uint32_t, bool> whole;  // audience -> the whole instance hears it
+  for (const auto& c : chunks) {
+    if (!hears(c.audience, self)) continue;
+    mine[c.id] = true;
+    ++mine_count;
+    auto [it, fresh] = whole.emplace(c.audience, true);
+    if (fresh) it->second = whole_instance(inst, c.audience);
+    direct = direct || !it->second;
+  }
+  return {};
 }
 
 worker_ready rollout_worker::holdings() const {
@@ -213,7 +252,7 @@ void rollout_worker::on_slot_landed(write_imm imm) {
   const std::uint32_t slot = imm_number(value);
   auto& g = *gen_;
   if (auto it = g.sent.find(slot); it != g.sent.end()) {
-    g.ready.push_back({slot, it->second});
+    (is_direct(slot) ? g.direct : g.ready).push_back({slot, it->second});
     g.sent.erase(it);
     changed();
   } else {
@@ -221,12 +260,27 @@ void rollout_worker::on_slot_landed(write_imm imm) {
   }
 }
 
+bool rollout_worker::is_direct(std::uint32_t slot) const {
+  return plan_->direct && slot - direct_slot_ < plan_->shards.size() * plan_->depth;
+}
+
 void rollout_worker::on_chunk_sent(const chunk_sent& m) {
-  if (!gen_ || !leader_ || m.slot >= plan_->shards.size() * plan_->depth || m.chunk >= plan_->chunks.size()) {
+  const bool direct = gen_ && is_direct(m.slot);
+  if (!gen_ || m.chunk >= plan_->chunks.size() || (!direct && (!leader_ || m.slot >= plan_->shards.size() * plan_->depth)) ||
+      (direct && !plan_->mine[m.chunk])) {
     log::warn("worker {}.{}: ignored chunk_sent for slot {} chunk {}", instance_, rank_, m.slot, m.chunk);
     return;
   }
   auto& g = *gen_;
+  if (direct) {  // the whole chunk, for this worker alone
+    if (g.landed.erase(m.slot) > 0 || m.source.pid != 0) {
+      g.direct.push_back({m.slot, m});
+      changed();
+    } else {
+      g.sent[m.slot] = m;
+    }
+    return;
+  }
   // An empty stripe (of a small chunk) or one read in place has no write to wait for.
   if (g.landed.erase(m.slot) > 0 || m.source.pid != 0 ||
       stripe_of(plan_->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
@@ -343,6 +397,40 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
   }
 }
 
+void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
+  const auto plan = plan_;  // chunk references below outlive suspensions
+  for (;;) {
+    if (!wait_for([&] { return g != gen_ || !g->direct.empty(); }) || !current(g)) return;
+    const received r = g->direct.front();
+    g->direct.pop_front();
+    const auto& c = plan->chunks.at(r.meta.chunk);
+    std::span<const std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan->chunk_bytes, c.bytes);
+    std::shared_ptr<const mapped_copy> source;  // the trainer's host copy, when read in place
+    if (r.meta.source.pid != 0) {
+      source = map_source(r.meta.source);
+      if (!source || !current(g)) return;
+      if (r.meta.source_offset > source->bytes.size() || c.bytes > source->bytes.size() - r.meta.source_offset) {
+        return corrupted("chunk " + std::to_string(c.id) + " lies past the end of its trainer's host copy");
+      }
+      bytes = {source->bytes.data() + r.meta.source_offset, c.bytes};
+    }
+    if (!checksum_ok(bytes, r.meta.checksum)) {
+      if (!current(g)) return;  // the new epoch may already be writing this slot
+      return corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
+                       ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
+                       std::to_string(r.meta.version) + " from trainer shard " + std::to_string(c.shard));
+    }
+    if (!current(g)) return;
+    ++in_flight_;
+    apply(r.meta.version, c.id, bytes, [this, g, r, source, shard = plan->shards.at(c.shard)] {
+      if (current(g)) send(shard, slot_free{.slot = r.slot});
+      chunk_applied(r.meta.version, r.meta.chunk);
+      --in_flight_;
+      changed();
+    });
+  }
+}
+
 void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
                              const work& w, std::span<std::byte> slot) {
   const auto& c = plan->chunks.at(w.chunk);
@@ -437,7 +525,9 @@ void rollout_worker::apply(std::uint64_t version, std::uint32_t chunk, std::span
                            std::function<void()> done) {
   std::vector<copy_piece> pieces;
   for (const auto& p : plan_->chunks[chunk].pieces) {
-    pieces.push_back({tensors_[plan_->local_of[p.tensor]].data + p.tensor_offset, bytes.data() + p.chunk_offset, p.bytes});
+    // Every piece lies in this worker's part of its tensor: the plan cut the segments there.
+    const auto& t = tensors_[plan_->local_of[p.tensor]];
+    pieces.push_back({t.data + (p.tensor_offset - t.held().offset), bytes.data() + p.chunk_offset, p.bytes});
   }
   const auto began = apply_meter_.begin();
   host().env().copies().async_copy(std::move(pieces), [this, version, chunk, began, bytes = bytes.size(),
@@ -458,13 +548,11 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
   if (p.applied[chunk]) return;  // sent again after a regroup: same bytes, counted once
   p.applied[chunk] = true;
   for (const auto& piece : plan_->chunks[chunk].pieces) {
+    const auto& t = tensors_[plan_->local_of[piece.tensor]];
     auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
-    if (got == plan_->tensors[piece.tensor].nbytes && on_tensor) {
-      const auto& t = tensors_[plan_->local_of[piece.tensor]];
-      on_tensor(version, t.spec, std::span<const std::byte>(t.data, t.spec.nbytes));
-    }
+    if (got == t.held().bytes && on_tensor) on_tensor(version, t.spec, std::span<const std::byte>(t.data, got));
   }
-  if (++p.chunks < plan_->chunks.size()) return;
+  if (++p.chunks < plan_->mine_count) return;
 
   progress_.erase(version);
   complete_version_ = version;
@@ -497,15 +585,16 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
     });
     return;
   }
-  std::uint64_t model_bytes = 0;
-  for (const auto& t : tensors_) model_bytes += t.spec.nbytes;
+  std::uint64_t held_bytes = 0;
+  for (const auto& t : tensors_) held_bytes += t.held().bytes;
   host().env().cpu().async_run(
-      model_bytes,
+      held_bytes,
       [this, report, plan = plan_] {
-        for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
-          const auto& t = tensors_[plan->local_of[i]];
-          const auto h = XXH3_128bits(t.data, t.spec.nbytes);
-          report->digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
+        for (const auto i : plan->heard_segments) {
+          const auto& s = plan->segments[i];
+          const auto& t = tensors_[plan->local_of[s.tensor]];
+          const auto h = XXH3_128bits(t.data + (s.offset - t.held().offset), s.bytes);
+          report->digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
         }
       },
       finish);
@@ -514,26 +603,28 @@ void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
 void rollout_worker::digest_through_host(version_complete& report) {
   const auto plan = plan_;
   std::uint64_t largest = 0;
-  for (const auto& t : tensors_) largest = std::max(largest, t.spec.nbytes);
+  for (const auto i : plan->heard_segments) largest = std::max(largest, plan->segments[i].bytes);
   if (digest_bounce_.size() < largest) {
     if (options_.memory && digest_bounce_.size() > 0) options_.memory->unpin(digest_bounce_.span());
     digest_bounce_ = host().env().platform().host_memory(largest);
     // Pinned once and reused; should pinning fail, the copies still work, only slower.
     if (options_.memory) (void)options_.memory->pin(digest_bounce_.span());
   }
-  for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
-    const auto& t = tensors_[plan->local_of[i]];
-    const std::byte* bytes = t.data;
+  for (const auto i : plan->heard_segments) {
+    const auto& s = plan->segments[i];
+    const auto& t = tensors_[plan->local_of[s.tensor]];
+    std::byte* at = t.data + (s.offset - t.held().offset);
+    const std::byte* bytes = at;
     if (t.device >= 0) {
       auto [ec] = await<std::error_code>([&](auto done) {
-        host().env().copies().async_copy({{digest_bounce_.data(), t.data, t.spec.nbytes}}, std::move(done));
+        host().env().copies().async_copy({{digest_bounce_.data(), at, s.bytes}}, std::move(done));
       });
       if (ec) return fail("cannot read tensor '" + t.spec.name + "' for its digest: " + ec.message());
       bytes = digest_bounce_.data();
     }
     XXH128_hash_t h{};
-    host().env().cpu().run(t.spec.nbytes, [&] { h = XXH3_128bits(bytes, t.spec.nbytes); });
-    report.digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
+    host().env().cpu().run(s.bytes, [&] { h = XXH3_128bits(bytes, s.bytes); });
+    report.digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
   }
 }
 

@@ -88,7 +88,14 @@ class rollout_worker final : public job_member {
   /// The plan and where this worker's tensors sit in it. A regroup replaces it and never changes
   /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
   struct worker_plan : ferry::plan {
-    std::vector<int> local_of;  ///< plan tensor index -> tensors_ index, or -1
+    std::vector<int> local_of;                  ///< plan tensor index -> tensors_ index, or -1
+    std::vector<std::uint32_t> heard_segments;  ///< the segments this worker holds
+    std::uint32_t mine_count = 0;               ///< chunks this worker hears
+    std::vector<bool> mine;                     ///< per chunk: this worker hears it
+    bool direct = false;  ///< some chunks come to it directly (its instance does not hear them whole)
+    /// Fills the above for worker `self` of `inst`; says what is wrong if the plan sends it
+    /// bytes it does not hold.
+    std::string derive(const std::vector<tensor_ref>& local, const address& self, const instance_plan& inst);
   };
   /// The state of one epoch's staging; a new plan starts a new generation and abandons the old
   /// one's pending work (its completions still run, but touch nothing of the new generation).
@@ -101,6 +108,7 @@ class rollout_worker final : public job_member {
     std::map<std::uint32_t, bool> landed;        ///< leader: slot -> bytes arrived
     std::map<std::uint32_t, chunk_sent> sent;    ///< leader: slot -> its chunk_sent
     std::deque<received> ready;                  ///< leader: complete slots, in arrival order
+    std::deque<received> direct;                 ///< complete slots of chunks sent to this worker alone
     std::deque<chunk_announce> announcements;    ///< all but the first leader: the instance's order
   };
 
@@ -111,6 +119,10 @@ class rollout_worker final : public job_member {
   void serve(std::shared_ptr<generation> g);
   /// Fiber: waits for the next chunk (and a leader's stripe of it); nullopt once `g` is over.
   std::optional<work> next_chunk(const std::shared_ptr<generation>& g);
+  /// Fiber: verifies and applies the chunks sent to this worker alone, as they arrive.
+  void serve_direct(std::shared_ptr<generation> g);
+  /// Whether receive slot `slot` holds a chunk sent to this worker alone.
+  bool is_direct(std::uint32_t slot) const;
   /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
   void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, const work& w,
                std::span<std::byte> slot);
@@ -147,7 +159,8 @@ class rollout_worker final : public job_member {
   std::shared_ptr<const worker_plan> plan_;
   bool leader_ = false;
   std::vector<address> others_;  ///< the instance's other members
-  host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots
+  host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots; then direct slots
+  std::uint32_t direct_slot_ = 0;  ///< the first slot of chunks sent to this worker alone
   std::optional<region_desc> slots_region_;
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
   /// Trainers' shared host copies mapped here; dropped when their trainer's process is gone.

@@ -1,6 +1,7 @@
 #pragma once
 /// Tensors as ferry sees them: a name, a dtype, a shape and the bytes they span.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,12 +31,25 @@ struct tensor_spec {
 /// `spec` for `name` with `shape`, its size computed from dtype and shape.
 tensor_spec make_tensor_spec(std::string name, dtype type, std::vector<std::int64_t> shape);
 
+/// Bytes [offset, offset + bytes) of a tensor.
+struct byte_range {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t end() const { return offset + bytes; }
+  friend bool operator==(const byte_range&, const byte_range&) = default;
+  MSGPACK_DEFINE_MAP(offset, bytes)
+};
+
 /// A tensor registered by a trainer or a worker: its spec and its bytes (host memory, or a
 /// device pointer when `device >= 0`).
 struct tensor_ref {
   tensor_spec spec;
   std::byte* data = nullptr;
   int device = -1;
+  /// A worker's share of the published tensor (row-parallel sharding): `data` holds only these
+  /// bytes. None: all of it.
+  std::optional<byte_range> part;
+  byte_range held() const { return part ? *part : byte_range{0, spec.nbytes}; }
 };
 
 /// The tensors' names, viewing into `tensors` (valid while it is).

@@ -34,7 +34,8 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
   on<slot_free>([this](const envelope_header& h, const slot_free& m) {
     if (h.epoch != epoch()) return;
     for (auto& r : routes_) {
-      if (r->leader == h.from) {
+      // A worker may be both a leader and the receiver of its own chunks: the slot says which.
+      if (r->leader == h.from && m.slot - r->first_slot < r->slot_count) {
         r->free.push_back(m.slot);
         r->credits.release();
       }
@@ -95,17 +96,10 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   ready_ = false;
   release_credits();
   routes_.clear();
-  auto next = std::make_shared<shard_plan>(shard_plan{m.plan, {}, {}, {}});
+  auto next = std::make_shared<shard_plan>(shard_plan{m.plan, {}, {}});
   set_epoch(next->epoch);
   next->local_of = next->indices_in(names_of(tensors_));
-  next->stream_offset.assign(next->tensors.size(), 0);
   next->my_chunks = next->chunks_of(shard_);
-  for (const auto& c : next->chunks) {
-    if (c.shard != shard_) continue;
-    for (const auto& p : c.pieces) {
-      if (p.tensor_offset == 0) next->stream_offset[p.tensor] = c.shard_offset + p.chunk_offset;
-    }
-  }
   plan_ = std::move(next);
   const auto bytes = plan_->shard_bytes[shard_];
   const bool shareable = host_copies_.shared_ref().pid != 0;
@@ -203,10 +197,11 @@ void trainer_shard::run_publish(std::uint64_t version) {
   shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_meter_.seconds()}};
   if (options_.digests) {
     host().env().cpu().run(plan->shard_bytes[shard_], [&] {
-      for (std::uint32_t i = 0; i < plan->tensors.size(); ++i) {
-        if (plan->local_of[i] < 0 || plan->owner[i] != shard_) continue;
-        const auto h = XXH3_128bits(copy.bytes.data() + plan->stream_offset[i], plan->tensors[i].nbytes);
-        done.digests.push_back({.tensor = i, .low = h.low64, .high = h.high64});
+      for (std::uint32_t i = 0; i < plan->segments.size(); ++i) {
+        const auto& s = plan->segments[i];
+        if (plan->local_of[s.tensor] < 0 || plan->owner[s.tensor] != shard_) continue;
+        const auto h = XXH3_128bits(copy.bytes.data() + s.shard_offset, s.bytes);
+        done.digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
       }
     });
   }
@@ -220,12 +215,12 @@ void trainer_shard::start_sending(const update_go& go) {
   routes_.clear();
   changed();
   for (const auto& rc : go.routes) {
-    auto r = std::make_shared<route>(rc.route, plan_->depth);
+    auto r = std::make_shared<route>(rc.route, plan_->depth, static_cast<std::uint32_t>(plan_->shards.size()));
     for (auto id : rc.chunks) {
       if (plan_->chunks.at(id).shard == shard_) r->chunks.push_back(id);
     }
     // This shard's receive slots at the leader: `depth` of them, after the other shards'.
-    for (std::uint32_t i = 0; i < plan_->depth; ++i) r->free.push_back(shard_ * plan_->depth + i);
+    for (std::uint32_t i = 0; i < plan_->depth; ++i) r->free.push_back(r->first_slot + shard_ * plan_->depth + i);
     routes_.push_back(r);
     ++fibers_;
     host().loop().spawn([this, r, version = go.version, generation] {

@@ -57,25 +57,32 @@ class trainer_shard final : public job_member {
   std::function<void(std::uint64_t version, const std::string&)> on_update_failed;
 
  private:
-  /// One leader's share of an update: its stripe of each chunk.
+  /// One leader's share of an update: its stripe of each chunk (or a worker's own chunks).
   struct route {
     address leader;
     region_desc slots;
     std::uint32_t stripe = 0;
     std::uint32_t stripes = 1;
+    std::uint32_t first_slot = 0;  ///< the route's slots at the leader: every shard's `depth`
+    std::uint32_t slot_count = 0;
     std::vector<std::uint32_t> chunks;  ///< this shard's chunks the leader still needs
     slot_counter credits;
     std::deque<std::uint32_t> free;
     std::size_t in_flight = 0;
-    route(const leader_route& r, std::uint32_t depth)
-        : leader(r.leader), slots(r.slots), stripe(r.stripe), stripes(std::max(r.stripes, 1u)), credits(depth) {}
+    route(const leader_route& r, std::uint32_t depth, std::uint32_t shards)
+        : leader(r.leader),
+          slots(r.slots),
+          stripe(r.stripe),
+          stripes(std::max(r.stripes, 1u)),
+          first_slot(r.first_slot),
+          slot_count(shards * depth),
+          credits(depth) {}
   };
   /// The plan and what this shard derives from it. A regroup replaces it and never changes it, so
   /// a fiber holding one across a suspension keeps a consistent view.
   struct shard_plan : ferry::plan {
-    std::vector<int> local_of;                 ///< plan tensor index -> tensors_ index, or -1
-    std::vector<std::uint64_t> stream_offset;  ///< plan tensor index -> offset in a host copy
-    std::vector<std::uint32_t> my_chunks;      ///< this shard's chunk ids, in send order
+    std::vector<int> local_of;             ///< plan tensor index -> tensors_ index, or -1
+    std::vector<std::uint32_t> my_chunks;  ///< this shard's chunk ids, in send order
   };
   /// One host copy and the version it holds: a half of `host_copies_`.
   struct host_copy {

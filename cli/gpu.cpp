@@ -18,20 +18,20 @@
 
 namespace ferry::cli {
 
-std::vector<tensor_ref> gpu_context::allocate(const std::vector<tensor_spec>& specs,
-                                              std::string& why) {
-  std::vector<tensor_ref> out;
-  for (const auto& s : specs) {
-    auto p = memory->allocate(s.nbytes);
+std::vector<tensor_ref> gpu_context::allocate(std::vector<tensor_ref> tensors, std::string& why) {
+  for (auto& t : tensors) {
+    const auto bytes = t.held().bytes;
+    auto p = memory->allocate(bytes);
     if (!p) {
-      why = "cannot allocate " + std::to_string(s.nbytes) + " bytes for '" + s.name + "' on GPU " +
+      why = "cannot allocate " + std::to_string(bytes) + " bytes for '" + t.spec.name + "' on GPU " +
             std::to_string(device) + ": " + p.error().message();
       return {};
     }
     allocations_.push_back(*p);
-    out.push_back({.spec = s, .data = *p, .device = device});
+    t.data = *p;
+    t.device = device;
   }
-  return out;
+  return tensors;
 }
 
 gpu_context::~gpu_context() {
@@ -109,13 +109,14 @@ std::string check_device_tensors(const std::vector<tensor_ref>& tensors, std::ui
     host_buffer got(largest), want(largest);
     for (std::size_t i = next++; i < tensors.size(); i = next++) {
       const auto& t = tensors[i];
-      if (auto ec = copy_blocking(got.data(), t.data, t.spec.nbytes)) {
+      const auto part = t.held();
+      if (auto ec = copy_blocking(got.data(), t.data, part.bytes)) {
         std::lock_guard lock(mutex);
         error = "cannot read '" + t.spec.name + "' back: " + ec.message();
         return;
       }
       fill_version({want.data(), t.spec.nbytes}, t.spec.name, version);
-      if (std::memcmp(got.data(), want.data(), t.spec.nbytes) != 0) {
+      if (std::memcmp(got.data(), want.data() + part.offset, part.bytes) != 0) {
         std::lock_guard lock(mutex);
         error = "tensor '" + t.spec.name + "' differs from version " + std::to_string(version);
       }

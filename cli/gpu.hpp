@@ -19,8 +19,8 @@ struct gpu_context {
   std::unique_ptr<device_memory> memory;
   std::unique_ptr<copy_engine> copies;
   broadcast_factory make_broadcast;
-  /// Device tensors of `specs`, one allocation each, released with the context.
-  std::vector<tensor_ref> allocate(const std::vector<tensor_spec>& specs, std::string& why);
+  /// `tensors` placed on the device, one allocation of each one's part, released with the context.
+  std::vector<tensor_ref> allocate(std::vector<tensor_ref> tensors, std::string& why);
   ~gpu_context();
 
  private:

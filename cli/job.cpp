@@ -275,7 +275,7 @@ int run_node(const node_flags& f) {
     }
     if (gpu) {
       std::string why;
-      tensors = gpu->allocate(shards[f.shard], why);
+      tensors = gpu->allocate(tensors, why);
       if (tensors.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
     }
     trainer_shard shard(host, job_actor, coordinator_address, f.shard, tensors,
@@ -348,11 +348,10 @@ int run_node(const node_flags& f) {
     run_with_timeout(loop, {.timeout_seconds = 60}, [&] { return fills == 0; });
     if (uploader.joinable()) uploader.join();
   } else {
-    std::vector<tensor_ref> destinations;
-    for (const auto& t : model) destinations.push_back({.spec = t});
+    auto destinations = rollout_share(model, job.shard_rollout, f.rank, job.workers_per_instance);
     if (gpu) {
       std::string why;
-      destinations = gpu->allocate(model, why);
+      destinations = gpu->allocate(destinations, why);
       if (destinations.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
     }
     const worker_options options{.checksums = job.checksums, .digests = job.verify, .memory = memory,
@@ -374,7 +373,7 @@ int run_node(const node_flags& f) {
         failure = "GPU bytes differ: " + error;
       } else {
         std::uint64_t bytes = 0;
-        for (const auto& t : destinations) bytes += t.spec.nbytes;
+        for (const auto& t : destinations) bytes += t.held().bytes;
         log::info("worker {}.{}: every byte of version {} verified on GPU {} ({} bytes)", f.instance, f.rank,
                   worker.version(), f.device, bytes);
       }
@@ -496,7 +495,8 @@ std::vector<std::string> job_args(const std::string& self, const std::string& co
   return {self, command, "--trainers", std::to_string(j.trainers), "--instances", std::to_string(j.instances),
           "--workers", std::to_string(j.workers_per_instance), "--model-bytes", std::to_string(j.model_bytes),
           "--chunk-bytes", std::to_string(j.chunk_bytes), "--depth", std::to_string(j.depth), "--stripes",
-          std::to_string(j.stripes), "--versions", std::to_string(j.versions), "--transport", j.transport};
+          std::to_string(j.stripes), "--versions", std::to_string(j.versions), "--transport", j.transport,
+          "--shard-rollout", std::string(rollout_sharding_name(j.shard_rollout))};
 }
 
 /// `args` plus the flags every process of a launched job shares.

@@ -135,14 +135,23 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
     for (std::uint32_t r = 0; r < config.workers_per_instance && !stop.stop_requested(); ++r) {
       node* n = add_node();
       if (!n) return result;
-      std::vector<tensor_ref> destinations;
-      for (const auto& t : model) destinations.push_back({.spec = t});
-      workers.push_back(std::make_unique<rollout_worker>(*n, 1, coord.self(), i, r, destinations, worker_opts));
+      workers.push_back(std::make_unique<rollout_worker>(
+          *n, 1, coord.self(), i, r, rollout_share(model, config.shard_rollout, r, config.workers_per_instance),
+          worker_opts));
     }
   }
   for (auto& t : trainers) t->join();
   for (auto& w : workers) w->join();
   loop.run_until([&] { return ready || failure || stopping; });
+  if (ready) {
+    for (const auto& w : workers) {
+      std::uint64_t held = 0;
+      for (const auto& t : w->tensors()) held += t.held().bytes;
+      const auto receives = coord.current_plan()->bytes_for(w->self());
+      result.worker_bytes = std::max(result.worker_bytes, receives);
+      result.receive_ratio = std::max(result.receive_ratio, static_cast<double>(receives) / std::max<std::uint64_t>(held, 1));
+    }
+  }
 
   for (std::uint64_t v = 1; v <= config.versions && !failure && !stopping; ++v) {
     // "Training" produces version v: new bytes in every trainer tensor, filled on the pool.
@@ -172,7 +181,7 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
     result.ok = true;
     result.verified = config.verify;
     for (const auto& r : result.versions) result.verified = result.verified && r.verified;
-    // The last version, byte for byte, on every worker.
+    // The last version, byte for byte, on every worker: the part of each tensor it holds.
     std::map<std::string, const tensor_ref*> published;
     for (const auto& m : memory) {
       for (const auto& t : m.refs) published[t.spec.name] = &t;
@@ -180,7 +189,8 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
     for (const auto& w : workers) {
       for (const auto& dst : w->tensors()) {
         const auto* src = published.at(dst.spec.name);
-        if (std::memcmp(src->data, dst.data, dst.spec.nbytes) != 0) {
+        const auto part = dst.held();
+        if (std::memcmp(src->data + part.offset, dst.data, part.bytes) != 0) {
           result.verified = false;
           result.error = "tensor '" + dst.spec.name + "' differs on a worker";
         }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "actors/coordinator.hpp"
+#include "actors/rollout_sharding.hpp"
 
 namespace ferry {
 
@@ -20,6 +21,8 @@ struct job_config {
   std::uint32_t depth = 2;
   std::uint32_t stripes = 0;  ///< leaders per instance; 0: job_shape's automatic choice
   bool shared_host_copies = false;  ///< leaders read trainers' host copies in place (job_shape)
+  /// How each instance's workers split the table; none: every worker holds all of it.
+  rollout_sharding shard_rollout = rollout_sharding::none;
   std::uint32_t versions = 3;
   std::string transport = "inproc";
   bool checksums = true;
@@ -37,6 +40,9 @@ struct job_result {
   std::uint64_t tensors = 0;
   std::uint64_t chunks = 0;
   std::uint32_t stripes = 0;  ///< leaders per instance in the first plan
+  /// Per update, the most any worker receives against what it registered (1: exactly its bytes).
+  double receive_ratio = 0;
+  std::uint64_t worker_bytes = 0;  ///< the most bytes any worker receives per update
   std::vector<version_report> versions;
   double seconds() const;  ///< sum of the versions' update times
   double gbps() const;     ///< model bytes per second of update time, as each worker receives them

@@ -94,16 +94,115 @@ TEST(plan, leaders_must_be_distinct_ranks_of_the_instance) {
 
 TEST(plan, worker_registration_must_match_the_trainers) {
   std::string why;
-  auto p = make_plan(inputs({{make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})}}, 1024), why);
-  ASSERT_TRUE(p);
-  EXPECT_TRUE(check_worker_tensors(*p, std::vector{make_tensor_spec("b", dtype::f32, {4}), make_tensor_spec("w", dtype::bf16, {4, 4})}, why));
-  EXPECT_FALSE(check_worker_tensors(*p, std::vector{make_tensor_spec("w", dtype::f32, {4, 2}), make_tensor_spec("b", dtype::f32, {4})}, why));
+  const std::vector published{make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})};
+  std::vector<tensor_range> selected;
+  auto check = [&](std::vector<tensor_spec> worker, std::vector<byte_range> parts = {}) {
+    return static_cast<bool>(check_worker_tensors(published, worker, parts, selected, why));
+  };
+  EXPECT_TRUE(check({make_tensor_spec("b", dtype::f32, {4}), make_tensor_spec("w", dtype::bf16, {4, 4})}));
+  EXPECT_TRUE(selected.empty());  // the whole table: no selection
+  EXPECT_FALSE(check({make_tensor_spec("w", dtype::f32, {4, 2}), make_tensor_spec("b", dtype::f32, {4})}));
   EXPECT_NE(why.find("'w' differs"), std::string::npos) << why;
-  EXPECT_FALSE(check_worker_tensors(*p, std::vector{make_tensor_spec("w", dtype::bf16, {4, 4})}, why));
-  EXPECT_NE(why.find("did not register it"), std::string::npos) << why;
-  EXPECT_FALSE(check_worker_tensors(*p, std::vector{make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4}),
-                                                    make_tensor_spec("extra", dtype::u8, {1})}, why));
+  EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4}),
+                      make_tensor_spec("extra", dtype::u8, {1})}));
   EXPECT_NE(why.find("'extra', which no trainer publishes"), std::string::npos) << why;
+
+  // Part of the table: a subset of tensors, or a range of one.
+  EXPECT_TRUE(check({make_tensor_spec("w", dtype::bf16, {4, 4})})) << why;
+  ASSERT_EQ(selected.size(), 1u);
+  EXPECT_EQ(selected[0].range, (byte_range{0, 32}));
+  EXPECT_TRUE(check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})},
+                    {{8, 16}, {0, 16}})) << why;
+  ASSERT_EQ(selected.size(), 2u);
+  EXPECT_EQ(selected[0].range, (byte_range{8, 16}));
+  EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4})}, {{24, 16}}));
+  EXPECT_NE(why.find("bytes [24, 40), which lie outside its 32 bytes"), std::string::npos) << why;
+  EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4})}, {{8, 0}}));
+  EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("w", dtype::bf16, {4, 4})},
+                     {{0, 8}, {4, 8}}));
+  EXPECT_NE(why.find("'w' is registered twice"), std::string::npos) << why;
+}
+
+/// One shard publishing `w` (f32, 1000 rows of 4 bytes) and `b` (f32, 64), to one instance of
+/// workers A = {10, 1} and B = {11, 1} with the given selections.
+plan_inputs selective(std::map<address, std::vector<tensor_range>> selections, std::uint64_t chunk = 1024) {
+  auto in = inputs({{make_tensor_spec("w", dtype::f32, {1000}), make_tensor_spec("b", dtype::f32, {64})}}, chunk);
+  in.selections = std::move(selections);
+  in.require_coverage = true;
+  return in;
+}
+
+const address worker_a{10, 1}, worker_b{11, 1};
+
+TEST(plan, selective_segments_are_cut_at_ranges_and_packed_by_audience) {
+  // A holds rows [0, 500) of w, B rows [375, 1000) (they share [375, 500)); both hold b whole.
+  std::string why;
+  auto p = make_plan(selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}},
+                                {worker_b, {{"w", {1500, 2500}}, {"b", {0, 256}}}}}),
+                     why);
+  ASSERT_TRUE(p) << why;
+  ASSERT_EQ(p->segments.size(), 4u);  // w: A alone, both, B alone; b: both
+  EXPECT_EQ(p->audiences.size(), 3u);  // everyone, {A}, {B}
+  const auto& inst = p->instances[0];
+  // Each worker's chunks carry exactly its registered bytes (padding aside), each byte once;
+  // a chunk has one audience, and rows that straddle chunk boundaries split into pieces.
+  for (const auto& [who, wanted] : std::map<address, std::uint64_t>{{worker_a, 2000 + 256}, {worker_b, 2500 + 256}}) {
+    std::map<std::pair<std::uint32_t, std::uint64_t>, int> seen;  // (tensor, byte) -> times
+    std::uint64_t got = 0;
+    for (const auto& c : p->chunks) {
+      if (!p->hears(c.audience, who)) continue;
+      for (const auto& piece : c.pieces) {
+        got += piece.bytes;
+        for (std::uint64_t b = 0; b < piece.bytes; b += 4) ++seen[{piece.tensor, piece.tensor_offset + b}];
+      }
+    }
+    EXPECT_EQ(got, wanted);
+    for (const auto& [at, times] : seen) EXPECT_EQ(times, 1) << at.first << "@" << at.second;
+    EXPECT_LE(p->bytes_for(who), wanted * 11 / 10 + 4 * 256);
+  }
+  std::uint32_t straddling = 0;
+  for (const auto& c : p->chunks) {
+    const auto hearers = p->hearers(inst, c.audience);
+    EXPECT_EQ(p->whole_instance(inst, c.audience), hearers.size() == 2);
+    for (const auto& piece : c.pieces) {
+      bool found = false;
+      for (const auto& s : p->segments) {
+        found = found || (s.tensor == piece.tensor && s.audience == c.audience && s.offset <= piece.tensor_offset &&
+                          piece.tensor_offset + piece.bytes <= s.offset + s.bytes);
+      }
+      EXPECT_TRUE(found) << "a piece outside its chunk's audience";
+      straddling += piece.tensor_offset % 4 != 0 || piece.bytes % 4 != 0;
+    }
+  }
+  EXPECT_EQ(straddling, 0u);  // row boundaries stay row boundaries (chunks are 256-aligned)
+  EXPECT_GT(p->chunks.size(), 3u);
+}
+
+TEST(plan, a_plan_without_selections_has_one_segment_per_tensor_for_everyone) {
+  std::string why;
+  auto p = make_plan(selective({}), why);
+  ASSERT_TRUE(p) << why;
+  ASSERT_EQ(p->segments.size(), 2u);
+  EXPECT_EQ(p->audiences.size(), 1u);
+  for (const auto& c : p->chunks) EXPECT_EQ(c.audience, 0u);
+  EXPECT_EQ(p->bytes_for(worker_a), p->total_bytes());
+}
+
+TEST(plan, unclaimed_bytes_are_refused_before_any_byte_moves) {
+  std::string why;
+  // Rows [250, 500) of w belong to nobody.
+  EXPECT_FALSE(make_plan(selective({{worker_a, {{"w", {0, 1000}}, {"b", {0, 256}}}}, {worker_b, {{"w", {2000, 2000}}}}}), why));
+  EXPECT_NE(why.find("no worker registered bytes [1000, 2000) of tensor 'w'"), std::string::npos) << why;
+  // A second instance whose one worker takes everything does not help the first.
+  auto in = selective({{worker_a, {{"w", {0, 4000}}}}, {worker_b, {{"w", {0, 4000}}}}});
+  in.instances.push_back({.id = 1, .workers = {{12, 1}}});
+  EXPECT_FALSE(make_plan(in, why));
+  EXPECT_NE(why.find("instance 0 leaves bytes [0, 256) of tensor 'b' unclaimed"), std::string::npos) << why;
+  in.require_coverage = false;  // a regroup after a loss: what nobody holds is not sent
+  auto p = make_plan(in, why);
+  ASSERT_TRUE(p) << why;
+  EXPECT_EQ(p->bytes_for(worker_a), 4000u);
+  EXPECT_EQ(p->bytes_for({12, 1}), 4000u + 256u);
 }
 
 TEST(choose_leaders, stripes_devices_and_the_first_leader_keeping_its_role) {

@@ -35,7 +35,7 @@ inline std::vector<tensor_spec> sample_tensors() {
 }
 
 inline std::vector<tensor_digest> sample_digests() {
-  return {{.tensor = 0, .low = 1, .high = 2}, {.tensor = 2, .low = ~0ull, .high = 42}};
+  return {{.segment = 0, .low = 1, .high = 2}, {.segment = 2, .low = ~0ull, .high = 42}};
 }
 
 /// Calls `f.template operator()<M>(example)` for every message type, in kind order.
