@@ -256,12 +256,15 @@ void job_coordinator::regroup(const std::string& reason) {
   }
   std::string why;
   for (const auto& [key, w] : workers_) {
-    std::vector<tensor_range> selected;
+    selection selected;
     if (!check_worker_tensors(published, w.tensors, w.parts, selected, why)) {
       return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
     }
-    if (!selected.empty()) in.selections.emplace(w.who, std::move(selected));
+    if (selected.empty()) continue;
+    selections_.insert(selected);
+    in.selected.emplace(w.who, std::move(selected));
   }
+  in.selections = selections_;
   for (std::uint32_t i = 0; i < shape_.instance_sizes.size(); ++i) {
     instance_plan inst{.id = i};
     for (const auto& [key, w] : workers_) {
@@ -285,6 +288,16 @@ void job_coordinator::regroup(const std::string& reason) {
   }
   auto p = make_plan(in, why);
   if (!p) return fail_job("no plan: " + why);
+  if (layout_ && *layout_ != p->layout) {
+    // Chunk ids now mean other bytes: what is in flight, and the trainers' host copies, were laid
+    // out for the old ones. Those versions fail; late joiners wait for the next version.
+    const std::string reason = "the chunk layout changed (a trainer's table, or a part no worker had registered)";
+    log::warn("coordinator: epoch {}: {}", epoch(), reason);
+    active_.reset();
+    for (const auto v : std::vector(pending_.begin(), pending_.end())) fail_version(v, reason);
+    for (auto& [shard, t] : trainers_) t.first_version = std::max(t.first_version, std::max(published_, delivered_) + 1);
+  }
+  layout_ = p->layout;
   plan_ = std::move(*p);
   started_ = true;
   std::vector<peer_entry> peers;

@@ -1,5 +1,7 @@
 #include "actors/plan.hpp"
 
+#include <xxhash.h>
+
 #include <unordered_map>
 
 #include <algorithm>
@@ -60,73 +62,131 @@ std::uint64_t plan::bytes_for(const address& worker) const {
   return n;
 }
 
+plan::receive_share plan::receive_shares() const {
+  std::vector<std::uint64_t> chunk_bytes(audiences.size(), 0), segment_bytes(audiences.size(), 0);
+  for (const auto& c : chunks) chunk_bytes[c.audience] += c.bytes;
+  for (const auto& s : segments) segment_bytes[s.audience] += s.bytes;
+  receive_share share;
+  for (const auto& inst : instances) {
+    for (const auto& w : inst.workers) {
+      std::uint64_t receives = 0, holds = 0;
+      for (std::uint32_t a = 0; a < audiences.size(); ++a) {
+        if (!hears(a, w)) continue;
+        receives += chunk_bytes[a];
+        holds += segment_bytes[a];
+      }
+      share.most_bytes = std::max(share.most_bytes, receives);
+      share.worst_ratio = std::max(share.worst_ratio, static_cast<double>(receives) / std::max<std::uint64_t>(holds, 1));
+    }
+  }
+  return share;
+}
+
 namespace {
 std::uint64_t align_up(std::uint64_t n) { return (n + tensor_alignment - 1) / tensor_alignment * tensor_alignment; }
-
-constexpr std::uint32_t unclaimed = std::numeric_limits<std::uint32_t>::max();  ///< a segment nobody registered
 
 std::string bytes_of(const tensor_segment& s, const plan& p) {
   return "bytes [" + std::to_string(s.offset) + ", " + std::to_string(s.offset + s.bytes) + ") of tensor '" +
          p.tensors[s.tensor].name + "'";
 }
 
-/// Each tensor cut where a selective worker's range starts or ends. A segment's audience is every
-/// worker that hears all of it: those without a selection, and those whose range covers it;
-/// audiences are interned into `p.audiences`, `unclaimed` when nobody registered the segment.
-std::vector<tensor_segment> cut_segments(plan& p, const std::map<address, std::vector<tensor_range>>& selections) {
-  std::vector<address> whole;  // workers without a selection
+/// Each tensor cut where a selection's range starts or ends. A segment's key is the selections
+/// that cover it, its audience every live worker that hears all of it: those without a selection,
+/// and those whose selection is in the key. Audiences are interned into `p.audiences`.
+struct cut {
+  std::vector<tensor_segment> segments;
+  std::vector<std::uint32_t> key_of;  ///< per segment: its key, numbered by first appearance
+};
+cut cut_segments(plan& p, const std::set<selection>& selections, const std::map<address, selection>& selected) {
+  const std::vector<selection> known(selections.begin(), selections.end());
+  std::vector<address> whole;                               // live workers without a selection
+  std::vector<std::vector<address>> holders(known.size());  // per selection, its live workers
   for (const auto& inst : p.instances) {
     for (const auto& w : inst.workers) {
-      if (!selections.contains(w)) whole.push_back(w);
+      const auto it = selected.find(w);
+      if (it == selected.end()) {
+        whole.push_back(w);
+      } else {
+        holders[std::lower_bound(known.begin(), known.end(), it->second) - known.begin()].push_back(w);
+      }
     }
   }
-  std::unordered_map<std::string_view, std::vector<std::pair<address, byte_range>>> wants;
-  for (const auto& [who, ranges] : selections) {
-    for (const auto& r : ranges) wants[r.name].emplace_back(who, r.range);
+  std::unordered_map<std::string_view, std::vector<std::pair<std::uint32_t, byte_range>>> wants;
+  for (std::uint32_t k = 0; k < known.size(); ++k) {
+    for (const auto& r : known[k]) wants[r.name].emplace_back(k, r.range);
   }
+  cut out;
+  std::map<std::vector<std::uint32_t>, std::pair<std::uint32_t, std::uint32_t>> keys;  // -> key, audience
   std::map<std::vector<address>, std::uint32_t> interned;
-  auto audience_of = [&](std::vector<address> covering) {
-    if (covering.size() == selections.size()) return 0u;  // every selective worker, and the others
-    covering.insert(covering.end(), whole.begin(), whole.end());
-    if (covering.empty()) return unclaimed;
-    std::sort(covering.begin(), covering.end());
-    const auto [it, fresh] = interned.emplace(covering, static_cast<std::uint32_t>(p.audiences.size()));
-    if (fresh) p.audiences.push_back(std::move(covering));
+  auto audience_of = [&](std::vector<address> who) {
+    std::sort(who.begin(), who.end());
+    const auto [it, fresh] = interned.emplace(who, static_cast<std::uint32_t>(p.audiences.size()));
+    if (fresh) p.audiences.push_back(std::move(who));
     return it->second;
   };
-  std::vector<tensor_segment> out;
-  out.reserve(p.tensors.size());
+  auto add = [&](std::uint32_t tensor, std::uint64_t offset, std::uint64_t bytes, std::vector<std::uint32_t> covering) {
+    auto [it, fresh] = keys.emplace(covering, std::pair{static_cast<std::uint32_t>(keys.size()), 0u});
+    if (fresh) {
+      if (covering.size() == known.size()) {
+        it->second.second = 0;  // every selection, and the workers without one: everyone
+      } else {
+        std::vector<address> who = whole;
+        for (const auto k : covering) who.insert(who.end(), holders[k].begin(), holders[k].end());
+        it->second.second = audience_of(std::move(who));
+      }
+    }
+    out.segments.push_back({.tensor = tensor, .offset = offset, .bytes = bytes, .audience = it->second.second});
+    out.key_of.push_back(it->second.first);
+  };
+  out.segments.reserve(p.tensors.size());
   for (std::uint32_t i = 0; i < p.tensors.size(); ++i) {
     const auto nbytes = p.tensors[i].nbytes;
     const auto it = wants.find(p.tensors[i].name);
     if (it == wants.end()) {
-      out.push_back({.tensor = i, .bytes = nbytes, .audience = audience_of({})});
+      add(i, 0, nbytes, {});
       continue;
     }
     std::vector<std::uint64_t> cuts{0, nbytes};
-    for (const auto& [who, r] : it->second) {
+    for (const auto& [k, r] : it->second) {
       cuts.push_back(std::min(r.offset, nbytes));
       cuts.push_back(std::min(r.end(), nbytes));
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
-      std::vector<address> covering;
-      for (const auto& [who, r] : it->second) {
-        if (r.offset <= cuts[k] && r.end() >= cuts[k + 1]) covering.push_back(who);
+    for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+      std::vector<std::uint32_t> covering;
+      for (const auto& [k, r] : it->second) {
+        if (r.offset <= cuts[c] && r.end() >= cuts[c + 1]) covering.push_back(k);
       }
-      out.push_back({.tensor = i, .offset = cuts[k], .bytes = cuts[k + 1] - cuts[k], .audience = audience_of(covering)});
+      add(i, cuts[c], cuts[c + 1] - cuts[c], std::move(covering));
     }
   }
   return out;
 }
 
+/// A digest of what fixes chunk ids: segments and chunks, where each lies and what it packs.
+std::uint64_t layout_digest(const plan& p) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  auto add = [&](std::uint64_t v) { XXH3_64bits_update(state, &v, sizeof v); };
+  for (const auto& s : p.segments) {
+    for (auto v : {std::uint64_t{s.tensor}, s.offset, s.bytes, s.shard_offset}) add(v);
+  }
+  for (const auto& c : p.chunks) {
+    for (auto v : {std::uint64_t{c.shard}, c.shard_offset, c.bytes}) add(v);
+  }
+  for (const auto& t : p.tensors) XXH3_64bits_update(state, t.name.data(), t.name.size());
+  const auto digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
 /// Every segment has a hearer in every instance.
-result<void> check_coverage(const plan& p, std::span<const tensor_segment> segments, std::string& why) {
+result<void> check_coverage(const plan& p, const cut& c, std::string& why) {
   for (const auto& inst : p.instances) {
     std::map<std::uint32_t, bool> heard;  // audience -> some member of `inst` hears it
-    for (const auto& s : segments) {
-      if (s.audience == unclaimed) {
+    for (const auto& s : c.segments) {
+      if (s.audience != 0 && p.audiences[s.audience].empty()) {
         why = "no worker registered " + bytes_of(s, p) + " (every instance must hold the whole model)";
         return fail(errc::invalid_argument);
       }
@@ -242,31 +302,31 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     p.instances.push_back(std::move(inst));
   }
 
-  auto segments = cut_segments(p, in.selections);
-  if (in.require_coverage) {
-    if (!check_coverage(p, segments, why)) return fail(errc::invalid_argument);
-  }
-  std::erase_if(segments, [](const tensor_segment& s) { return s.audience == unclaimed; });
+  auto cut = cut_segments(p, in.selections, in.selected);
+  if (in.require_coverage && !check_coverage(p, cut, why)) return fail(errc::invalid_argument);
 
-  // Pack each shard's segments into its own stream, audience by audience (in order of first
-  // appearance), then cut each audience's run into chunks: a chunk never mixes audiences.
+  // Pack each shard's segments into its own stream, key by key (by first appearance), then cut
+  // each key's run into chunks: a chunk never mixes keys, so it has one audience. Segments with
+  // no hearer stay in the layout (a replacement may hear them again) and go nowhere.
   std::vector<std::vector<chunk_info>> per_shard(in.shard_tensors.size());
-  std::stable_sort(segments.begin(), segments.end(), [&](const tensor_segment& a, const tensor_segment& b) {
-    return p.owner[a.tensor] < p.owner[b.tensor];
+  std::vector<std::uint32_t> order(cut.segments.size());  // segments in packing order
+  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return std::pair(p.owner[cut.segments[a].tensor], cut.key_of[a]) < std::pair(p.owner[cut.segments[b].tensor], cut.key_of[b]);
   });
+  std::vector<tensor_segment> segments;
+  std::vector<std::uint32_t> key_of;
+  for (const auto i : order) {
+    segments.push_back(cut.segments[i]);
+    key_of.push_back(cut.key_of[i]);
+  }
   for (auto first = segments.begin(); first != segments.end();) {
     const auto shard = p.owner[first->tensor];
     const auto last = std::find_if(first, segments.end(), [&](const auto& s) { return p.owner[s.tensor] != shard; });
-    std::vector<std::uint32_t> order;  // audiences by first appearance in the shard
-    for (auto it = first; it != last; ++it) {
-      if (std::find(order.begin(), order.end(), it->audience) == order.end()) order.push_back(it->audience);
-    }
-    std::stable_sort(first, last, [&](const tensor_segment& a, const tensor_segment& b) {
-      return std::find(order.begin(), order.end(), a.audience) < std::find(order.begin(), order.end(), b.audience);
-    });
     std::uint64_t stream = 0;
     for (auto run = first; run != last;) {
-      const auto run_end = std::find_if(run, last, [&](const auto& s) { return s.audience != run->audience; });
+      const auto key = key_of[run - segments.begin()];
+      const auto run_end = std::find_if(run, last, [&](const auto& s) { return key_of[&s - segments.data()] != key; });
       const std::uint64_t begin_run = align_up(stream);
       for (auto it = run; it != run_end; ++it) {
         it->shard_offset = stream = align_up(stream);
@@ -306,13 +366,12 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     }
     if (!any) break;
   }
-
+  p.layout = layout_digest(p);
   return p;
 }
 
 result<void> check_worker_tensors(std::span<const tensor_spec> published, std::span<const tensor_spec> worker,
-                                  std::span<const byte_range> parts, std::vector<tensor_range>& selected,
-                                  std::string& why) {
+                                  std::span<const byte_range> parts, selection& selected, std::string& why) {
   selected.clear();
   if (worker.empty()) return {};  // the worker takes the trainers' table, whatever it is
   if (!validate_tensor_table(worker, why)) return fail(errc::invalid_argument);
@@ -349,6 +408,7 @@ result<void> check_worker_tensors(std::span<const tensor_spec> published, std::s
     selected.push_back({t.name, range});
   }
   if (everything) selected.clear();
+  std::sort(selected.begin(), selected.end());
   return {};
 }
 

@@ -9,6 +9,11 @@
 /// audience, so every chunk has one: an instance whose members all hear it takes it through its
 /// leaders and collective as before; a member that alone (or with some, not all, of its instance)
 /// hears it receives it directly from the trainer.
+///
+/// The layout (segments, chunks, what each packs) depends only on the tensor table and the
+/// selections the job has seen, not on who is alive: a worker replaced by one of the same part
+/// keeps every chunk id, so a regroup resends only what is missing. Only an audience (who hears a
+/// chunk now) changes with membership.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -59,7 +64,10 @@ struct chunk_info {
 struct tensor_range {
   std::string name;
   byte_range range;
+  friend auto operator<=>(const tensor_range&, const tensor_range&) = default;
 };
+/// A worker's part of the table: what it registered, when that is less than all of it.
+using selection = std::vector<tensor_range>;
 
 /// One rollout instance: its workers in rank order and the ranks that receive point-to-point.
 /// With k leaders every chunk travels as k stripes (`stripe_of`), stripe s to leaders[s], and
@@ -73,6 +81,7 @@ struct instance_plan {
 
 struct plan {
   std::uint32_t epoch = 0;
+  std::uint64_t layout = 0;  ///< a digest of the chunk layout: equal layouts, equal chunk ids
   std::uint64_t chunk_bytes = default_chunk_bytes;
   std::uint32_t depth = 2;
   std::vector<tensor_spec> tensors;     ///< every tensor of the model
@@ -86,7 +95,7 @@ struct plan {
   std::vector<instance_plan> instances;
   /// Trainers keep their host copies in shared memory and leaders read chunks there in place.
   bool shared_host_copies = false;
-  MSGPACK_DEFINE_MAP(epoch, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
+  MSGPACK_DEFINE_MAP(epoch, layout, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
                      instances, shared_host_copies)
 
   /// Bytes the trainers send once: every chunk's.
@@ -100,6 +109,13 @@ struct plan {
   bool whole_instance(const instance_plan& inst, std::uint32_t audience) const;
   /// The bytes `worker` receives per update: its chunks'.
   std::uint64_t bytes_for(const address& worker) const;
+  /// Over every worker: the most bytes one receives per update, and the largest ratio of what one
+  /// receives to what it holds (its segments; 1 when nothing is padding or another's).
+  struct receive_share {
+    std::uint64_t most_bytes = 0;
+    double worst_ratio = 0;
+  };
+  receive_share receive_shares() const;
   /// Ids of the chunks `shard` sources, in send order.
   std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
   /// For each of `tensors`, the index of the same name in `names`, or -1: one hashed pass, for
@@ -144,9 +160,11 @@ struct plan_inputs {
   std::vector<address> shards;
   std::vector<std::vector<tensor_spec>> shard_tensors;  ///< per shard, in registration order
   std::vector<instance_plan> instances;                 ///< leaders may be empty: rank 0 is chosen
-  /// Workers that registered part of the table (checked by `check_worker_tensors`); the others
-  /// take all of it.
-  std::map<address, std::vector<tensor_range>> selections;
+  /// Every selection the job has seen (checked by `check_worker_tensors`), whether or not a live
+  /// worker holds it now: they fix the layout.
+  std::set<selection> selections;
+  /// The live workers that registered part of the table; the others take all of it.
+  std::map<address, selection> selected;
   /// Every instance's members together must register every published byte.
   bool require_coverage = false;
   job_limits limits;
@@ -169,9 +187,9 @@ std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, s
 
 /// Checks a worker's registration against what the trainers publish: names they publish, same
 /// dtypes and shapes, each range inside its tensor (`parts`: parallel to `worker`, or empty for
-/// whole tensors). Its selection, when it registered less than the whole table, goes to `selected`.
+/// whole tensors). Its selection, when it registered less than the whole table, goes to `selected`
+/// (sorted by name).
 result<void> check_worker_tensors(std::span<const tensor_spec> published, std::span<const tensor_spec> worker,
-                                  std::span<const byte_range> parts, std::vector<tensor_range>& selected,
-                                  std::string& why);
+                                  std::span<const byte_range> parts, selection& selected, std::string& why);
 
 }  // namespace ferry

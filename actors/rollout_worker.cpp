@@ -108,6 +108,10 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
       tensors_.push_back({.spec = spec, .data = owned_.back().data()});
     }
   }
+  if (plan_ && plan_->layout != m.plan.layout) {
+    // Chunk ids mean other bytes now: what arrived of a version not complete here is sent again.
+    std::erase_if(progress_, [this](const auto& p) { return p.first > complete_version_; });
+  }
   auto next = std::make_shared<worker_plan>(worker_plan{m.plan, {}, {}, 0, {}, false});
   if (auto why = next->derive(tensors_, self(), *it); !why.empty()) {
     return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " " + why);
@@ -331,12 +335,13 @@ std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared
     if (!wait_for([&] { return g != gen_ || !g->ready.empty(); }) || !current(g)) return std::nullopt;
     const received r = g->ready.front();
     g->ready.pop_front();
-    return work{.version = r.meta.version, .chunk = r.meta.chunk, .checksum = r.meta.chunk_checksum, .mine = r};
+    return work{.version = r.meta.version, .chunk = r.meta.chunk, .checksum = r.meta.chunk_checksum, .mine = r,
+                .plan = plan_};
   }
   if (!wait_for([&] { return g != gen_ || !g->announcements.empty(); }) || !current(g)) return std::nullopt;
   const chunk_announce a = g->announcements.front();
   g->announcements.pop_front();
-  work w{.version = a.version, .chunk = a.chunk, .checksum = a.checksum};
+  work w{.version = a.version, .chunk = a.chunk, .checksum = a.checksum, .plan = plan_};
   if (!g->stripe) return w;
   // Another leader: its stripe of the announced chunk may still be on the way.
   auto arrived = [&] {
@@ -422,9 +427,9 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     }
     if (!current(g)) return;
     ++in_flight_;
-    apply(r.meta.version, c.id, bytes, [this, g, r, source, shard = plan->shards.at(c.shard)] {
+    apply(*plan, r.meta.version, c.id, bytes, [this, g, r, source, plan, shard = plan->shards.at(c.shard)] {
       if (current(g)) send(shard, slot_free{.slot = r.slot});
-      chunk_applied(r.meta.version, r.meta.chunk);
+      chunk_applied(*plan, r.meta.version, r.meta.chunk);
       --in_flight_;
       changed();
     });
@@ -453,7 +458,7 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
   auto finish = [this, g, w, dslot, slot_until_applied, free_slot](bool applied) {
     if (dslot) g->free_slots.push_back(*dslot);
     if (slot_until_applied) free_slot();
-    if (applied) chunk_applied(w.version, w.chunk);
+    if (applied) chunk_applied(*w.plan, w.version, w.chunk);
     g->credits->release();
     --in_flight_;
     changed();
@@ -486,7 +491,7 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w
       if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
       both();
     });
-    return apply(w.version, w.chunk, target.bytes, both);
+    return apply(*w.plan, w.version, w.chunk, target.bytes, both);
   }
   const auto began = broadcast_meter_.begin();
   auto collected = [this, g, w, target, finish, began](std::error_code ec) {
@@ -508,7 +513,7 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w
                       std::to_string(w.version) + " from the instance's collective");
             return finish(false);
           }
-          apply(w.version, w.chunk, bytes, [finish] { finish(true); });
+          apply(*w.plan, w.version, w.chunk, bytes, [finish] { finish(true); });
         });
   };
   if (g->stripes == 1) return g->broadcast->async_broadcast(target, collected);
@@ -521,12 +526,12 @@ buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t byte
   return {.bytes = {slots_.data() + offset, bytes}, .region = *slots_region_, .offset = offset};
 }
 
-void rollout_worker::apply(std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
-                           std::function<void()> done) {
+void rollout_worker::apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk,
+                           std::span<const std::byte> bytes, std::function<void()> done) {
   std::vector<copy_piece> pieces;
-  for (const auto& p : plan_->chunks[chunk].pieces) {
+  for (const auto& p : plan.chunks[chunk].pieces) {
     // Every piece lies in this worker's part of its tensor: the plan cut the segments there.
-    const auto& t = tensors_[plan_->local_of[p.tensor]];
+    const auto& t = tensors_[plan.local_of[p.tensor]];
     pieces.push_back({t.data + (p.tensor_offset - t.held().offset), bytes.data() + p.chunk_offset, p.bytes});
   }
   const auto began = apply_meter_.begin();
@@ -538,8 +543,9 @@ void rollout_worker::apply(std::uint64_t version, std::uint32_t chunk, std::span
   });
 }
 
-void rollout_worker::chunk_applied(std::uint64_t version, std::uint32_t chunk) {
+void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk) {
   if (version <= complete_version_) return;  // a resent chunk of a version already complete here
+  if (plan.layout != plan_->layout) return;  // its chunk ids mean other bytes now
   auto& p = progress_[version];
   if (p.applied.empty()) {
     p.applied.assign(plan_->chunks.size(), false);

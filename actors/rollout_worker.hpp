@@ -72,19 +72,6 @@ class rollout_worker final : public job_member {
     host_buffer bytes;
     device_memory* pinned = nullptr;  ///< unpinned from it when the copy goes
   };
-  /// The next chunk this member takes part in.
-  struct work {
-    std::uint64_t version = 0;
-    std::uint32_t chunk = 0;
-    std::uint64_t checksum = 0;         ///< the whole chunk's
-    std::optional<received> mine;  ///< leaders: the slot holding their stripe
-    std::shared_ptr<const mapped_copy> source;  ///< a device leader's stripe is uploaded from here
-  };
-  struct version_progress {
-    std::vector<bool> applied;                ///< per plan chunk
-    std::uint32_t chunks = 0;                 ///< how many are applied
-    std::vector<std::uint64_t> tensor_bytes;  ///< bytes applied per plan tensor
-  };
   /// The plan and where this worker's tensors sit in it. A regroup replaces it and never changes
   /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
   struct worker_plan : ferry::plan {
@@ -96,6 +83,20 @@ class rollout_worker final : public job_member {
     /// Fills the above for worker `self` of `inst`; says what is wrong if the plan sends it
     /// bytes it does not hold.
     std::string derive(const std::vector<tensor_ref>& local, const address& self, const instance_plan& inst);
+  };
+  /// The next chunk this member takes part in.
+  struct work {
+    std::uint64_t version = 0;
+    std::uint32_t chunk = 0;
+    std::uint64_t checksum = 0;         ///< the whole chunk's
+    std::optional<received> mine;  ///< leaders: the slot holding their stripe
+    std::shared_ptr<const mapped_copy> source;  ///< a device leader's stripe is uploaded from here
+    std::shared_ptr<const worker_plan> plan;  ///< the plan `chunk` belongs to
+  };
+  struct version_progress {
+    std::vector<bool> applied;                ///< per plan chunk
+    std::uint32_t chunks = 0;                 ///< how many are applied
+    std::vector<std::uint64_t> tensor_bytes;  ///< bytes applied per plan tensor
   };
   /// The state of one epoch's staging; a new plan starts a new generation and abandons the old
   /// one's pending work (its completions still run, but touch nothing of the new generation).
@@ -133,7 +134,8 @@ class rollout_worker final : public job_member {
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
   bool on_device() const { return options_.memory && options_.memory->device() >= 0; }
   bool current(const std::shared_ptr<generation>& g) const { return g == gen_ && !failed_ && !stopped_; }
-  void apply(std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
+  /// Copies chunk `chunk` of `plan` from `bytes` into this worker's tensors, then `done`.
+  void apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
              std::function<void()> done);
   /// Fiber: the trainer's host copy `ref`, mapped (and pinned for the device) on first use;
   /// null after failing the job when it cannot be read here.
@@ -141,7 +143,8 @@ class rollout_worker final : public job_member {
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
   bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
   void corrupted(const std::string& reason);
-  void chunk_applied(std::uint64_t version, std::uint32_t chunk);
+  /// Counts chunk `chunk` of `plan` as applied, unless a plan of another layout replaced it.
+  void chunk_applied(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk);
   /// Fiber: the per-tensor digests of device tensors, hashed from a pinned host bounce buffer.
   void digest_through_host(version_complete& report);
   worker_ready holdings() const;

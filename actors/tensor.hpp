@@ -36,7 +36,7 @@ struct byte_range {
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
   std::uint64_t end() const { return offset + bytes; }
-  friend bool operator==(const byte_range&, const byte_range&) = default;
+  friend auto operator<=>(const byte_range&, const byte_range&) = default;
   MSGPACK_DEFINE_MAP(offset, bytes)
 };
 

@@ -114,7 +114,9 @@ struct member_table {
   std::set<std::string> names;
   bool joined = false, closed = false;
 
-  status add(const tensor& t, bool data_required, const char* who) {
+  /// Registers `t`, or with `rows` ([first, first + count) of its first dimension) that part of it.
+  status add(const tensor& t, bool data_required, const char* who,
+             std::optional<std::pair<std::int64_t, std::int64_t>> rows = std::nullopt) {
     std::lock_guard lock(mutex);
     if (joined)
       return failed(api_errc::already_joined,
@@ -122,9 +124,22 @@ struct member_table {
     std::string why;
     auto ref = to_ref(t, data_required, why);
     if (!ref) return failed(api_errc::invalid_argument, fmt::format("{}: {}", who, why));
+    if (rows) {
+      const auto [first, count] = *rows;
+      const std::int64_t all = t.shape.empty() ? 0 : t.shape[0];
+      if (first < 0 || count < 1 || first > all || count > all - first) {
+        return failed(api_errc::invalid_argument,
+                      fmt::format("{}: tensor '{}': rows [{}, {}) lie outside its {} rows", who,
+                                  t.name, first, first + count, all));
+      }
+      const std::uint64_t row_bytes = ref->spec.nbytes / static_cast<std::uint64_t>(all);
+      ref->part = byte_range{static_cast<std::uint64_t>(first) * row_bytes,
+                             static_cast<std::uint64_t>(count) * row_bytes};
+    }
     if (!names.insert(t.name).second) {
       return failed(api_errc::invalid_argument,
-                    fmt::format("{}: tensor '{}' registered twice", who, t.name));
+                    fmt::format("{}: tensor '{}' registered twice (one row range per tensor)", who,
+                                t.name));
     }
     tensors.push_back(*ref);
     return {};
@@ -571,6 +586,10 @@ status rollout::register_tensor(const tensor& t) {
   return impl_->add(t, false, "rollout");
 }
 
+status rollout::register_rows(const tensor& t, std::int64_t first_row, std::int64_t rows) {
+  return impl_->add(t, false, "rollout", std::pair{first_row, rows});
+}
+
 void rollout::on_tensor(
     std::function<void(std::uint64_t, const tensor&, std::span<const std::byte>)> fn) {
   std::lock_guard lock(impl_->mutex);
@@ -618,10 +637,13 @@ status rollout::join() {
             fn = self->on_tensor;
           }
           if (!fn) return;
-          const tensor t{.name = spec.name,
-                         .dtype = std::string(dtype_name(spec.type)),
-                         .shape = {spec.shape.begin(), spec.shape.end()},
-                         .data = const_cast<std::byte*>(bytes.data())};
+          tensor t{.name = spec.name,
+                   .dtype = std::string(dtype_name(spec.type)),
+                   .shape = {spec.shape.begin(), spec.shape.end()},
+                   .data = const_cast<std::byte*>(bytes.data())};
+          if (bytes.size() != spec.nbytes) {  // a row range: the shape of the rows held here
+            t.shape[0] = static_cast<std::int64_t>(bytes.size() / (spec.nbytes / spec.shape[0]));
+          }
           fn(v, t, bytes);
         };
         w.on_update_failed = [self](std::uint64_t v, const std::string& reason) {

@@ -299,6 +299,17 @@ ferry_status ferry_rollout_register_tensor(ferry_rollout* r, const char* name, c
   });
 }
 
+ferry_status ferry_rollout_register_rows(ferry_rollout* r, const char* name, const char* dtype,
+                                         const int64_t* shape, size_t ndim, int64_t first_row,
+                                         int64_t rows, void* data) {
+  return guarded([&] {
+    if (!r || !name || !dtype || (ndim > 0 && !shape))
+      return refuse("ferry_rollout_register_rows: a NULL argument");
+    return to_status(
+        r->object.register_rows(make_tensor(name, dtype, shape, ndim, data), first_row, rows));
+  });
+}
+
 ferry_status ferry_rollout_join(ferry_rollout* r) {
   return guarded(
       [&] { return r ? to_status(r->object.join()) : refuse("ferry_rollout_join: NULL handle"); });

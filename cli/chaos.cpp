@@ -58,10 +58,12 @@ int run_virtual_chaos(const chaos_flags& f, const CLI::App& app) {
   if (given("--chunk-bytes")) c.chunk_bytes = job.chunk_bytes;
   if (given("--depth")) c.depth = job.depth;
   if (given("--stripes")) c.stripes = job.stripes;
+  c.sharding = job.shard_rollout;
   if (given("--transport") && job.transport != "inproc") {
     return std::fprintf(stderr, "ferry chaos: --virtual runs on the inproc transport (virtual time has no sockets)\n"), 2;
   }
-  log::set_level(log::level::off);  // regroups and failed updates are the point here: counted, not logged
+  // Regroups and failed updates are the point here: counted, not logged (unless FERRY_LOG asks).
+  if (!std::getenv("FERRY_LOG")) log::set_level(log::level::off);
   const auto r = run_virtual_chaos(c);
   nlohmann::json faults = nlohmann::json::object();
   for (const auto& [name, times] : r.faults) faults[name] = times;

@@ -123,6 +123,9 @@ int run_coordinator(const process_flags& f) {
     result.model_bytes = p.total_bytes();
     result.tensors = p.tensors.size();
     result.chunks = p.chunks.size();
+    const auto share = p.receive_shares();
+    result.worker_bytes = share.most_bytes;
+    result.receive_ratio = share.worst_ratio;
     log::info("coordinator: every leader is ready; updates may start");
   };
   coord.on_failed = [&](const std::string& why) { failure = why; };

@@ -14,6 +14,11 @@ std::string summary_table(const job_result& r) {
   }
   out += fmt::format("{} versions of {:.3f} GB ({} tensors, {} chunks) to {} workers in {:.3f} s: {:.2f} GB/s\n",
                      r.versions.size(), r.model_bytes / 1e9, r.tensors, r.chunks, r.workers, r.seconds(), r.gbps());
+  if (r.worker_bytes > 0 && r.worker_bytes < r.model_bytes) {
+    out += fmt::format("sharded: a worker receives at most {:.3f} GB per version ({:.1f}% of the model), at most "
+                       "{:.3f}x the bytes it holds\n",
+                       r.worker_bytes / 1e9, 100.0 * r.worker_bytes / r.model_bytes, r.receive_ratio);
+  }
   out += r.verified ? "verified: every worker holds the trainers' bytes\n"
                     : "NOT verified" + (r.error.empty() ? std::string() : ": " + r.error) + "\n";
   return out;
@@ -38,6 +43,8 @@ nlohmann::json summary_json(const job_result& r) {
                    {"gbps", r.gbps()},
                    {"tensors", r.tensors},
                    {"chunks", r.chunks},
+                   {"worker_bytes", r.worker_bytes},
+                   {"receive_ratio", r.receive_ratio},
                    {"per_version", versions}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;

@@ -105,6 +105,9 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
     ready = true;
     result.chunks = p.chunks.size();
     result.stripes = static_cast<std::uint32_t>(p.instances.at(0).leaders.size());
+    const auto share = p.receive_shares();
+    result.worker_bytes = share.most_bytes;
+    result.receive_ratio = share.worst_ratio;
   };
   coord.on_failed = [&](const std::string& why) { failure = why; };
   coord.on_delivered = [&](const version_report& r) {
@@ -143,15 +146,6 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
   for (auto& t : trainers) t->join();
   for (auto& w : workers) w->join();
   loop.run_until([&] { return ready || failure || stopping; });
-  if (ready) {
-    for (const auto& w : workers) {
-      std::uint64_t held = 0;
-      for (const auto& t : w->tensors()) held += t.held().bytes;
-      const auto receives = coord.current_plan()->bytes_for(w->self());
-      result.worker_bytes = std::max(result.worker_bytes, receives);
-      result.receive_ratio = std::max(result.receive_ratio, static_cast<double>(receives) / std::max<std::uint64_t>(held, 1));
-    }
-  }
 
   for (std::uint64_t v = 1; v <= config.versions && !failure && !stopping; ++v) {
     // "Training" produces version v: new bytes in every trainer tensor, filled on the pool.

@@ -40,7 +40,7 @@ struct job_result {
   std::uint64_t tensors = 0;
   std::uint64_t chunks = 0;
   std::uint32_t stripes = 0;  ///< leaders per instance in the first plan
-  /// Per update, the most any worker receives against what it registered (1: exactly its bytes).
+  /// Per update, the most any worker receives against what it holds (1: exactly its bytes).
   double receive_ratio = 0;
   std::uint64_t worker_bytes = 0;  ///< the most bytes any worker receives per update
   std::vector<version_report> versions;

@@ -199,10 +199,9 @@ void chaos_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
   w->host = &add_node();
   w->instance = instance;
   w->rank = rank;
-  std::vector<tensor_ref> destinations;
-  for (const auto& t : model_) destinations.push_back({.spec = t});
+  const auto size = config_.workers_per_instance;
   w->actor = std::make_unique<rollout_worker>(
-      *w->host, 1, coordinator_->self(), instance, rank, destinations,
+      *w->host, 1, coordinator_->self(), instance, rank, rollout_share(model_, config_.sharding, rank % size, size),
       worker_options{.checksums = true, .digests = true, .make_broadcast = host_chain(chain_tag)});
   auto& member = *w;
   member.actor->on_failed = [this, &member](const std::string& why) {
@@ -364,7 +363,8 @@ void chaos_job::verify() {
   }
   for (auto* w : live_workers()) {
     for (const auto& t : w->actor->tensors()) {
-      if (std::memcmp(t.data, expected.at(t.spec.name).data(), t.spec.nbytes) != 0) {
+      const auto part = t.held();
+      if (std::memcmp(t.data, expected.at(t.spec.name).data() + part.offset, part.bytes) != 0) {
         failure_ = fmt::format("worker {}.{}: tensor '{}' differs from version {}", w->instance,
                                w->rank, t.spec.name, result_.delivered);
         return;

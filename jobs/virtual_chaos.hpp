@@ -9,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include "actors/rollout_sharding.hpp"
+
 namespace ferry {
 
 struct virtual_chaos_config {
@@ -22,6 +24,8 @@ struct virtual_chaos_config {
   /// 0: drawn from the seed (1, 2 or 4); likewise stripes (0 draws 1, 2 or the instance size).
   std::uint32_t depth = 0;
   std::uint32_t stripes = 0;
+  /// How each instance's workers split the model (a late joiner of rank r takes share r % size).
+  rollout_sharding sharding = rollout_sharding::none;
   /// A run whose virtual clock passes this is a hang.
   double virtual_limit_seconds = 600;
   std::string trace_path;  ///< Chrome trace JSON of the run, when not empty

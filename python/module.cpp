@@ -268,12 +268,13 @@ template <class Impl>
 class member {
  public:
   void register_tensor(const std::string& name, py::object obj) {
-    add(import_dlpack(name, std::move(obj)));
+    add(import_dlpack(name, std::move(obj)), [&](const ferry::tensor& t) { return impl_->register_tensor(t); });
   }
   void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes,
                     const std::string& dtype, std::optional<std::vector<std::int64_t>> shape,
                     py::object owner) {
-    add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)));
+    add(import_raw(name, pointer, nbytes, dtype, std::move(shape), std::move(owner)),
+        [&](const ferry::tensor& t) { return impl_->register_tensor(t); });
   }
   void join() {
     guard_.check(what_);
@@ -288,16 +289,19 @@ class member {
  protected:
   member(std::unique_ptr<Impl> impl, const char* what) : what_(what), impl_(std::move(impl)) {}
 
+  /// Registers `h` through `with` (a register call of `impl_`), then keeps it alive.
+  template <class Register>
+  void add(held_tensor h, Register with) {
+    guard_.check(what_);
+    check(with(h.view));
+    held_.push_back(std::move(h));
+  }
+
   fork_guard guard_;
   const char* what_;  ///< the Python class, for errors
   std::unique_ptr<Impl> impl_;
 
  private:
-  void add(held_tensor h) {
-    guard_.check(what_);
-    check(impl_->register_tensor(h.view));
-    held_.push_back(std::move(h));
-  }
   std::deque<held_tensor> held_;
 };
 
@@ -328,6 +332,20 @@ class rollout : public member<ferry::rollout> {
  public:
   explicit rollout(ferry::rollout::options o)
       : member(std::make_unique<ferry::rollout>(std::move(o)), "Rollout") {}
+  /// `obj` holds rows [first_row, first_row + its rows) of the published tensor of `shape`.
+  void register_rows(const std::string& name, py::object obj, std::int64_t first_row,
+                     std::vector<std::int64_t> shape) {
+    auto h = import_dlpack(name, std::move(obj));
+    const auto& local = h.view.shape;
+    if (local.empty() || shape.size() != local.size() ||
+        !std::equal(local.begin() + 1, local.end(), shape.begin() + 1)) {
+      check({make_error_code(ferry::api_errc::invalid_argument),
+             "Rollout: tensor '" + name + "': its shape must be (rows, *shape[1:]) of the published shape"});
+    }
+    const auto rows = local[0];
+    h.view.shape = std::move(shape);
+    add(std::move(h), [&](const ferry::tensor& t) { return impl_->register_rows(t, first_row, rows); });
+  }
   /// Before join: queue every tensor, version and failure for `next_event` (a copy of each tensor).
   void stream() {
     guard_.check(what_);
@@ -498,6 +516,8 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("checksums") = true, py::arg("digests") = true,
            py::arg("connect_timeout") = 30.0)
       .def("register", &rollout::register_tensor, py::arg("name"), py::arg("tensor"))
+      .def("register_rows", &rollout::register_rows, py::arg("name"), py::arg("tensor"),
+           py::arg("first_row"), py::arg("shape"))
       .def("register_raw", &rollout::register_raw, py::arg("name"), py::arg("pointer"),
            py::arg("nbytes"), py::arg("dtype") = "u8", py::arg("shape") = py::none(),
            py::arg("owner") = py::none())

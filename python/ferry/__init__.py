@@ -135,9 +135,13 @@ class _Member:
 
     def register(self, name: str, tensor: Any) -> None:
         """Before join: the tensor `name` (ferry keeps a reference to it)."""
+        self._register(name, tensor, self._native.register)
+
+    def _register(self, name: str, tensor: Any, native: Any) -> None:
+        """Registers `tensor` through `native(name, host tensor)`, staging a CUDA one."""
         tensor = _host_view(name, tensor)
         host = _staging_for(tensor)
-        self._native.register(name, tensor if host is None else host)
+        native(name, tensor if host is None else host)
         if host is not None:
             self._staged.append((tensor, host))
 
@@ -193,8 +197,16 @@ class Rollout(_Member):
         self._received = 0  # the newest version `receive` went through
 
     def register(self, name: str, tensor: Any) -> None:
-        """Before join: where `name` lands. Registering nothing receives the trainers' table instead."""
+        """Before join: where `name` lands. Registering nothing receives the trainers' table instead;
+        registering some tensors receives only those (an expert-parallel shard)."""
         super().register(name, tensor)
+        self._registered = True
+
+    def register_rows(self, name: str, tensor: Any, first_row: int, shape: list[int]) -> None:
+        """Before join: `tensor` holds rows [first_row, first_row + len(tensor)) of the published
+        tensor `name` of `shape` (row-parallel sharding); only those bytes are sent here."""
+        self._register(name, tensor,
+                       lambda n, t: self._native.register_rows(n, t, first_row, [int(d) for d in shape]))
         self._registered = True
 
     def register_raw(self, name: str, pointer: int, nbytes: int, dtype: str = "u8", shape: list[int] | None = None,

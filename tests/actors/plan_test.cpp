@@ -95,7 +95,7 @@ TEST(plan, leaders_must_be_distinct_ranks_of_the_instance) {
 TEST(plan, worker_registration_must_match_the_trainers) {
   std::string why;
   const std::vector published{make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})};
-  std::vector<tensor_range> selected;
+  selection selected;
   auto check = [&](std::vector<tensor_spec> worker, std::vector<byte_range> parts = {}) {
     return static_cast<bool>(check_worker_tensors(published, worker, parts, selected, why));
   };
@@ -113,8 +113,8 @@ TEST(plan, worker_registration_must_match_the_trainers) {
   EXPECT_EQ(selected[0].range, (byte_range{0, 32}));
   EXPECT_TRUE(check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})},
                     {{8, 16}, {0, 16}})) << why;
-  ASSERT_EQ(selected.size(), 2u);
-  EXPECT_EQ(selected[0].range, (byte_range{8, 16}));
+  ASSERT_EQ(selected.size(), 2u);  // sorted by name: b, w
+  EXPECT_EQ(selected[1].range, (byte_range{8, 16}));
   EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4})}, {{24, 16}}));
   EXPECT_NE(why.find("bytes [24, 40), which lie outside its 32 bytes"), std::string::npos) << why;
   EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4})}, {{8, 0}}));
@@ -125,9 +125,10 @@ TEST(plan, worker_registration_must_match_the_trainers) {
 
 /// One shard publishing `w` (f32, 1000 rows of 4 bytes) and `b` (f32, 64), to one instance of
 /// workers A = {10, 1} and B = {11, 1} with the given selections.
-plan_inputs selective(std::map<address, std::vector<tensor_range>> selections, std::uint64_t chunk = 1024) {
+plan_inputs selective(std::map<address, selection> selected, std::uint64_t chunk = 1024) {
   auto in = inputs({{make_tensor_spec("w", dtype::f32, {1000}), make_tensor_spec("b", dtype::f32, {64})}}, chunk);
-  in.selections = std::move(selections);
+  for (const auto& [who, s] : selected) in.selections.insert(s);
+  in.selected = std::move(selected);
   in.require_coverage = true;
   return in;
 }
@@ -176,6 +177,35 @@ TEST(plan, selective_segments_are_cut_at_ranges_and_packed_by_audience) {
   }
   EXPECT_EQ(straddling, 0u);  // row boundaries stay row boundaries (chunks are 256-aligned)
   EXPECT_GT(p->chunks.size(), 3u);
+}
+
+TEST(plan, the_layout_outlives_the_workers_and_changes_only_with_a_new_part) {
+  std::string why;
+  const selection a{{"b", {0, 256}}, {"w", {0, 2000}}}, b{{"b", {0, 256}}, {"w", {2000, 2000}}};
+  auto in = selective({{worker_a, a}, {worker_b, b}});
+  auto both = make_plan(in, why);
+  ASSERT_TRUE(both) << why;
+  // A dies: its bytes stay in the layout (same chunk ids), but nobody hears them now.
+  in.instances[0].workers = {worker_b};
+  in.selected.erase(worker_a);
+  in.require_coverage = false;
+  auto alone = make_plan(in, why);
+  ASSERT_TRUE(alone) << why;
+  EXPECT_EQ(alone->layout, both->layout);
+  ASSERT_EQ(alone->chunks.size(), both->chunks.size());
+  for (std::size_t i = 0; i < both->chunks.size(); ++i) {
+    EXPECT_EQ(alone->chunks[i].shard_offset, both->chunks[i].shard_offset);
+    EXPECT_EQ(alone->hears(alone->chunks[i].audience, worker_b), both->hears(both->chunks[i].audience, worker_b));
+  }
+  EXPECT_EQ(alone->bytes_for(worker_b), both->bytes_for(worker_b));
+  EXPECT_LT(alone->bytes_for(worker_b), alone->total_bytes());
+  // A replacement with a part never seen before moves the cuts: another layout.
+  in.instances[0].workers = {worker_a, worker_b};
+  in.selected[worker_a] = {{"b", {0, 256}}, {"w", {0, 1000}}};
+  in.selections.insert(in.selected[worker_a]);
+  auto moved = make_plan(in, why);
+  ASSERT_TRUE(moved) << why;
+  EXPECT_NE(moved->layout, both->layout);
 }
 
 TEST(plan, a_plan_without_selections_has_one_segment_per_tensor_for_everyone) {

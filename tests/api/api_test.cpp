@@ -198,5 +198,153 @@ TEST(api, a_rollout_whose_tensor_differs_from_the_trainers_fails_the_job_by_name
   EXPECT_EQ(c.code, api_errc::job_failed) << c.message;
 }
 
+/// Sharded rollouts: a row range of `w` (rows of 132 bytes, cut across 1 KiB chunks), one expert
+/// each, and `norm` on every worker. Each lands between canaries that must stay untouched.
+struct sharded_table {
+  static constexpr std::int64_t rows = 97, cols = 33, experts = 3;
+  std::vector<float> w = std::vector<float>(rows * cols);
+  std::array<std::vector<float>, experts> expert;
+  std::vector<std::uint16_t> norm = std::vector<std::uint16_t>(40);
+  sharded_table() {
+    for (auto& e : expert) e.resize(300);
+  }
+  void fill(std::uint64_t version) {
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(version * 7919 + i);
+    for (std::size_t e = 0; e < expert.size(); ++e) {
+      for (std::size_t i = 0; i < expert[e].size(); ++i) expert[e][i] = static_cast<float>(version * 31 + e * 1000 + i);
+    }
+    for (std::size_t i = 0; i < norm.size(); ++i) norm[i] = static_cast<std::uint16_t>(version + i);
+  }
+  std::vector<tensor> tensors() {
+    std::vector<tensor> out{{.name = "w", .dtype = "f32", .shape = {rows, cols}, .data = w.data()},
+                            {.name = "norm", .dtype = "bf16", .shape = {40}, .data = norm.data()}};
+    for (std::size_t e = 0; e < expert.size(); ++e) {
+      out.push_back({.name = "expert." + std::to_string(e), .dtype = "f32", .shape = {300}, .data = expert[e].data()});
+    }
+    return out;
+  }
+};
+
+/// Memory for one registered part, with canary bytes on both sides.
+struct guarded {
+  static constexpr std::size_t guard = 64;
+  static constexpr std::byte canary{0xab};
+  std::vector<std::byte> bytes;
+  explicit guarded(std::size_t n) : bytes(n + 2 * guard, canary) {}
+  void* data() { return bytes.data() + guard; }
+  std::span<const std::byte> part() const { return {bytes.data() + guard, bytes.size() - 2 * guard}; }
+  bool canaries_intact() const {
+    for (std::size_t i = 0; i < guard; ++i) {
+      if (bytes[i] != canary || bytes[bytes.size() - 1 - i] != canary) return false;
+    }
+    return true;
+  }
+};
+
+TEST(api, sharded_rollouts_receive_exactly_their_rows_and_experts) {
+  status ok;
+  auto o = job({3, 1});
+  o.chunk_bytes = 1024;
+  coordinator coord(o, ok);
+  ASSERT_TRUE(ok) << ok.message;
+  sharded_table sent;
+  trainer t({{.coordinator = coord.address(), .secret = secret}});
+  for (const auto& x : sent.tensors()) ASSERT_TRUE(t.register_tensor(x));
+
+  // Instance 0: worker r holds rows [97 r / 3, 97 (r + 1) / 3) of w, expert r and norm. Instance 1:
+  // one worker with the whole table.
+  constexpr auto row_bytes = sharded_table::cols * sizeof(float);
+  std::vector<std::unique_ptr<rollout>> workers;
+  std::vector<std::map<std::string, guarded>> memory(3);
+  std::vector<std::int64_t> first_row(3);
+  std::mutex m;
+  std::vector<std::map<std::string, std::size_t>> completed(3);  // on_tensor bytes per name
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    workers.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address(), .secret = secret}, 0, r}));
+    auto& w = *workers.back();
+    first_row[r] = sharded_table::rows * r / 3;
+    const auto rows = sharded_table::rows * (r + 1) / 3 - first_row[r];
+    auto& mine = memory[r];
+    auto add = [&](const std::string& name, std::size_t bytes) { return mine.emplace(name, guarded(bytes)).first->second.data(); };
+    auto whole = sent.tensors();
+    ASSERT_TRUE(w.register_rows({.name = "w", .dtype = "f32", .shape = {sharded_table::rows, sharded_table::cols},
+                                 .data = add("w", rows * row_bytes)},
+                                first_row[r], rows));
+    ASSERT_TRUE(w.register_tensor({.name = "norm", .dtype = "bf16", .shape = {40}, .data = add("norm", 80)}));
+    const auto expert = "expert." + std::to_string(r);
+    ASSERT_TRUE(w.register_tensor({.name = expert, .dtype = "f32", .shape = {300}, .data = add(expert, 1200)}));
+    w.on_tensor([&, r](std::uint64_t, const tensor& x, std::span<const std::byte> bytes) {
+      std::lock_guard lock(m);
+      completed[r][x.name] += bytes.size();
+      if (x.name == "w") EXPECT_EQ(x.shape[0] * static_cast<std::int64_t>(row_bytes), static_cast<std::int64_t>(bytes.size()));
+    });
+  }
+  workers.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address(), .secret = secret}, 1, 0}));
+  ASSERT_TRUE(t.join());
+  for (auto& w : workers) ASSERT_TRUE(w->join());
+
+  for (const std::uint64_t v : {1, 2}) {
+    sent.fill(v);
+    trainer::update u(nullptr);
+    ASSERT_TRUE(t.publish(v, &u));
+    const auto d = u.wait_delivered(30s);
+    ASSERT_TRUE(d) << d.message;
+    for (auto& w : workers) ASSERT_TRUE(w->wait_version(v, 30s));
+    for (std::uint32_t r = 0; r < 3; ++r) {
+      const auto& mine = memory[r];
+      const auto* rows_from = reinterpret_cast<const std::byte*>(sent.w.data()) + first_row[r] * row_bytes;
+      const auto& w = mine.at("w");
+      EXPECT_EQ(std::memcmp(w.part().data(), rows_from, w.part().size()), 0) << "worker " << r << " version " << v;
+      EXPECT_EQ(std::memcmp(mine.at("norm").part().data(), sent.norm.data(), 80), 0);
+      EXPECT_EQ(std::memcmp(mine.at("expert." + std::to_string(r)).part().data(), sent.expert[r].data(), 1200), 0);
+      for (const auto& [name, g] : mine) EXPECT_TRUE(g.canaries_intact()) << "worker " << r << " wrote around '" << name << "'";
+    }
+  }
+  std::lock_guard lock(m);
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    // Each version's tensors, and only this worker's: two versions of each of its three parts.
+    EXPECT_EQ(completed[r].size(), 3u);
+    EXPECT_EQ(completed[r]["norm"], 2u * 80);
+    EXPECT_EQ(completed[r]["expert." + std::to_string(r)], 2u * 1200);
+  }
+}
+
+TEST(api, bad_shards_are_refused_before_any_byte_moves) {
+  rollout early({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}, 0, 0});
+  const tensor w{.name = "w", .dtype = "f32", .shape = {97, 33}};
+  auto s = early.register_rows(w, 90, 10);
+  EXPECT_EQ(s.code, api_errc::invalid_argument);
+  EXPECT_NE(s.message.find("rows [90, 100) lie outside its 97 rows"), std::string::npos) << s.message;
+  EXPECT_EQ(early.register_rows(w, -1, 5).code, api_errc::invalid_argument);
+  EXPECT_EQ(early.register_rows({.name = "scalar", .dtype = "f32", .shape = {}}, 0, 1).code, api_errc::invalid_argument);
+  ASSERT_TRUE(early.register_rows(w, 0, 40));
+  s = early.register_rows(w, 30, 20);
+  EXPECT_NE(s.message.find("'w' registered twice (one row range per tensor)"), std::string::npos) << s.message;
+
+  // Rows [40, 50) of w belong to no worker of the only instance; a tensor no trainer publishes.
+  for (const auto& [rows, extra, expect] :
+       {std::tuple{40, false, std::string("no worker registered bytes [5280, 6600) of tensor 'w'")},
+        std::tuple{57, true, std::string("'ghost', which no trainer publishes")}}) {
+    status ok;
+    coordinator coord(job({2}), ok);
+    ASSERT_TRUE(ok) << ok.message;
+    sharded_table sent;
+    trainer t({{.coordinator = coord.address(), .secret = secret}});
+    ASSERT_TRUE(t.register_tensor(sent.tensors()[0]));
+    rollout a({{.coordinator = coord.address(), .secret = secret}, 0, 0});
+    rollout b({{.coordinator = coord.address(), .secret = secret}, 0, 1});
+    ASSERT_TRUE(a.register_rows(w, 0, rows));
+    ASSERT_TRUE(b.register_rows(w, 50, 47));
+    if (extra) ASSERT_TRUE(b.register_tensor({.name = "ghost", .dtype = "u8", .shape = {4}}));
+    ASSERT_TRUE(t.join());
+    ASSERT_TRUE(a.join());
+    ASSERT_TRUE(b.join());
+    const auto c = coord.wait_delivered(1, 30s);
+    EXPECT_EQ(c.code, api_errc::job_failed) << c.message;
+    EXPECT_NE(c.message.find(expect), std::string::npos) << c.message;
+    EXPECT_EQ(a.version(), 0u);
+  }
+}
+
 }  // namespace
 }  // namespace ferry

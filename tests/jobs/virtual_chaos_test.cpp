@@ -81,5 +81,27 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
 }
 INSTANTIATE_TEST_SUITE_P(virtual_chaos, seed_sweep, ::testing::Values(0u, 1u, 2u, 3u));
 
+/// Sharded rollouts under the same faults: each worker receives and keeps only its part (experts,
+/// or rows), and regroups, resumed updates and late joiners still leave each part exact.
+class sharded_seed_sweep : public ::testing::TestWithParam<rollout_sharding> {};
+
+TEST_P(sharded_seed_sweep, every_seed_delivers_each_workers_part_byte_for_byte) {
+  log::set_level(log::level::off);
+  const auto sharding = GetParam();
+  std::map<std::string, std::uint32_t> seen;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    const auto r = run_virtual_chaos({.seed = seed, .sharding = sharding});
+    EXPECT_TRUE(r.verified) << "seed " << seed << ": " << r.error << "\n  replay: " << replay(seed)
+                            << " --shard-rollout " << rollout_sharding_name(sharding);
+    for (const auto& [kind, times] : r.faults) seen[kind] += times;
+  }
+  for (const char* kind : {"leader killed mid-update", "trainer killed mid-update, rejoined",
+                           "late joiner as the last event", "every worker of an instance killed mid-update"}) {
+    EXPECT_GT(seen[kind], 0u) << "no seed hit: " << kind;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(virtual_chaos, sharded_seed_sweep, ::testing::Values(rollout_sharding::ep, rollout_sharding::tp),
+                         [](const auto& info) { return std::string(rollout_sharding_name(info.param)); });
+
 }  // namespace
 }  // namespace ferry

@@ -99,6 +99,11 @@ FERRY_C_API ferry_status ferry_rollout_open(const ferry_member_options* options,
 /* Before join: where the tensor lands. */
 FERRY_C_API ferry_status ferry_rollout_register_tensor(ferry_rollout* r, const char* name, const char* dtype,
                                                        const int64_t* shape, size_t ndim, void* data);
+/* Before join: rows [first_row, first_row + rows) of the tensor of `shape` (its first dimension) land
+ * at `data`, which holds those rows only; only their bytes are sent here. */
+FERRY_C_API ferry_status ferry_rollout_register_rows(ferry_rollout* r, const char* name, const char* dtype,
+                                                     const int64_t* shape, size_t ndim, int64_t first_row,
+                                                     int64_t rows, void* data);
 FERRY_C_API ferry_status ferry_rollout_join(ferry_rollout* r);
 /* The newest version applied here (0: none). */
 FERRY_C_API uint64_t ferry_rollout_version(ferry_rollout* r);

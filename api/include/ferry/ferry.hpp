@@ -181,10 +181,15 @@ class FERRY_API rollout {
   /// Before `join` only: where `t` lands (`t.data`), or, with a null `data`, ferry keeps the
   /// bytes and hands them to `on_tensor`. Name, dtype and shape must match the trainers'.
   /// A rollout that registers nothing receives whatever the trainers publish, in memory ferry
-  /// keeps, through `on_tensor`.
+  /// keeps, through `on_tensor`. One that registers some tensors receives only those (an expert-
+  /// parallel shard); the workers of each instance must together register every published byte.
   status register_tensor(const tensor& t);
+  /// Before `join` only: rows [first_row, first_row + rows) of `t` (its first dimension; `t.shape`
+  /// is the whole published shape), for row-parallel sharding. `t.data` holds those rows only,
+  /// and only their bytes are sent here. One range per tensor.
+  status register_rows(const tensor& t, std::int64_t first_row, std::int64_t rows);
   /// A tensor of a version is complete here: its version, its name, dtype and shape, and its bytes
-  /// (`t.data`; valid during the call only).
+  /// (`t.data`; valid during the call only). For a row range, `t.shape[0]` is its row count.
   void on_tensor(
       std::function<void(std::uint64_t version, const tensor& t, std::span<const std::byte>)> fn);
   /// Every tensor of a version is applied here. No later version lands here while `fn` runs (the
