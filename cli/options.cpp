@@ -27,11 +27,11 @@ void add_job_options(CLI::App& app, job_config& c) {
   app.add_flag("--shared-host-copies", c.shared_host_copies,
                "trainers keep host copies in shared memory and leaders read chunks there in place, "
                "with no point-to-point copy (every node on one host)");
-  app.add_option("--shard-rollout", c.shard_rollout,
-                 "how each instance's workers split the model: none (each holds all of it), ep (experts; a "
-                 "dense layer's MLP counts as one) or tp (every tensor's rows)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, rollout_sharding>{
-          {"none", rollout_sharding::none}, {"ep", rollout_sharding::ep}, {"tp", rollout_sharding::tp}}))
+  app.add_option_function<std::string>(
+         "--shard-rollout", [&c](const std::string& name) { c.shard_rollout = *parse_rollout_sharding(name); },
+         "how each instance's workers split the model: none (each holds all of it), ep (experts; a dense "
+         "layer's MLP counts as one) or tp (every tensor's rows)")
+      ->check(CLI::IsMember({"none", "ep", "tp"}))
       ->default_str("none");
   app.add_flag("!--no-checksums", c.checksums, "skip the per-chunk xxh3 check (benchmarks)");
   app.add_flag("!--no-verify", c.verify, "skip per-tensor digests and the final byte compare");

@@ -1,5 +1,6 @@
-/* The C ABI in one process: a coordinator, a trainer and a rollout worker over tcp; two versions
- * of one tensor, each checked byte for byte on the rollout side. */
+/* The C ABI in one process: a coordinator, a trainer, a rollout worker holding the tensor, and an
+ * instance of two row-sharded workers holding half of its rows each, over tcp; two versions of one
+ * tensor, each checked byte for byte on the rollout side. */
 #include <ferry/ferry.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,15 +15,15 @@
   } while (0)
 
 enum { N = 100000 };
-static float sent[N], received[N];
+static float sent[N], received[N], halves[2][N / 2];
 
 int main(void) {
   const char* secret = "minimal-example-secret-32-bytes!";
-  const uint32_t sizes[] = {1};
+  const uint32_t sizes[] = {1, 2};
   ferry_coordinator_options co = FERRY_COORDINATOR_OPTIONS_INIT;
   co.secret = secret;
   co.instance_sizes = sizes;
-  co.instances = 1;
+  co.instances = 2;
   co.chunk_bytes = 64 * 1024;
   ferry_coordinator* coordinator = NULL;
   CHECK(ferry_coordinator_open(&co, &coordinator));
@@ -39,15 +40,26 @@ int main(void) {
   CHECK(ferry_rollout_open(&mo, &rollout));
   CHECK(ferry_trainer_register_tensor(trainer, "w", "f32", shape, 1, sent));
   CHECK(ferry_rollout_register_tensor(rollout, "w", "f32", shape, 1, received));
+  ferry_rollout* sharded[2] = {NULL, NULL};
+  for (uint32_t r = 0; r < 2; ++r) {  /* instance 1: rank r holds rows [r N/2, (r + 1) N/2) */
+    ferry_member_options so = mo;
+    so.instance = 1;
+    so.rank = r;
+    CHECK(ferry_rollout_open(&so, &sharded[r]));
+    CHECK(ferry_rollout_register_rows(sharded[r], "w", "f32", shape, 1, r * (N / 2), N / 2, halves[r]));
+  }
   CHECK(ferry_trainer_join(trainer));
   CHECK(ferry_rollout_join(rollout));
+  for (int r = 0; r < 2; ++r) CHECK(ferry_rollout_join(sharded[r]));
 
   for (uint64_t v = 1; v <= 2; ++v) {
     for (int i = 0; i < N; ++i) sent[i] = (float)v + (float)i * 0.5f;
     CHECK(ferry_trainer_publish(trainer, v));
     CHECK(ferry_trainer_wait_delivered(trainer, v, 30000));
     CHECK(ferry_rollout_wait_version(rollout, v, 30000));
-    if (memcmp(sent, received, sizeof sent) != 0) {
+    for (int r = 0; r < 2; ++r) CHECK(ferry_rollout_wait_version(sharded[r], v, 30000));
+    if (memcmp(sent, received, sizeof sent) != 0 || memcmp(sent, halves[0], sizeof halves[0]) != 0 ||
+        memcmp(sent + N / 2, halves[1], sizeof halves[1]) != 0) {
       fprintf(stderr, "version %llu differs\n", (unsigned long long)v);
       return 1;
     }
@@ -56,6 +68,7 @@ int main(void) {
   /* Bad input gets a status and a message, never a crash. */
   if (ferry_trainer_publish(trainer, 1) != FERRY_INVALID_ARGUMENT) return 1;
   printf("minimal: publishing an old version: %s\n", ferry_last_error());
+  for (int r = 0; r < 2; ++r) ferry_rollout_close(sharded[r]);
   ferry_rollout_close(rollout);
   ferry_trainer_close(trainer);
   ferry_coordinator_close(coordinator);

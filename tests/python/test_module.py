@@ -64,6 +64,47 @@ def test_versions_reach_a_registered_rollout_and_a_streaming_one_byte_for_byte(c
         member.close()
 
 
+def test_sharded_rollouts_receive_only_their_rows_and_tensors(coordinator):
+    """Rank r holds rows [64 r, 64 r + 64) of `embed` (row-parallel), the whole of `layer.weight` or
+    `layer.bias` (a subset), and `steps`; rows cut across 32 KiB chunks (a row is 256 bytes)."""
+    weights = model(0)
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    for name, t in weights.items():
+        trainer.register(name, t)
+    rows = [(0, 150), (150, 150)]
+    landing = [{"embed": torch.zeros(n, 64), "steps": torch.zeros(1000, dtype=torch.int64)} for _, n in rows]
+    landing[0]["layer.weight"] = torch.zeros(128, 129, dtype=torch.bfloat16)
+    landing[1]["layer.bias"] = torch.zeros(129, dtype=torch.float16)
+    rollouts = []
+    for rank, (first, _) in enumerate(rows):
+        r = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=rank, secret=SECRET)
+        for name, t in landing[rank].items():
+            if name == "embed":
+                r.register_rows(name, t, first_row=first, shape=[300, 64])
+            else:
+                r.register(name, t)
+        rollouts.append(r)
+    with pytest.raises(ferry.InvalidArgument, match=r"rows \[290, 310\) lie outside its 300 rows"):
+        ferry.Rollout(coordinator=coordinator.address, secret=SECRET).register_rows(
+            "embed", torch.zeros(20, 64), first_row=290, shape=[300, 64])
+    trainer.join()
+    for r in rollouts:
+        r.join()
+    for version in (1, 2):
+        for name, t in model(version).items():
+            weights[name].copy_(t)
+        trainer.publish(version).wait_delivered(30)
+        for rank, r in enumerate(rollouts):
+            r.wait_version(version, timeout=30)
+            first, n = rows[rank]
+            want = model(version)
+            assert torch.equal(landing[rank]["embed"], want["embed"][first:first + n]), (version, rank)
+            for name in landing[rank].keys() - {"embed"}:
+                assert torch.equal(landing[rank][name], want[name]), (version, rank, name)
+    for member in (trainer, *rollouts):
+        member.close()
+
+
 def test_numpy_arrays_and_raw_pointers_and_asyncio(coordinator):
     weight = numpy.arange(50_000, dtype=numpy.float32)
     raw = bytearray(range(256)) * 40
