@@ -45,6 +45,7 @@ nlohmann::json summary_json(const job_result& r) {
                    {"chunks", r.chunks},
                    {"worker_bytes", r.worker_bytes},
                    {"receive_ratio", r.receive_ratio},
+                   {"worker_link_bytes", r.worker_link_bytes},
                    {"per_version", versions}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;

@@ -134,10 +134,12 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
     trainers.push_back(std::make_unique<trainer_shard>(*n, 1, coord.self(), s, memory.back().refs, trainer_opts));
   }
   std::vector<std::unique_ptr<rollout_worker>> workers;
+  std::vector<const node*> worker_nodes;
   for (std::uint32_t i = 0; i < config.instances && !stop.stop_requested(); ++i) {
     for (std::uint32_t r = 0; r < config.workers_per_instance && !stop.stop_requested(); ++r) {
       node* n = add_node();
       if (!n) return result;
+      worker_nodes.push_back(n);
       workers.push_back(std::make_unique<rollout_worker>(
           *n, 1, coord.self(), i, r, rollout_share(model, config.shard_rollout, r, config.workers_per_instance),
           worker_opts));
@@ -166,6 +168,10 @@ job_result run_local_job(const job_config& config, const std::function<void(cons
     loop.run_until([&] { return failure || stopping || result.versions.size() == v; });
   }
 
+  for (const auto* n : worker_nodes) {
+    result.worker_link_bytes =
+        std::max<std::uint64_t>(result.worker_link_bytes, n->stats().bytes_in / std::max<std::size_t>(result.versions.size(), 1));
+  }
   if (failure) {
     result.error = *failure;
   } else if (stopping && result.versions.size() < config.versions) {

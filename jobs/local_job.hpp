@@ -42,7 +42,9 @@ struct job_result {
   std::uint32_t stripes = 0;  ///< leaders per instance in the first plan
   /// Per update, the most any worker receives against what it holds (1: exactly its bytes).
   double receive_ratio = 0;
-  std::uint64_t worker_bytes = 0;  ///< the most bytes any worker receives per update
+  std::uint64_t worker_bytes = 0;  ///< the most bytes any worker receives per update (the plan's)
+  /// Measured: the most bytes written into any worker's node per version (its link's receive side).
+  std::uint64_t worker_link_bytes = 0;
   std::vector<version_report> versions;
   double seconds() const;  ///< sum of the versions' update times
   double gbps() const;     ///< model bytes per second of update time, as each worker receives them

@@ -21,6 +21,7 @@ std::error_code node::start() {
       .on_write =
           [this](const write_notice& n) {
             ++stats_.writes_in;
+            stats_.bytes_in += n.length;
             if (auto it = write_handlers_.find(imm_tag(n.imm)); it != write_handlers_.end()) it->second(n);
           },
       .on_peer_lost =

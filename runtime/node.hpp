@@ -22,6 +22,7 @@ struct node_stats {
   std::uint64_t frames_in = 0;
   std::uint64_t delivered = 0;
   std::uint64_t writes_in = 0;
+  std::uint64_t bytes_in = 0;  ///< bytes landed by bulk writes (as far as the transport reports lengths)
   std::array<std::uint64_t, 16> rejected{};
   std::uint64_t rejected_total() const;
   std::uint64_t rejected_for(errc e) const { return rejected[static_cast<int>(e)]; }
