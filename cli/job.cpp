@@ -351,7 +351,8 @@ int run_node(const node_flags& f) {
     run_with_timeout(loop, {.timeout_seconds = 60}, [&] { return fills == 0; });
     if (uploader.joinable()) uploader.join();
   } else {
-    auto destinations = rollout_share(model, job.shard_rollout, f.rank, job.workers_per_instance);
+    // A replacement (a rank past the instance size) holds the share of rank % size.
+    auto destinations = rollout_share(model, job.shard_rollout, f.rank % job.workers_per_instance, job.workers_per_instance);
     if (gpu) {
       std::string why;
       destinations = gpu->allocate(destinations, why);
