@@ -6,6 +6,8 @@ raw figures to OUT/selective_<host>.json.
 
   selective_bench.py FERRY OUT_DIR            # CPU: `ferry demo` in one process over tcp
   selective_bench.py FERRY OUT_DIR --gpus     # GPU host: `ferry local --gpus`, one process per GPU
+  ... --no-verify                             # time without digests (the trainers' xxh3 of every
+                                              # byte then bounds the update); bytes are not checked
 
 Per job: the update time (median of versions 2..N; version 1 warms up), the bytes the plan sends
 each worker (`worker_bytes`, the most of any worker) against what it holds (`receive_ratio`), and
@@ -20,6 +22,7 @@ import sys
 
 ferry, out_dir = sys.argv[1], sys.argv[2]
 gpus = "--gpus" in sys.argv
+verify = "--no-verify" not in sys.argv
 env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_SOCKET_IFNAME="lo", IPATH_NO_BACKTRACE="1", FI_TCP_IFACE="lo")
 VERSIONS = 4
 
@@ -33,6 +36,8 @@ def job(sharding, workers, stripes=0):
         cmd = [ferry, "demo", "--trainers", "2", "--instances", "2", "--workers", str(workers), "--model-bytes",
                "512MiB", "--chunk-bytes", "8MiB", "--transport", "tcp"]
     cmd += ["--versions", str(VERSIONS), "--stripes", str(stripes), "--shard-rollout", sharding, "--json"]
+    if not verify:
+        cmd.append("--no-verify")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
@@ -60,7 +65,8 @@ def main():
             rows.append((n, sharding, j, base, whole[n]))
         rows.append((n, "none k=n", whole[n], base, whole[n]))
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"selective_{'gpu' if gpus else 'cpu'}.json"), "w") as f:
+    name = f"selective_{'gpu' if gpus else 'cpu'}{'' if verify else '_unverified'}.json"
+    with open(os.path.join(out_dir, name), "w") as f:
         json.dump(raw, f, indent=1)
     link = "" if gpus else " worker link GB (measured) | link / whole k=1 |"
     print(f"| workers n | delivery | update s | / whole k=1 | / whole k=n | worker GB (plan) | / model | "
@@ -72,7 +78,7 @@ def main():
                  f"{j['worker_bytes'] / j['model_bytes']:.3f}", f"{j['receive_ratio']:.3f}"]
         if not gpus:
             cells += [f"{j['worker_link_bytes'] / 1e9:.3f}", f"{j['worker_link_bytes'] / base['worker_link_bytes']:.3f}"]
-        cells.append("yes" if j["verified"] else "NO")
+        cells.append(("yes" if j["verified"] else "NO") if verify else "off")
         print("| " + " | ".join(str(c) for c in cells) + " |")
     print("\nwhole k=1 update: " + ", ".join(f"n={n}: {j['update_seconds']:.3f} s" for n, j in bases.items()))
 
