@@ -17,10 +17,13 @@ std::optional<std::uint64_t> number_after(std::string_view name, std::string_vie
   return n;
 }
 
-/// The expert a tensor belongs to under `ep`, if any.
+/// The expert a tensor belongs to under `ep`, if any: a routed expert's number, or a dense layer's
+/// MLP projection's layer. Shared experts and routers are on every rank.
 std::optional<std::uint64_t> expert_of(std::string_view name) {
-  if (auto e = number_after(name, "experts.")) return e;
-  if (name.find(".mlp.") != std::string_view::npos) return number_after(name, "layers.");
+  if (auto e = number_after(name, ".experts.")) return e;
+  for (const std::string_view projection : {".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj."}) {
+    if (name.find(projection) != std::string_view::npos) return number_after(name, "layers.");
+  }
   return std::nullopt;
 }
 

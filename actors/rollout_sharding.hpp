@@ -23,9 +23,9 @@ std::string_view rollout_sharding_name(rollout_sharding s);
 /// published ones) with the part each covers, and no memory yet (`data` null).
 /// - tp: rows [rows * rank / size, rows * (rank + 1) / size) of each tensor; a rank that gets no
 ///   row of a tensor does not hold it; a 0-dimensional tensor is on every rank.
-/// - ep: a tensor of expert e ("...experts.<e>.") whole on rank e % size. A dense model has no
-///   experts: there each layer's MLP ("model.layers.<l>.mlp.") counts as expert l. The rest
-///   (attention, norms, embeddings) is on every rank.
+/// - ep: a tensor of routed expert e ("...experts.<e>.") whole on rank e % size; a dense layer's
+///   MLP projections ("model.layers.<l>.mlp.gate_proj." ...) count as expert l. The rest
+///   (attention, norms, embeddings, routers, shared experts) is on every rank.
 std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding, std::uint32_t rank,
                                       std::uint32_t size);
 

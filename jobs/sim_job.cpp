@@ -363,10 +363,13 @@ void sim_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
   auto& m = *members_.back();
   m.instance = instance;
   m.rank = rank;
-  std::vector<tensor_ref> destinations;
-  for (const auto& t : config_.model)
-    destinations.push_back(
-        {.spec = t, .data = sim_device_memory::take(t.nbytes), .device = m.memory->device()});
+  // A replacement (a rank past the instance size) holds the share of rank % size.
+  auto destinations = rollout_share(config_.model, config_.shard_rollout, rank % config_.instance_size,
+                                    config_.instance_size);
+  for (auto& t : destinations) {
+    t.data = sim_device_memory::take(t.held().bytes);
+    t.device = m.memory->device();
+  }
   m.worker = std::make_unique<rollout_worker>(
       host, 1, coordinator_->self(), instance, rank, destinations,
       worker_options{

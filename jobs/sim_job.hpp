@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "actors/rollout_sharding.hpp"
 #include "sim/cluster.hpp"
 
 namespace ferry {
@@ -32,6 +33,8 @@ struct sim_config {
   bool trainers_on_host = false;
   std::uint32_t instances = 1;
   std::uint32_t instance_size = 8;
+  /// How each instance's workers split the model (each receives and holds only its part).
+  rollout_sharding shard_rollout = rollout_sharding::none;
   std::vector<tensor_spec> model;  ///< the tensor table
   std::uint64_t chunk_bytes = 64ull << 20;
   std::uint32_t depth = 2;

@@ -38,7 +38,7 @@ const std::map<std::string, std::set<std::string>> known = {
       "copy_latency_us"}},
     {"model", {"preset", "dtype", "bytes"}},
     {"placement",
-     {"trainers", "instances", "instance_size", "first_worker_gpu", "trainers_on_host"}},
+     {"trainers", "instances", "instance_size", "first_worker_gpu", "trainers_on_host", "shard_rollout"}},
     {"ferry", {"chunk", "depth", "stripes", "versions", "checksums"}},
     {"events", {"at", "kill", "join", "instance", "rank", "shard"}},
 };
@@ -210,6 +210,11 @@ void fill(const toml::table& root, sim_config& c) {
   c.instance_size = place.count("instance_size");
   c.first_worker_gpu = place.count("first_worker_gpu", 0);
   c.trainers_on_host = place.flag("trainers_on_host", false);
+  if (const auto sharding = place.text("shard_rollout")) {
+    const auto parsed = parse_rollout_sharding(*sharding);
+    if (!parsed) throw failure{"placement.shard_rollout: \"none\", \"ep\" or \"tp\", not \"" + *sharding + "\""};
+    c.shard_rollout = *parsed;
+  }
 
   const reader opts(root["ferry"].as_table(), "ferry");
   c.chunk_bytes = opts.bytes("chunk").value_or(64ull << 20);
@@ -253,7 +258,7 @@ void fill(const toml::table& root, sim_config& c) {
   // What must fit: a replica in each instance's GPUs, two host copies of each shard on its node.
   std::uint64_t model_bytes = 0;
   for (const auto& t : c.model) model_bytes += t.nbytes;
-  if (static_cast<double>(model_bytes) / c.instance_size > gpu_memory)
+  if (c.shard_rollout == rollout_sharding::none && static_cast<double>(model_bytes) / c.instance_size > gpu_memory)
     throw failure{fmt::format(
         "hardware.gpu_memory_gib: a replica of {:.1f} GiB over {} GPUs does not fit in {} GiB each",
         model_bytes / double(1ull << 30), c.instance_size, gpu_memory / (1ull << 30))};

@@ -60,6 +60,27 @@ TEST(sim_job, doubling_every_rate_halves_a_bandwidth_bound_prediction) {
   EXPECT_GE(fast.predicted_seconds, fast.bound_seconds);
 }
 
+/// Row-parallel rollouts each receive 1/n of the model over their own NIC: with one leader per
+/// instance, whose NIC carries the whole model otherwise and bounds the update, the update gets
+/// well shorter (bound then by the trainers' nodes, which send the same bytes either way).
+TEST(sim_job, sharded_rollouts_lift_a_leader_nic_bound) {
+  auto whole = sixty_four_gpus();
+  whole.stripes = 1;
+  auto tp = whole;
+  tp.shard_rollout = rollout_sharding::tp;
+  auto ep = whole;
+  ep.shard_rollout = rollout_sharding::ep;
+  const auto a = run_sim(whole), b = run_sim(tp), e = run_sim(ep);
+  ASSERT_TRUE(a.delivered && b.delivered && e.delivered) << a.error << b.error << e.error;
+  const double ratio = b.predicted_seconds / a.predicted_seconds;
+  EXPECT_LT(ratio, 0.5) << "whole " << a.predicted_seconds << " s, tp " << b.predicted_seconds << " s";
+  EXPECT_GE(b.predicted_seconds, b.bound_seconds);
+  EXPECT_LT(e.predicted_seconds, a.predicted_seconds);
+  std::printf("one leader per instance of %u: whole %.4f s (bound %.4f, %s), tp %.4f s (x%.3f; bound %.4f, %s), ep %.4f s\n",
+              whole.instance_size, a.predicted_seconds, a.bound_seconds, a.bottleneck.c_str(), b.predicted_seconds, ratio,
+              b.bound_seconds, b.bottleneck.c_str(), e.predicted_seconds);
+}
+
 /// A worker killed at a seeded moment of the first update (and rank): the job regroups around it
 /// and still delivers every version to the workers left.
 TEST(sim_job, a_seeded_kill_regroups_and_still_delivers) {
