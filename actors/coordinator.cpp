@@ -72,7 +72,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     w.complete_version = std::max(w.complete_version, m.complete_version);
     w.partial_version = m.partial_version;
     w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
-    if (std::all_of(workers_.begin(), workers_.end(), [](const auto& e) { return e.second.ready; })) plan_in_force();
+    if (all_workers_ready()) plan_in_force();
   });
   handle<heartbeat>([](const envelope_header&, const heartbeat&) {});
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) { lost(h.from.node, "left: " + m.reason); });
@@ -110,6 +110,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
 
 job_coordinator::~job_coordinator() {
   stopping_ = true;
+  if (distribution_) distribution_->cancelled = true;
   host().clock().cancel(heartbeat_timer_);
   host().on_peer_lost({});
 }
@@ -234,6 +235,7 @@ void job_coordinator::regroup(const std::string& reason) {
   }
   in_force_ = false;
   set_epoch(epoch() + 1);
+  if (distribution_) distribution_->cancelled = true;  // the old plan must not go out stamped with the new epoch
   log::info("coordinator: epoch {}: {}", epoch(), reason);
   if (trainers_.size() < shape_.trainers) {
     log::warn("coordinator: waiting for {} trainer shard(s) to rejoin before publishing again",
@@ -310,7 +312,7 @@ void job_coordinator::regroup(const std::string& reason) {
             "{} leader(s) in instance {}",
             epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
             plan_->instances.size(), workers_.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id);
-  broadcast_all([&] { return plan_ready{.plan = *plan_, .peers = peers}; });
+  send_plan(plan_ready{.plan = *plan_, .peers = peers});
 }
 
 std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const instance_plan& inst) {
@@ -344,8 +346,36 @@ std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance
   return leader_route{.instance = instance, .leader = worker, .slots = *w->slots, .first_slot = w->direct_slot};
 }
 
+bool job_coordinator::all_workers_ready() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const auto& e) { return e.second.ready; });
+}
+
+void job_coordinator::send_plan(plan_ready message) {
+  if (distribution_) distribution_->cancelled = true;  // the older plan's members not reached yet never will be
+  distribution_ = std::make_shared<plan_distribution>();
+  distribution_->message = std::move(message);
+  // Trainers first: each must hold the plan before its job_ready, which follows the workers' readiness.
+  for (const auto& [rank, t] : trainers_) distribution_->to.push_back(t.who);
+  for (const auto& [key, w] : workers_) distribution_->to.push_back(w.who);
+  send_more_plans(distribution_);
+}
+
+void job_coordinator::send_more_plans(const std::shared_ptr<plan_distribution>& d) {
+  constexpr std::uint32_t in_flight = 8;
+  while (!d->cancelled && d->in_flight < in_flight && !d->to.empty()) {
+    const auto who = d->to.front();
+    d->to.pop_front();
+    ++d->in_flight;
+    send(who, d->message, [this, d](std::error_code) {
+      --d->in_flight;
+      if (!d->cancelled) send_more_plans(d);
+    });
+  }
+  if (!d->cancelled && d->to.empty() && all_workers_ready()) plan_in_force();
+}
+
 void job_coordinator::plan_in_force() {
-  if (in_force_ || !plan_ || plan_->epoch != epoch()) return;
+  if (in_force_ || !plan_ || plan_->epoch != epoch() || (distribution_ && !distribution_->to.empty())) return;
   job_ready ready{.next_version = std::max(published_, delivered_) + 1};
   for (const auto& inst : plan_->instances) {
     auto routes = leader_routes(inst);

@@ -2,6 +2,7 @@
 /// The coordinator: membership and epochs, the plan, one update at a time, failure detection,
 /// regrouping, and the end-to-end verdict.
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -113,6 +114,17 @@ class job_coordinator final : public actor {
   bool leads(const address& worker) const;
   std::vector<node_id> leader_nodes() const;
   void regroup(const std::string& reason);
+  /// The plan on its way to every member, a few frames at a time: a Kimi-K2 plan is tens of MB per
+  /// member, hundreds of members at once would be gigabytes of frames.
+  struct plan_distribution {
+    plan_ready message;
+    std::deque<address> to;  ///< not sent yet
+    std::uint32_t in_flight = 0;
+    bool cancelled = false;  ///< a newer plan replaced it, or the coordinator is gone
+  };
+  void send_plan(plan_ready message);
+  void send_more_plans(const std::shared_ptr<plan_distribution>& d);
+  bool all_workers_ready() const;
   void plan_in_force();
   void resume();
   void start_update(std::uint64_t version, bool catch_up);
@@ -141,6 +153,7 @@ class job_coordinator final : public actor {
   std::map<worker_key, worker_entry> workers_;
   std::map<node_id, clock::time_point> last_seen_;
   std::optional<plan> plan_;
+  std::shared_ptr<plan_distribution> distribution_;
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
   std::set<selection> selections_;       ///< every selection the job has seen: they fix the layout
   region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer

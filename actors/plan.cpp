@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <type_traits>
 #include <map>
 #include <set>
 
@@ -80,6 +83,19 @@ plan::receive_share plan::receive_shares() const {
     }
   }
   return share;
+}
+
+std::shared_ptr<const plan> share_plan(const plan& p) {
+  if (p.digest == 0) return std::make_shared<const plan>(p);  // not made by make_plan: not shared
+  static std::mutex mutex;
+  static std::unordered_map<std::uint64_t, std::weak_ptr<const plan>> shared;
+  std::lock_guard lock(mutex);
+  std::erase_if(shared, [](const auto& e) { return e.second.expired(); });
+  auto& slot = shared[p.digest];
+  if (auto live = slot.lock(); live && live->digest == p.digest && live->epoch == p.epoch) return live;
+  auto copy = std::make_shared<const plan>(p);
+  slot = copy;
+  return copy;
 }
 
 namespace {
@@ -164,21 +180,67 @@ cut cut_segments(plan& p, const std::set<selection>& selections, const std::map<
   return out;
 }
 
-/// A digest of what fixes chunk ids: segments and chunks, where each lies and what it packs.
-std::uint64_t layout_digest(const plan& p) {
+/// xxh3-64 of the values `feed` passes to its argument (integers and strings).
+template <class Feed>
+std::uint64_t digest_of(Feed feed) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
-  auto add = [&](std::uint64_t v) { XXH3_64bits_update(state, &v, sizeof v); };
-  for (const auto& s : p.segments) {
-    for (auto v : {std::uint64_t{s.tensor}, s.offset, s.bytes, s.shard_offset}) add(v);
-  }
-  for (const auto& c : p.chunks) {
-    for (auto v : {std::uint64_t{c.shard}, c.shard_offset, c.bytes}) add(v);
-  }
-  for (const auto& t : p.tensors) XXH3_64bits_update(state, t.name.data(), t.name.size());
+  auto add = [&](const auto& v) {
+    if constexpr (std::is_convertible_v<decltype(v), std::string_view>) {
+      const std::string_view text = v;
+      XXH3_64bits_update(state, text.data(), text.size());
+    } else {
+      const auto n = static_cast<std::uint64_t>(v);
+      XXH3_64bits_update(state, &n, sizeof n);
+    }
+  };
+  feed(add);
   const auto digest = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   return digest;
+}
+
+/// What fixes chunk ids: the table, segments and chunks, where each lies and what it packs.
+std::uint64_t layout_digest(const plan& p) {
+  return digest_of([&](auto add) {
+    for (const auto& t : p.tensors) {
+      add(t.name);
+      add(static_cast<std::uint64_t>(t.type));
+      for (const auto d : t.shape) add(d);
+    }
+    for (const auto& s : p.segments) {
+      for (auto v : {std::uint64_t{s.tensor}, s.offset, s.bytes, s.shard_offset}) add(v);
+    }
+    for (const auto& c : p.chunks) {
+      for (auto v : {std::uint64_t{c.shard}, c.shard_offset, c.bytes}) add(v);
+    }
+  });
+}
+
+/// The whole plan: its layout, and who is in it, who hears what, and the options.
+std::uint64_t plan_digest(const plan& p) {
+  return digest_of([&](auto add) {
+    for (auto v : {p.layout, std::uint64_t{p.epoch}, p.chunk_bytes, std::uint64_t{p.depth},
+                   std::uint64_t{p.shared_host_copies}}) {
+      add(v);
+    }
+    auto add_address = [&](const address& a) {
+      add(a.node);
+      add(a.actor);
+    };
+    for (const auto& s : p.shards) add_address(s);
+    for (const auto& inst : p.instances) {
+      add(inst.id);
+      for (const auto& w : inst.workers) add_address(w);
+      for (const auto l : inst.leaders) add(l);
+    }
+    for (const auto& who : p.audiences) {
+      add(who.size());
+      for (const auto& w : who) add_address(w);
+    }
+    for (const auto& s : p.segments) add(s.audience);
+    for (const auto& c : p.chunks) add(c.audience);
+  });
 }
 
 /// Every segment has a hearer in every instance.
@@ -367,6 +429,7 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     if (!any) break;
   }
   p.layout = layout_digest(p);
+  p.digest = plan_digest(p);
   return p;
 }
 

@@ -35,7 +35,7 @@ struct tensor_piece {
   std::uint64_t tensor_offset = 0;
   std::uint64_t chunk_offset = 0;
   std::uint64_t bytes = 0;
-  MSGPACK_DEFINE_MAP(tensor, tensor_offset, chunk_offset, bytes)
+  MSGPACK_DEFINE_ARRAY(tensor, tensor_offset, chunk_offset, bytes)  // one per piece: compact
 };
 
 /// A byte range of one tensor that one audience needs: the unit of packing and of digests. A
@@ -46,7 +46,7 @@ struct tensor_segment {
   std::uint64_t bytes = 0;
   std::uint64_t shard_offset = 0;  ///< in its shard's packed stream
   std::uint32_t audience = 0;      ///< index into plan::audiences
-  MSGPACK_DEFINE_MAP(tensor, offset, bytes, shard_offset, audience)
+  MSGPACK_DEFINE_ARRAY(tensor, offset, bytes, shard_offset, audience)  // one per segment: compact
 };
 
 /// A slice of one shard's packed stream; the unit of pipelining. Its segments share one audience.
@@ -82,6 +82,7 @@ struct instance_plan {
 struct plan {
   std::uint32_t epoch = 0;
   std::uint64_t layout = 0;  ///< a digest of the chunk layout: equal layouts, equal chunk ids
+  std::uint64_t digest = 0;  ///< of the whole plan: the layout, the epoch, the members
   std::uint64_t chunk_bytes = default_chunk_bytes;
   std::uint32_t depth = 2;
   std::vector<tensor_spec> tensors;     ///< every tensor of the model
@@ -95,7 +96,7 @@ struct plan {
   std::vector<instance_plan> instances;
   /// Trainers keep their host copies in shared memory and leaders read chunks there in place.
   bool shared_host_copies = false;
-  MSGPACK_DEFINE_MAP(epoch, layout, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
+  MSGPACK_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
                      instances, shared_host_copies)
 
   /// Bytes the trainers send once: every chunk's.
@@ -122,6 +123,10 @@ struct plan {
   /// tables of 100k+ tensors (Kimi-K2's experts).
   std::vector<int> indices_in(std::span<const std::string_view> names) const;
 };
+
+/// One copy of `p` for the whole process: every member adopting a plan of the same digest shares
+/// it (a simulation runs hundreds of members, each handed a Kimi-K2 plan of ~35 MB). Thread-safe.
+std::shared_ptr<const plan> share_plan(const plan& p);
 
 /// Caps on what a job's registrations may announce. The coordinator holds one; every refusal
 /// names the limit and the value that broke it. Defaults are far above real models (Llama-3-405B

@@ -99,7 +99,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   // it did not apply are sent again if the coordinator finds some member lacks them.
   if (gen_) {
     gen_->broadcast->abort();
-    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) gen_->credits->release();
+    for (std::uint32_t i = 0; plan_ && i < plan_->job->depth; ++i) gen_->credits->release();
   }
   const bool was_leader = leader_;
   if (takes_trainers_table_ && tensors_.empty()) {
@@ -108,16 +108,16 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
       tensors_.push_back({.spec = spec, .data = owned_.back().data()});
     }
   }
-  if (plan_ && plan_->layout != m.plan.layout) {
+  if (plan_ && plan_->job->layout != m.plan.layout) {
     // Chunk ids mean other bytes now: what arrived of a version not complete here is sent again.
     std::erase_if(progress_, [this](const auto& p) { return p.first > complete_version_; });
   }
-  auto next = std::make_shared<worker_plan>(worker_plan{m.plan, {}, {}, 0, {}, false});
+  auto next = std::make_shared<worker_plan>(worker_plan{.job = share_plan(m.plan)});
   if (auto why = next->derive(tensors_, self(), *it); !why.empty()) {
     return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " " + why);
   }
   plan_ = std::move(next);
-  set_epoch(plan_->epoch);
+  set_epoch(plan_->job->epoch);
   // A regroup may follow a trainer's death: let go of its host copies (readers keep theirs).
   std::erase_if(sources_, [this](const auto& s) { return !host().env().platform().process_alive(s.first.pid); });
   const auto& inst = *it;
@@ -143,10 +143,10 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   // has `depth` broadcast slots, on the device when there is one (a host leader broadcasts
   // straight from its receive slots). After them, a worker that hears chunks alone has `depth`
   // receive slots per shard for those. Kept across epochs while the size fits.
-  const std::size_t receive_slots = plan_->shards.size() * plan_->depth;
-  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : plan_->depth));
+  const std::size_t receive_slots = plan_->job->shards.size() * plan_->job->depth;
+  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : plan_->job->depth));
   const std::size_t host_slots = direct_slot_ + (plan_->direct ? receive_slots : 0);
-  const std::size_t host_bytes = host_slots * plan_->chunk_bytes;
+  const std::size_t host_bytes = host_slots * plan_->job->chunk_bytes;
   if (host_bytes > slots_.size()) {
     if (slots_region_) host().transport().deregister_region(slots_region_->id);
     if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
@@ -161,7 +161,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     }
   }
   if (on_device() && !device_slots_) {
-    auto slots = options_.memory->allocate(std::size_t{plan_->depth} * plan_->chunk_bytes);
+    auto slots = options_.memory->allocate(std::size_t{plan_->job->depth} * plan_->job->chunk_bytes);
     if (!slots) return fail("cannot allocate device broadcast slots: " + slots.error().message());
     device_slots_ = *slots;
   }
@@ -169,9 +169,9 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   auto g = std::make_shared<generation>();
   g->stripes = static_cast<std::uint32_t>(inst.leaders.size());
   g->stripe = stripe;
-  g->credits = std::make_unique<slot_counter>(plan_->depth);
-  for (std::uint32_t i = 0; i < plan_->depth; ++i) g->free_slots.push_back(i);
-  g->broadcast = options_.make_broadcast(*this, members, plan_->epoch);
+  g->credits = std::make_unique<slot_counter>(plan_->job->depth);
+  for (std::uint32_t i = 0; i < plan_->job->depth; ++i) g->free_slots.push_back(i);
+  g->broadcast = options_.make_broadcast(*this, members, plan_->job->epoch);
   gen_ = g;
   changed();
 
@@ -208,29 +208,29 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
 
 std::string rollout_worker::worker_plan::derive(const std::vector<tensor_ref>& local, const address& self,
                                                const instance_plan& inst) {
-  local_of = indices_in(names_of(local));
+  local_of = job->indices_in(names_of(local));
   // What this worker hears must lie in what it holds (a worker that took the trainers' table sees
   // it change when a trainer comes back with another).
-  for (std::uint32_t i = 0; i < segments.size(); ++i) {
-    const auto& s = segments[i];
-    if (!hears(s.audience, self)) continue;
+  for (std::uint32_t i = 0; i < job->segments.size(); ++i) {
+    const auto& s = job->segments[i];
+    if (!job->hears(s.audience, self)) continue;
     if (local_of[s.tensor] < 0) {
-      return "publishes tensor '" + tensors[s.tensor].name + "', which this worker does not hold";
+      return "publishes tensor '" + job->tensors[s.tensor].name + "', which this worker does not hold";
     }
     const auto held = local[local_of[s.tensor]].held();
     if (s.offset < held.offset || s.offset + s.bytes > held.end()) {
-      return "sends bytes of tensor '" + tensors[s.tensor].name + "' this worker does not hold";
+      return "sends bytes of tensor '" + job->tensors[s.tensor].name + "' this worker does not hold";
     }
     heard_segments.push_back(i);
   }
-  mine.assign(chunks.size(), false);
+  mine.assign(job->chunks.size(), false);
   std::map<std::uint32_t, bool> whole;  // audience -> the whole instance hears it
-  for (const auto& c : chunks) {
-    if (!hears(c.audience, self)) continue;
+  for (const auto& c : job->chunks) {
+    if (!job->hears(c.audience, self)) continue;
     mine[c.id] = true;
     ++mine_count;
     auto [it, fresh] = whole.emplace(c.audience, true);
-    if (fresh) it->second = whole_instance(inst, c.audience);
+    if (fresh) it->second = job->whole_instance(inst, c.audience);
     direct = direct || !it->second;
   }
   return {};
@@ -265,12 +265,12 @@ void rollout_worker::on_slot_landed(write_imm imm) {
 }
 
 bool rollout_worker::is_direct(std::uint32_t slot) const {
-  return plan_->direct && slot - direct_slot_ < plan_->shards.size() * plan_->depth;
+  return plan_->direct && slot - direct_slot_ < plan_->job->shards.size() * plan_->job->depth;
 }
 
 void rollout_worker::on_chunk_sent(const chunk_sent& m) {
   const bool direct = gen_ && is_direct(m.slot);
-  if (!gen_ || m.chunk >= plan_->chunks.size() || (!direct && (!leader_ || m.slot >= plan_->shards.size() * plan_->depth)) ||
+  if (!gen_ || m.chunk >= plan_->job->chunks.size() || (!direct && (!leader_ || m.slot >= plan_->job->shards.size() * plan_->job->depth)) ||
       (direct && !plan_->mine[m.chunk])) {
     log::warn("worker {}.{}: ignored chunk_sent for slot {} chunk {}", instance_, rank_, m.slot, m.chunk);
     return;
@@ -287,7 +287,7 @@ void rollout_worker::on_chunk_sent(const chunk_sent& m) {
   }
   // An empty stripe (of a small chunk) or one read in place has no write to wait for.
   if (g.landed.erase(m.slot) > 0 || m.source.pid != 0 ||
-      stripe_of(plan_->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
+      stripe_of(plan_->job->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
     g.ready.push_back({m.slot, m});
     changed();
   } else {
@@ -362,11 +362,11 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
     if (!w) return;
     g->credits->acquire();
     if (!current(g)) return;
-    const auto& c = plan->chunks.at(w->chunk);
+    const auto& c = plan->job->chunks.at(w->chunk);
     std::span<std::byte> slot;  // a leader's receive slot, in the chunk's layout
     if (w->mine) {
       // A leader verifies the stripe it received before anything reads it.
-      slot = {slots_.data() + std::size_t{w->mine->slot} * plan->chunk_bytes, c.bytes};
+      slot = {slots_.data() + std::size_t{w->mine->slot} * plan->job->chunk_bytes, c.bytes};
       const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
       if (const auto& m = w->mine->meta; m.source.pid != 0) {  // the chunk lies in the trainer's host copy
         auto copy = map_source(m.source);
@@ -390,7 +390,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
         return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
                          ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
                          std::to_string(w->version) + " from trainer shard " + std::to_string(c.shard) + " (node " +
-                         std::to_string(plan->shards.at(c.shard).node) + ")");
+                         std::to_string(plan->job->shards.at(c.shard).node) + ")");
       }
       if (!current(g)) return;
     }
@@ -408,8 +408,8 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     if (!wait_for([&] { return g != gen_ || !g->direct.empty(); }) || !current(g)) return;
     const received r = g->direct.front();
     g->direct.pop_front();
-    const auto& c = plan->chunks.at(r.meta.chunk);
-    std::span<const std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan->chunk_bytes, c.bytes);
+    const auto& c = plan->job->chunks.at(r.meta.chunk);
+    std::span<const std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan->job->chunk_bytes, c.bytes);
     std::shared_ptr<const mapped_copy> source;  // the trainer's host copy, when read in place
     if (r.meta.source.pid != 0) {
       source = map_source(r.meta.source);
@@ -427,7 +427,7 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     }
     if (!current(g)) return;
     ++in_flight_;
-    apply(*plan, r.meta.version, c.id, bytes, [this, g, r, source, plan, shard = plan->shards.at(c.shard)] {
+    apply(*plan, r.meta.version, c.id, bytes, [this, g, r, source, plan, shard = plan->job->shards.at(c.shard)] {
       if (current(g)) send(shard, slot_free{.slot = r.slot});
       chunk_applied(*plan, r.meta.version, r.meta.chunk);
       --in_flight_;
@@ -438,8 +438,8 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
 
 void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
                              const work& w, std::span<std::byte> slot) {
-  const auto& c = plan->chunks.at(w.chunk);
-  const auto shard = plan->shards.at(c.shard);
+  const auto& c = plan->job->chunks.at(w.chunk);
+  const auto shard = plan->job->shards.at(c.shard);
   auto free_slot = [this, g, shard, w] {
     if (current(g)) send(shard, slot_free{.slot = w.mine->slot});
   };
@@ -448,7 +448,7 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
   std::optional<std::uint32_t> dslot;
   buffer_ref target;
   if (w.mine && !on_device()) {
-    target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{w.mine->slot} * plan->chunk_bytes};
+    target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{w.mine->slot} * plan->job->chunk_bytes};
   } else {
     dslot = g->free_slots.front();
     g->free_slots.pop_front();
@@ -521,7 +521,7 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w
 }
 
 buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {
-  const std::uint64_t offset = std::uint64_t{slot} * plan_->chunk_bytes;
+  const std::uint64_t offset = std::uint64_t{slot} * plan_->job->chunk_bytes;
   if (on_device()) return {.bytes = {device_slots_ + offset, bytes}, .device = options_.memory->device()};
   return {.bytes = {slots_.data() + offset, bytes}, .region = *slots_region_, .offset = offset};
 }
@@ -529,7 +529,7 @@ buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t byte
 void rollout_worker::apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk,
                            std::span<const std::byte> bytes, std::function<void()> done) {
   std::vector<copy_piece> pieces;
-  for (const auto& p : plan.chunks[chunk].pieces) {
+  for (const auto& p : plan.job->chunks[chunk].pieces) {
     // Every piece lies in this worker's part of its tensor: the plan cut the segments there.
     const auto& t = tensors_[plan.local_of[p.tensor]];
     pieces.push_back({t.data + (p.tensor_offset - t.held().offset), bytes.data() + p.chunk_offset, p.bytes});
@@ -545,15 +545,15 @@ void rollout_worker::apply(const worker_plan& plan, std::uint64_t version, std::
 
 void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk) {
   if (version <= complete_version_) return;  // a resent chunk of a version already complete here
-  if (plan.layout != plan_->layout) return;  // its chunk ids mean other bytes now
+  if (plan.job->layout != plan_->job->layout) return;  // its chunk ids mean other bytes now
   auto& p = progress_[version];
   if (p.applied.empty()) {
-    p.applied.assign(plan_->chunks.size(), false);
-    p.tensor_bytes.assign(plan_->tensors.size(), 0);
+    p.applied.assign(plan_->job->chunks.size(), false);
+    p.tensor_bytes.assign(plan_->job->tensors.size(), 0);
   }
   if (p.applied[chunk]) return;  // sent again after a regroup: same bytes, counted once
   p.applied[chunk] = true;
-  for (const auto& piece : plan_->chunks[chunk].pieces) {
+  for (const auto& piece : plan_->job->chunks[chunk].pieces) {
     const auto& t = tensors_[plan_->local_of[piece.tensor]];
     auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
     if (got == t.held().bytes && on_tensor) on_tensor(version, t.spec, std::span<const std::byte>(t.data, got));
@@ -597,7 +597,7 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
       held_bytes,
       [this, report, plan = plan_] {
         for (const auto i : plan->heard_segments) {
-          const auto& s = plan->segments[i];
+          const auto& s = plan->job->segments[i];
           const auto& t = tensors_[plan->local_of[s.tensor]];
           const auto h = XXH3_128bits(t.data + (s.offset - t.held().offset), s.bytes);
           report->digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
@@ -609,7 +609,7 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
 void rollout_worker::digest_through_host(version_complete& report) {
   const auto plan = plan_;
   std::uint64_t largest = 0;
-  for (const auto i : plan->heard_segments) largest = std::max(largest, plan->segments[i].bytes);
+  for (const auto i : plan->heard_segments) largest = std::max(largest, plan->job->segments[i].bytes);
   if (digest_bounce_.size() < largest) {
     if (options_.memory && digest_bounce_.size() > 0) options_.memory->unpin(digest_bounce_.span());
     digest_bounce_ = host().env().platform().host_memory(largest);
@@ -617,7 +617,7 @@ void rollout_worker::digest_through_host(version_complete& report) {
     if (options_.memory) (void)options_.memory->pin(digest_bounce_.span());
   }
   for (const auto i : plan->heard_segments) {
-    const auto& s = plan->segments[i];
+    const auto& s = plan->job->segments[i];
     const auto& t = tensors_[plan->local_of[s.tensor]];
     std::byte* at = t.data + (s.offset - t.held().offset);
     const std::byte* bytes = at;

@@ -74,7 +74,8 @@ class rollout_worker final : public job_member {
   };
   /// The plan and where this worker's tensors sit in it. A regroup replaces it and never changes
   /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
-  struct worker_plan : ferry::plan {
+  struct worker_plan {
+    std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
     std::vector<int> local_of;                  ///< plan tensor index -> tensors_ index, or -1
     std::vector<std::uint32_t> heard_segments;  ///< the segments this worker holds
     std::uint32_t mine_count = 0;               ///< chunks this worker hears

@@ -78,7 +78,7 @@ void trainer_shard::join() {
 
 void trainer_shard::release_credits() {
   for (auto& r : routes_) {
-    for (std::uint32_t i = 0; plan_ && i < plan_->depth; ++i) r->credits.release();
+    for (std::uint32_t i = 0; plan_ && i < plan_->job->depth; ++i) r->credits.release();
   }
 }
 
@@ -96,16 +96,16 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   ready_ = false;
   release_credits();
   routes_.clear();
-  auto next = std::make_shared<shard_plan>(shard_plan{m.plan, {}, {}});
-  set_epoch(next->epoch);
-  next->local_of = next->indices_in(names_of(tensors_));
-  next->my_chunks = next->chunks_of(shard_);
+  auto next = std::make_shared<shard_plan>(shard_plan{.job = share_plan(m.plan)});
+  set_epoch(next->job->epoch);
+  next->local_of = next->job->indices_in(names_of(tensors_));
+  next->my_chunks = next->job->chunks_of(shard_);
   plan_ = std::move(next);
-  const auto bytes = plan_->shard_bytes[shard_];
+  const auto bytes = plan_->job->shard_bytes[shard_];
   const bool shareable = host_copies_.shared_ref().pid != 0;
-  if (host_copies_.size() != 2 * bytes || shareable != plan_->shared_host_copies) {
+  if (host_copies_.size() != 2 * bytes || shareable != plan_->job->shared_host_copies) {
     release_host_copies();
-    host_copies_ = host().env().platform().host_memory(2 * bytes, plan_->shared_host_copies);
+    host_copies_ = host().env().platform().host_memory(2 * bytes, plan_->job->shared_host_copies);
     if (bytes > 0) {
       if (options_.memory) {
         if (auto ec = options_.memory->pin(host_copies_.span())) return fail("cannot pin the host copies: " + ec.message());
@@ -116,7 +116,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
     }
     for (std::size_t i = 0; i < copies_of_.size(); ++i) {
       copies_of_[i] = host_copy{.bytes = host_copies_.span().subspan(i * bytes, bytes), .offset = i * bytes};
-      copies_of_[i].checksums.assign(plan_->chunks.size(), 0);
+      copies_of_[i].checksums.assign(plan_->job->chunks.size(), 0);
     }
   }
   changed();
@@ -169,7 +169,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
 
   // OFFLOAD: tensors into the host copy, chunk by chunk in send order; senders follow behind.
   for (auto id : plan->my_chunks) {
-    const auto& c = plan->chunks[id];
+    const auto& c = plan->job->chunks[id];
     std::vector<copy_piece> pieces;
     for (const auto& p : c.pieces) {
       const auto& t = tensors_[plan->local_of[p.tensor]];
@@ -196,10 +196,10 @@ void trainer_shard::run_publish(std::uint64_t version) {
 
   shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_meter_.seconds()}};
   if (options_.digests) {
-    host().env().cpu().run(plan->shard_bytes[shard_], [&] {
-      for (std::uint32_t i = 0; i < plan->segments.size(); ++i) {
-        const auto& s = plan->segments[i];
-        if (plan->local_of[s.tensor] < 0 || plan->owner[s.tensor] != shard_) continue;
+    host().env().cpu().run(plan->job->shard_bytes[shard_], [&] {
+      for (std::uint32_t i = 0; i < plan->job->segments.size(); ++i) {
+        const auto& s = plan->job->segments[i];
+        if (plan->local_of[s.tensor] < 0 || plan->job->owner[s.tensor] != shard_) continue;
         const auto h = XXH3_128bits(copy.bytes.data() + s.shard_offset, s.bytes);
         done.digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
       }
@@ -215,12 +215,12 @@ void trainer_shard::start_sending(const update_go& go) {
   routes_.clear();
   changed();
   for (const auto& rc : go.routes) {
-    auto r = std::make_shared<route>(rc.route, plan_->depth, static_cast<std::uint32_t>(plan_->shards.size()));
+    auto r = std::make_shared<route>(rc.route, plan_->job->depth, static_cast<std::uint32_t>(plan_->job->shards.size()));
     for (auto id : rc.chunks) {
-      if (plan_->chunks.at(id).shard == shard_) r->chunks.push_back(id);
+      if (plan_->job->chunks.at(id).shard == shard_) r->chunks.push_back(id);
     }
     // This shard's receive slots at the leader: `depth` of them, after the other shards'.
-    for (std::uint32_t i = 0; i < plan_->depth; ++i) r->free.push_back(r->first_slot + shard_ * plan_->depth + i);
+    for (std::uint32_t i = 0; i < plan_->job->depth; ++i) r->free.push_back(r->first_slot + shard_ * plan_->job->depth + i);
     routes_.push_back(r);
     ++fibers_;
     host().loop().spawn([this, r, version = go.version, generation] {
@@ -251,7 +251,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     const auto slot = r->free.front();
     r->free.pop_front();
     r->chunks.erase(r->chunks.begin());
-    const auto& c = plan->chunks[id];
+    const auto& c = plan->job->chunks[id];
     const auto part = stripe_of(c.bytes, r->stripes, r->stripe);
     const std::byte* bytes = copy->bytes.data() + c.shard_offset + part.offset;
     chunk_sent sent{.version = version, .chunk = id, .slot = slot, .checksum = copy->checksums[id],
@@ -260,11 +260,11 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
       host().env().cpu().run(part.bytes, [&] { sent.checksum = XXH3_64bits(bytes, part.bytes); });
       if (!current()) break;
     }
-    if (plan->shared_host_copies) {  // the leader reads the stripe in place
+    if (plan->job->shared_host_copies) {  // the leader reads the stripe in place
       sent.source = host_copies_.shared_ref();
       sent.source_offset = copy->offset + c.shard_offset;
     }
-    if (part.bytes == 0 || plan->shared_host_copies) {  // nothing to write (an empty stripe, or read in place)
+    if (part.bytes == 0 || plan->job->shared_host_copies) {  // nothing to write (an empty stripe, or read in place)
       send(r->leader, sent);
       continue;
     }
@@ -272,7 +272,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     const auto began = send_meter_.begin();
     // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
     host().transport().async_write(
-        std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->chunk_bytes + part.offset,
+        std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->job->chunk_bytes + part.offset,
         make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)),
         [this, r, sent, generation, began, bytes = part.bytes](std::error_code ec) {
           send_meter_.end(began, sent.version, sent.chunk, bytes);

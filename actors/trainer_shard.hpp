@@ -80,7 +80,8 @@ class trainer_shard final : public job_member {
   };
   /// The plan and what this shard derives from it. A regroup replaces it and never changes it, so
   /// a fiber holding one across a suspension keeps a consistent view.
-  struct shard_plan : ferry::plan {
+  struct shard_plan {
+    std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
     std::vector<int> local_of;             ///< plan tensor index -> tensors_ index, or -1
     std::vector<std::uint32_t> my_chunks;  ///< this shard's chunk ids, in send order
   };

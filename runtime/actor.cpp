@@ -66,6 +66,8 @@ void actor::serve() {
   finished_ = true;
 }
 
-void actor::send_frame(address to, frame f) { host_.route(to, std::move(f)); }
+void actor::send_frame(address to, frame f, std::function<void(std::error_code)> sent) {
+  host_.route(to, std::move(f), std::move(sent));
+}
 
 }  // namespace ferry

@@ -35,6 +35,10 @@ class actor {
   /// Sends `body` to `to`, stamped with this actor's address, epoch and next sequence number.
   template <message M>
   void send(address to, const M& body);
+  /// The same; `sent` runs once the frame left this node (or failed to), on the loop: a sender of
+  /// large messages to many peers keeps a few in flight instead of every frame at once.
+  template <message M>
+  void send(address to, const M& body, std::function<void(std::error_code)> sent);
 
   /// Starts the mailbox fiber.
   void start();
@@ -54,7 +58,7 @@ class actor {
 
  private:
   void serve();
-  void send_frame(address to, frame f);
+  void send_frame(address to, frame f, std::function<void(std::error_code)> sent = {});
 
   node& host_;
   address self_;
@@ -71,6 +75,12 @@ template <message M>
 void actor::send(address to, const M& body) {
   envelope_header head{.from = self_, .to = to, .epoch = epoch_};
   send_frame(to, encode(head, body));
+}
+
+template <message M>
+void actor::send(address to, const M& body, std::function<void(std::error_code)> sent) {
+  envelope_header head{.from = self_, .to = to, .epoch = epoch_};
+  send_frame(to, encode(head, body), std::move(sent));
 }
 
 }  // namespace ferry

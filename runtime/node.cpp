@@ -40,15 +40,19 @@ void node::close() {
 void node::attach(actor& a) { actors_[a.self().actor] = &a; }
 void node::detach(actor& a) { actors_.erase(a.self().actor); }
 
-void node::route(address to, frame f) {
+void node::route(address to, frame f, std::function<void(std::error_code)> sent) {
   if (to.node != id_) {
-    transport_->async_send(to.node, std::move(f), [this, to](std::error_code ec) {
+    transport_->async_send(to.node, std::move(f), [this, to, sent = std::move(sent)](std::error_code ec) {
       if (ec) log::debug("node {}: send to {}.{} failed: {}", id_, to.node, to.actor, ec.message());
+      if (sent) sent(ec);
     });
     return;
   }
   // Local delivery goes through the same strict decoder, on a later turn of the loop.
-  loop().post([this, f = std::move(f)] { receive(id_, std::span(f).subspan(frame_prefix_bytes)); });
+  loop().post([this, f = std::move(f), sent = std::move(sent)] {
+    receive(id_, std::span(f).subspan(frame_prefix_bytes));
+    if (sent) sent({});
+  });
 }
 
 void node::on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler) {

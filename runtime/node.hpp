@@ -52,7 +52,7 @@ class node {
   void detach(actor& a);
 
   /// Routes one encoded frame to `to`: a local actor, or the transport.
-  void route(address to, frame f);
+  void route(address to, frame f, std::function<void(std::error_code)> sent = {});
 
   /// Observers of bulk writes that landed here, keyed by the tag in their imm. Owning loop only.
   void on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler);
