@@ -254,6 +254,7 @@ class sim_job {
         [this](node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
           net_.start(path(from, to).of(bytes), std::move(landed));
         });
+    settings_.inproc.model_frames_from(1u << 20);  // plans of large tables; control messages stay instant
   }
   ~sim_job() {
     if (coordinator_) coordinator_->stop_job();

@@ -76,8 +76,50 @@ void inproc_transport::async_send(node_id to, frame f, completion done) {
     loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
     return;
   }
-  peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
-  loop_.post([done = std::move(done)] { done({}); });
+  auto& queue = outbox_[to];
+  if (!modelled(f) && queue.empty()) {
+    peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
+    loop_.post([done = std::move(done)] { done({}); });
+    return;
+  }
+  queue.emplace_back(std::move(f), std::move(done));
+  if (queue.size() == 1) send_queued(to);
+}
+
+void inproc_transport::send_queued(node_id to) {
+  auto& queue = outbox_[to];
+  while (!queue.empty()) {
+    auto peer = network_.find(to);
+    if (!open_ || !peer) {
+      for (auto& [f, done] : queue) loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
+      queue.clear();
+      return;
+    }
+    auto& [f, done] = queue.front();
+    if (modelled(f)) {
+      network_.model_(self_, to, f.size(), [self = weak_from_this(), to] {
+        if (auto t = self.lock()) t->landed(to);
+      });
+      return;
+    }
+    peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
+    loop_.post([done = std::move(done)] { done({}); });
+    queue.pop_front();
+  }
+}
+
+void inproc_transport::landed(node_id to) {
+  auto& queue = outbox_[to];
+  if (queue.empty()) return;
+  auto [f, done] = std::move(queue.front());
+  queue.pop_front();
+  if (auto peer = network_.find(to); peer && open_) {
+    peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
+    loop_.post([done = std::move(done)] { done({}); });
+  } else {
+    loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
+  }
+  send_queued(to);
 }
 
 void inproc_transport::deliver_frame(node_id from, const frame& f) {

@@ -2,6 +2,8 @@
 /// Transport between nodes of one process (embedding, tests, the demo, virtual time): frames are
 /// posted to the peer's loop and bulk writes are memcpy on the environment's executor, checked
 /// like remote ones.
+#include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -28,6 +30,10 @@ class inproc_network {
   /// calls its completion (on the loop). Set before any write; unset, writes are memcpy.
   using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed)>;
   void model_bulk(bulk_model model) { model_ = std::move(model); }
+  /// Frames of at least `bytes` cross the model too: a Kimi-K2 plan is tens of MB, so sending it
+  /// to hundreds of members takes time, and each copy is decoded as it lands rather than all at
+  /// once. Smaller frames (control messages) arrive at once, but never ahead of a modelled one.
+  void model_frames_from(std::uint64_t bytes) { frame_threshold_ = bytes; }
 
  private:
   friend class inproc_transport;
@@ -36,6 +42,7 @@ class inproc_network {
   mutable std::mutex mutex_;
   std::map<node_id, std::weak_ptr<inproc_transport>> nodes_;
   bulk_model model_;
+  std::uint64_t frame_threshold_ = UINT64_MAX;
 };
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
@@ -63,12 +70,18 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   void deliver_frame(node_id from, const frame& f);
   void deliver_write(const write_notice& notice);
   void peer_died(node_id peer);
+  /// Sends the frames queued for `to` in order, up to the first modelled one, which `landed` sends.
+  void send_queued(node_id to);
+  void landed(node_id to);
+  bool modelled(const frame& f) const { return network_.model_ && f.size() >= network_.frame_threshold_; }
 
   event_loop& loop_;
   executor& cpu_;
   inproc_network& network_;
   node_id self_;
   std::set<node_id> peers_;  ///< added and not removed: who learns of this node's death
+  /// Per peer, frames behind a modelled one still crossing the network (its head), in order.
+  std::map<node_id, std::deque<std::pair<frame, completion>>> outbox_;
   region_table regions_;
   transport_events events_;
   bool open_ = false;
