@@ -243,6 +243,31 @@ std::uint64_t plan_digest(const plan& p) {
   });
 }
 
+/// Places `run` (segments of one shard and one key) in the shard's stream from `stream` on, each
+/// 256-byte aligned, and cuts it into chunks of at most `chunk_bytes` that no other run shares.
+void pack_run(std::span<tensor_segment> run, std::uint32_t shard, std::uint64_t chunk_bytes, std::uint64_t& stream,
+              std::vector<chunk_info>& chunks) {
+  const std::uint64_t first_byte = align_up(stream);
+  for (auto& s : run) {
+    s.shard_offset = stream = align_up(stream);
+    stream += s.bytes;
+  }
+  auto next = run.begin();  // the segments before it end before the current chunk
+  for (std::uint64_t begin = first_byte; begin < stream; begin += chunk_bytes) {
+    chunk_info c{.shard = shard, .shard_offset = begin, .bytes = std::min(chunk_bytes, stream - begin),
+                 .audience = run.front().audience};
+    const std::uint64_t end = begin + c.bytes;
+    while (next != run.end() && next->shard_offset + next->bytes <= begin) ++next;
+    for (auto it = next; it != run.end() && it->shard_offset < end; ++it) {
+      const std::uint64_t from = std::max(it->shard_offset, begin), to = std::min(it->shard_offset + it->bytes, end);
+      if (from >= to) continue;
+      c.pieces.push_back({.tensor = it->tensor, .tensor_offset = it->offset + (from - it->shard_offset),
+                          .chunk_offset = from - begin, .bytes = to - from});
+    }
+    chunks.push_back(std::move(c));
+  }
+}
+
 /// Every segment has a hearer in every instance.
 result<void> check_coverage(const plan& p, const cut& c, std::string& why) {
   for (const auto& inst : p.instances) {
@@ -382,39 +407,22 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     segments.push_back(cut.segments[i]);
     key_of.push_back(cut.key_of[i]);
   }
-  for (auto first = segments.begin(); first != segments.end();) {
-    const auto shard = p.owner[first->tensor];
-    const auto last = std::find_if(first, segments.end(), [&](const auto& s) { return p.owner[s.tensor] != shard; });
+  p.shard_bytes.assign(in.shard_tensors.size(), 0);
+  for (std::size_t first = 0; first < segments.size();) {
+    const auto shard = p.owner[segments[first].tensor];
+    auto run_end = [&](std::size_t i) {  // the end of the run of `i`'s shard and key
+      std::size_t end = i;
+      while (end < segments.size() && p.owner[segments[end].tensor] == shard && key_of[end] == key_of[i]) ++end;
+      return end;
+    };
     std::uint64_t stream = 0;
-    for (auto run = first; run != last;) {
-      const auto key = key_of[run - segments.begin()];
-      const auto run_end = std::find_if(run, last, [&](const auto& s) { return key_of[&s - segments.data()] != key; });
-      const std::uint64_t begin_run = align_up(stream);
-      for (auto it = run; it != run_end; ++it) {
-        it->shard_offset = stream = align_up(stream);
-        stream += it->bytes;
-      }
-      auto piece_from = run;  // segments before it end before the current chunk
-      for (std::uint64_t begin = begin_run; begin < stream; begin += in.chunk_bytes) {
-        chunk_info c{.shard = shard, .shard_offset = begin, .bytes = std::min(in.chunk_bytes, stream - begin),
-                     .audience = run->audience};
-        const std::uint64_t end = begin + c.bytes;
-        while (piece_from != run_end && piece_from->shard_offset + piece_from->bytes <= begin) ++piece_from;
-        for (auto it = piece_from; it != run_end && it->shard_offset < end; ++it) {
-          const std::uint64_t from = std::max(it->shard_offset, begin), to = std::min(it->shard_offset + it->bytes, end);
-          if (from >= to) continue;
-          c.pieces.push_back({.tensor = it->tensor, .tensor_offset = it->offset + (from - it->shard_offset),
-                              .chunk_offset = from - begin, .bytes = to - from});
-        }
-        per_shard[shard].push_back(std::move(c));
-      }
-      run = run_end;
+    std::size_t run = first;
+    for (; run < segments.size() && p.owner[segments[run].tensor] == shard; run = run_end(run)) {
+      pack_run(std::span(segments).subspan(run, run_end(run) - run), shard, in.chunk_bytes, stream, per_shard[shard]);
     }
-    p.shard_bytes.resize(shard + 1, 0);
     p.shard_bytes[shard] = align_up(stream);
-    first = last;
+    first = run;
   }
-  p.shard_bytes.resize(in.shard_tensors.size(), 0);
   p.segments = std::move(segments);
 
   // Interleave the shards so every sender works from the first chunk on.
