@@ -286,13 +286,15 @@ int run_node(const node_flags& f) {
     watch_stop(shard);
     shard.on_failed = [&](const std::string& why) { failure = why; };
     // The "training loop": produce version v, publish it, train on once offloaded; one version
-    // at a time, until the coordinator stops the job (a failed version is skipped, not retried).
+    // at a time, until --versions are delivered (a failed version is skipped, not retried, so one
+    // more is published in its place) and the coordinator stops the job.
     std::uint64_t version = 0;
+    std::uint32_t delivered = 0;
     bool publishing = false;
     std::thread uploader;  // GPU mode: host bytes into the device tensors, off the loop
     std::size_t fills = 0;  // GPU mode: fill tasks of the next version still on the pool
     auto publish_next = [&] {
-      if (publishing || !shard.ready()) return;
+      if (publishing || !shard.ready() || delivered >= job.versions) return;
       publishing = true;
       version = std::max(version + 1, shard.next_version());
       auto publish = [&, v = version] {
@@ -334,6 +336,7 @@ int run_node(const node_flags& f) {
     };
     shard.on_ready = publish_next;
     shard.on_delivered = [&](std::uint64_t v, bool) {
+      ++delivered;
       if (v >= version) publishing = false;
       publish_next();
     };
