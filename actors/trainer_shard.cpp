@@ -48,12 +48,14 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     changed();
     if (on_delivered) on_delivered(m.version, m.verified);
   });
-  on<update_failed>([this](const envelope_header&, const update_failed& m) {
-    settled_ = std::max(settled_, m.version);
-    ++send_generation_;
-    changed();
-    if (on_update_failed) on_update_failed(m.version, m.reason);
-  });
+  on<update_failed>([this](const envelope_header&, const update_failed& m) { version_failed(m); });
+}
+
+void trainer_shard::version_failed(const update_failed& m) {
+  settled_ = std::max(settled_, m.version);
+  ++send_generation_;
+  changed();
+  if (on_update_failed) on_update_failed(m.version, m.reason);
 }
 
 trainer_shard::~trainer_shard() {
@@ -66,6 +68,9 @@ void trainer_shard::release_host_copies() {
   if (host_copies_region_) host().transport().deregister_region(host_copies_region_->id);
   host_copies_region_.reset();
   if (options_.memory && host_copies_.size() > 0) options_.memory->unpin(host_copies_.span());
+  // An offload or a send of the old layout may still touch it (the new plan stops them at their
+  // next step): it is freed with the shard.
+  if (host_copies_.size() > 0) retired_.push_back(std::move(host_copies_));
   host_copies_ = host_buffer();
   copies_of_ = {};
 }
@@ -163,6 +168,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   const auto plan = plan_;  // a regroup during the offload must not pull the chunk table away
   auto& copy = copies_of_[version % 2];
   copy.version = version;
+  copy.layout = plan->job->layout;
   copy.offloaded = 0;
   offload_meter_.reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
@@ -177,13 +183,19 @@ void trainer_shard::run_publish(std::uint64_t version) {
     }
     const auto began = offload_meter_.begin();
     auto [ec] = await<std::error_code>([&](auto done) { host().env().copies().async_copy(std::move(pieces), std::move(done)); });
+    // A plan of another layout came meanwhile: this copy is void (the coordinator failed its version).
+    const auto relaid = [&] { return plan_->job->layout != plan->job->layout; };
+    if (relaid()) return offload_meter_.end(began, version, id, c.bytes);
     if (ec) {
       offload_meter_.end(began, version, id, c.bytes);
       return fail("offload of chunk " + std::to_string(id) + " failed: " + ec.message());
     }
     if (options_.checksums) {
       const std::byte* bytes = copy.bytes.data() + c.shard_offset;
-      host().env().cpu().run(c.bytes, [&] { copy.checksums[id] = XXH3_64bits(bytes, c.bytes); });
+      std::uint64_t sum = 0;
+      host().env().cpu().run(c.bytes, [&] { sum = XXH3_64bits(bytes, c.bytes); });
+      if (relaid()) return offload_meter_.end(began, version, id, c.bytes);
+      copy.checksums[id] = sum;
     }
     offload_meter_.end(began, version, id, c.bytes);
     ++copy.offloaded;
@@ -244,6 +256,10 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
         }) ||
         !current()) {
       break;
+    }
+    if (copy_of(version)->layout != plan->job->layout) {
+      // Offloaded under an older plan whose chunk ids meant other bytes: never send them as these.
+      return fail("version " + std::to_string(version) + " was offloaded in another chunk layout than the plan's");
     }
     r->credits.acquire();
     if (!current() || r->free.empty()) break;

@@ -90,6 +90,7 @@ class trainer_shard final : public job_member {
     std::span<std::byte> bytes;
     std::uint64_t offset = 0;  ///< of `bytes` in `host_copies_`
     std::uint64_t version = 0;
+    std::uint64_t layout = 0;   ///< the plan layout `version` was packed in
     std::size_t offloaded = 0;  ///< chunks of `version` offloaded so far, in send order
     std::vector<std::uint64_t> checksums;  ///< per plan chunk
   };
@@ -105,6 +106,8 @@ class trainer_shard final : public job_member {
   void halting() override;
   /// Wakes every sender waiting for a credit, so that it sees the shard stopped or moved on.
   void release_credits();
+  /// `m.version` cannot complete: senders of it stop, and the owner hears why.
+  void version_failed(const update_failed& m);
 
   std::uint32_t shard_;
   std::vector<tensor_ref> tensors_;
@@ -114,6 +117,7 @@ class trainer_shard final : public job_member {
   /// Both host copies in one buffer, allocated, pinned and registered once and reused by every
   /// version and epoch; shareable with shared host copies, so a leader maps and pins both at once.
   host_buffer host_copies_;
+  std::vector<host_buffer> retired_;  ///< host copies of older layouts, until the shard goes
   std::optional<region_desc> host_copies_region_;
   std::array<host_copy, 2> copies_of_;  ///< indexed by version parity
 
