@@ -71,40 +71,34 @@ void inproc_transport::peer_died(node_id peer) {
 }
 
 void inproc_transport::async_send(node_id to, frame f, completion done) {
+  auto& queue = outbox_[to];
+  if (queue.empty() && !modelled(f)) return hand_over(to, std::move(f), std::move(done));
+  queue.emplace_back(std::move(f), std::move(done));
+  if (queue.size() == 1) send_queued(to);
+}
+
+void inproc_transport::hand_over(node_id to, frame f, completion done) {
   auto peer = network_.find(to);
   if (!open_ || !peer) {
     loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
     return;
   }
-  auto& queue = outbox_[to];
-  if (!modelled(f) && queue.empty()) {
-    peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
-    loop_.post([done = std::move(done)] { done({}); });
-    return;
-  }
-  queue.emplace_back(std::move(f), std::move(done));
-  if (queue.size() == 1) send_queued(to);
+  peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
+  loop_.post([done = std::move(done)] { done({}); });
 }
 
 void inproc_transport::send_queued(node_id to) {
   auto& queue = outbox_[to];
   while (!queue.empty()) {
-    auto peer = network_.find(to);
-    if (!open_ || !peer) {
-      for (auto& [f, done] : queue) loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
-      queue.clear();
-      return;
-    }
-    auto& [f, done] = queue.front();
-    if (modelled(f)) {
-      network_.model_(self_, to, f.size(), [self = weak_from_this(), to] {
+    if (modelled(queue.front().first) && open_ && network_.find(to)) {
+      network_.model_(self_, to, queue.front().first.size(), [self = weak_from_this(), to] {
         if (auto t = self.lock()) t->landed(to);
       });
       return;
     }
-    peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
-    loop_.post([done = std::move(done)] { done({}); });
+    auto [f, done] = std::move(queue.front());
     queue.pop_front();
+    hand_over(to, std::move(f), std::move(done));
   }
 }
 
@@ -113,12 +107,7 @@ void inproc_transport::landed(node_id to) {
   if (queue.empty()) return;
   auto [f, done] = std::move(queue.front());
   queue.pop_front();
-  if (auto peer = network_.find(to); peer && open_) {
-    peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
-    loop_.post([done = std::move(done)] { done({}); });
-  } else {
-    loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
-  }
+  hand_over(to, std::move(f), std::move(done));
   send_queued(to);
 }
 

@@ -70,6 +70,8 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   void deliver_frame(node_id from, const frame& f);
   void deliver_write(const write_notice& notice);
   void peer_died(node_id peer);
+  /// Delivers `f` to `to`'s loop now (or says it is unreachable), then completes `done`.
+  void hand_over(node_id to, frame f, completion done);
   /// Sends the frames queued for `to` in order, up to the first modelled one, which `landed` sends.
   void send_queued(node_id to);
   void landed(node_id to);
