@@ -23,6 +23,7 @@ struct transport_category_impl final : std::error_category {
       case transport_errc::copy_not_permitted:
         return "same-host copy not permitted (ptrace rules: kernel.yama.ptrace_scope)";
       case transport_errc::copy_failed: return "same-host copy failed";
+      case transport_errc::peer_stalled: return "peer stopped taking what we send";
     }
     return "unknown ferry.transport error " + std::to_string(c);
   }

@@ -19,6 +19,7 @@ enum class transport_errc : int {
   limit_exceeded,      ///< a configured per-peer limit was hit
   copy_not_permitted,  ///< same-host copy: the kernel does not let the receiver read the writer
   copy_failed,         ///< same-host copy: writer gone, on another host, or its bytes unreadable
+  peer_stalled,        ///< the peer took nothing we sent for longer than the transport waits
 };
 
 const std::error_category& transport_category() noexcept;

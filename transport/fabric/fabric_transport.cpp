@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <random>
 #include <type_traits>
 #include <unordered_map>
@@ -37,10 +38,24 @@ constexpr auto active_window = std::chrono::steady_clock::duration(2ms);
 constexpr auto first_idle_poll = std::chrono::steady_clock::duration(20us);
 /// Longest pause between polls when idle and the provider gives no wait fd.
 constexpr auto idle_interval = std::chrono::steady_clock::duration(2ms);
+/// How often peers with work outstanding are checked against `stall_timeout`.
+constexpr auto stall_check_period = std::chrono::steady_clock::duration(250ms);
 /// Completions handled per turn, so one busy transport cannot starve the loop.
 constexpr int drain_budget = 256;
-/// Each control message is [sender node id, BE32][payload][payload length, BE32].
+/// Each control message is [sender node id, BE32][payload][trailer, BE32]; the trailer holds the
+/// payload's length and, in its top two bits, what the message is.
 constexpr std::size_t trailer_bytes = 4;
+constexpr std::size_t message_overhead = frame_prefix_bytes + trailer_bytes;
+enum class message_kind : std::uint32_t {
+  frame = 0,     ///< a whole frame, or the last piece of one
+  fragment = 1,  ///< a piece of a frame; more follow
+  notice = 2,    ///< a write landed: [target address, BE64][length, BE64][immediate, BE32]
+};
+constexpr std::uint32_t length_mask = (1u << 30) - 1;
+constexpr std::size_t notice_bytes = 8 + 8 + 4;
+std::uint32_t make_trailer(message_kind kind, std::size_t payload) {
+  return static_cast<std::uint32_t>(kind) << 30 | static_cast<std::uint32_t>(payload);
+}
 
 enum class op_kind : std::uint8_t { recv, send, write };
 
@@ -91,6 +106,13 @@ std::uint32_t get_be32(const std::byte* p) {
   std::uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v = v << 8 | std::to_integer<std::uint32_t>(p[i]);
   return v;
+}
+void put_be64(std::byte* p, std::uint64_t v) {
+  put_be32(p, static_cast<std::uint32_t>(v >> 32));
+  put_be32(p + 4, static_cast<std::uint32_t>(v));
+}
+std::uint64_t get_be64(const std::byte* p) {
+  return std::uint64_t{get_be32(p)} << 32 | get_be32(p + 4);
 }
 
 /// Maps a provider error of one operation to what the caller learns.
@@ -149,7 +171,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     node_id peer = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
     fid_mr* mr = nullptr;  ///< only under FI_MR_LOCAL
-    bool orphaned = false;
+    std::size_t injected = 0;  ///< payload bytes injected so far (`inject_only`)
+    bool issued = false;   ///< the provider holds it
+    bool orphaned = false;  ///< its caller was told it failed; the provider still holds it
   };
   struct write_state {
     completion done;
@@ -167,13 +191,21 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     std::uint32_t in_flight = 0;
     bool final_issued = false;
     bool queued = false;
-    bool orphaned = false;
+    bool orphaned = false;  ///< its caller was told it failed; pieces may still be in flight
     std::error_code error;
   };
-  /// An operation waiting for the provider to accept it (-FI_EAGAIN).
+  /// A send or write waiting for the provider to accept it (-FI_EAGAIN).
   struct blocked {
     op_kind kind;
     std::uint64_t id;
+  };
+  /// What is outstanding towards one peer. Operations the provider refused wait per peer, in
+  /// order: a peer that stopped taking them (a dead shm process) holds up only its own.
+  struct peer_traffic {
+    std::deque<blocked> waiting;
+    std::uint32_t in_flight = 0;  ///< accepted by the provider, not yet completed
+    std::chrono::steady_clock::time_point last_progress{};
+    bool idle() const { return waiting.empty() && in_flight == 0; }
   };
 
   event_loop& loop;
@@ -189,6 +221,13 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   std::uint64_t max_piece = 0;
   std::string name_hex;
   std::string provider_name;
+  /// shm completes an operation that needs its target's response (a send above inject_size, a
+  /// write with CQ data) through one in-order queue per endpoint: one to a dead peer blocks the
+  /// completion of every later one, to any peer. On shm ferry therefore issues only operations
+  /// that complete at once: injected messages (a larger frame in fragments) and writes without
+  /// CQ data (copied in the call), each write followed by an injected notice.
+  bool inject_only = false;
+  std::size_t inject_limit = 0;  ///< the provider's inject_size
 
   asio::steady_timer timer;
   std::chrono::steady_clock::time_point timer_deadline{};
@@ -209,6 +248,12 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   std::unordered_map<node_id, std::vector<std::byte>> peer_names;  ///< fi_getname blobs
   std::map<std::uint64_t, region> regions;                         // by id
   std::map<const std::byte*, std::uint64_t> by_base;               // region base -> id
+  /// A frame arriving in fragments; one over the frame limit is dropped up to its last piece.
+  struct partial_frame {
+    std::vector<std::byte> bytes;
+    bool dropped = false;
+  };
+  std::unordered_map<node_id, partial_frame> partial_frames;
   std::uint64_t next_region = 1;
   std::mt19937_64 keys{std::random_device{}()};
 
@@ -221,8 +266,12 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   std::unordered_map<std::uint64_t, send_state> sends;
   std::unordered_map<std::uint64_t, write_state> writes;
   std::uint64_t next_op_id = 1;
-  std::deque<blocked> queue;
+  std::map<node_id, peer_traffic> traffic;  // a map: retrying may touch entries while iterating
+  std::deque<std::uint64_t> rx_waiting;      ///< receive slots the provider refused
+  std::size_t waiting_ops = 0;               ///< in `rx_waiting` and every peer's `waiting`
   std::size_t tx_in_flight = 0;
+  std::size_t abandoned_in_flight = 0;  ///< of `tx_in_flight`: ops of peers given up on
+  std::chrono::steady_clock::time_point next_stall_check{};
 
   impl(event_loop& l, node_id s, fabric_options o)
       : loop(l), self(s), options(std::move(o)), timer(l.io()) {}
@@ -268,6 +317,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     if (options.max_write_piece != 0)
       max_piece = std::min<std::uint64_t>(max_piece, options.max_write_piece);
     if (max_piece == 0) max_piece = 1u << 30;
+    inject_limit = info->tx_attr->inject_size;
+    inject_only = provider_name == "shm" && inject_limit > message_overhead + notice_bytes;
 
     if ((rc = fi_fabric(info->fabric_attr, &fabric, nullptr)))
       return provider_failed("fi_fabric", rc);
@@ -317,8 +368,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       op* o = take_op(op_kind::recv, i);
       rx_ops.push_back(o);
     }
-    log::debug("fabric: node {} opened provider {} (mr_mode {:#x}, max piece {}, progress {})",
-               self, provider_name, mr_mode, max_piece, wait_fd ? "wait-fd" : "timer");
+    log::debug("fabric: node {} opened provider {} (mr_mode {:#x}, max piece {}, progress {}{})", self,
+               provider_name, mr_mode, max_piece, wait_fd ? "wait-fd" : "timer",
+               inject_only ? ", inject only" : "");
     return {};
   }
 
@@ -368,7 +420,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       if (!w.orphaned && w.done) post_done(std::move(w.done), errc::stopped);
     }
     writes.clear();
-    queue.clear();
+    traffic.clear();
+    rx_waiting.clear();
+    waiting_ops = 0;
     for (auto& [id, r] : regions)
       if (r.mr) fi_close(&r.mr->fid);
     regions.clear();
@@ -406,6 +460,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   void give_op(op* o) { free_ops.push_back(o); }
 
   void post_done(completion done, std::error_code ec) {
+    if (!done) return;
     loop.post([done = std::move(done), ec] { done(ec); });
   }
 
@@ -431,23 +486,84 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     return true;
   }
   void repost_rx(std::uint64_t i) {
-    if (!queue.empty() || !post_rx(i)) enqueue({op_kind::recv, i});
+    if (!rx_waiting.empty() || !post_rx(i)) {
+      ++counters.eagain_retries;
+      ++waiting_ops;
+      rx_waiting.push_back(i);
+    }
   }
 
-  void on_frame(std::uint64_t slot, std::size_t len) {
+  void on_message(std::uint64_t slot, std::size_t len) {
     const std::byte* buf = rx_slab.get() + slot * rx_slot();
     // Some providers (shm) truncate an oversize message silently: the trailer must match.
-    if (len < frame_prefix_bytes + trailer_bytes ||
-        get_be32(buf + len - trailer_bytes) != len - frame_prefix_bytes - trailer_bytes) {
-      ++counters.frames_rejected;
-      log::warn("fabric: dropped a {}-byte control frame (truncated or malformed)", len);
+    const std::uint32_t trailer = len >= message_overhead ? get_be32(buf + len - trailer_bytes) : 0;
+    const auto kind = static_cast<message_kind>(trailer >> 30);
+    if (len < message_overhead || (trailer & length_mask) != len - message_overhead) {
+      return reject_message("truncated or malformed", len);
+    }
+    const node_id from = get_be32(buf);
+    const std::span payload(buf + frame_prefix_bytes, len - message_overhead);
+    switch (kind) {
+      case message_kind::frame: {
+        auto partial = partial_frames.find(from);
+        if (partial == partial_frames.end()) return deliver_frame(from, payload);
+        auto whole = std::move(partial->second);
+        partial_frames.erase(partial);
+        if (whole.dropped) return;
+        if (whole.bytes.size() + payload.size() > options.max_frame) return reject_message("over the frame limit", len);
+        whole.bytes.insert(whole.bytes.end(), payload.begin(), payload.end());
+        return deliver_frame(from, whole.bytes);
+      }
+      case message_kind::fragment: {
+        auto& whole = partial_frames[from];
+        if (whole.dropped) return;
+        if (whole.bytes.size() + payload.size() > options.max_frame) {
+          whole = {.bytes = {}, .dropped = true};
+          return reject_message("over the frame limit", len);
+        }
+        whole.bytes.insert(whole.bytes.end(), payload.begin(), payload.end());
+        return;
+      }
+      case message_kind::notice:
+        if (payload.size() != notice_bytes) return reject_message("malformed write notice", len);
+        return on_write_notice(from, get_be64(payload.data()), get_be64(payload.data() + 8),
+                               get_be32(payload.data() + 16));
+      default:
+        return reject_message("of an unknown kind", len);
+    }
+  }
+
+  void reject_message(const char* why, std::size_t len) {
+    ++counters.frames_rejected;
+    log::warn("fabric: dropped a {}-byte control message ({})", len, why);
+  }
+
+  void deliver_frame(node_id from, std::span<const std::byte> payload) {
+    ++counters.frames_received;
+    if (events.on_frame) events.on_frame(from, payload);
+  }
+
+  /// The region and offset of [p, p + length) if it lies inside a region we gave out.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> find_landing(const std::byte* p,
+                                                                       std::uint64_t length) const {
+    auto it = by_base.upper_bound(p);
+    if (it == by_base.begin()) return std::nullopt;
+    const auto& r = regions.at(std::prev(it)->second);
+    if (length > r.memory.size() || p + length > r.memory.data() + r.memory.size()) return std::nullopt;
+    return std::pair{r.id, static_cast<std::uint64_t>(p - r.memory.data())};
+  }
+
+  /// An `inject_only` writer says its write landed at `address` (ours, FI_MR_VIRT_ADDR).
+  void on_write_notice(node_id from, std::uint64_t address, std::uint64_t length, write_imm imm) {
+    const auto landing = find_landing(reinterpret_cast<const std::byte*>(address), length);
+    if (!landing) {
+      ++counters.writes_refused;
+      log::error("fabric: node {} reported a write outside every registered region; dropped", from);
       return;
     }
-    ++counters.frames_received;
-    const node_id from = get_be32(buf);
-    if (events.on_frame)
-      events.on_frame(
-          from, std::span(buf + frame_prefix_bytes, len - frame_prefix_bytes - trailer_bytes));
+    ++counters.writes_received;
+    if (events.on_write)
+      events.on_write({.from = from, .region = landing->first, .offset = landing->second, .length = length, .imm = imm});
   }
 
   void on_remote_write(const fi_cq_data_entry& e) {
@@ -459,19 +575,11 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
                    .imm = static_cast<write_imm>(e.data)};
     if (e.buf) {
       // Where the provider says where bytes landed, check it is inside a region we gave out.
-      const auto* p = static_cast<const std::byte*>(e.buf);
-      auto it = by_base.upper_bound(p);
-      bool ok = false;
-      if (it != by_base.begin()) {
-        --it;
-        const auto& r = regions.at(it->second);
-        if (p + e.len <= r.memory.data() + r.memory.size()) {
-          n.region = r.id;
-          n.offset = static_cast<std::uint64_t>(p - r.memory.data());
-          ok = true;
-        }
-      }
-      if (!ok) {
+      const auto landing = find_landing(static_cast<const std::byte*>(e.buf), e.len);
+      if (landing) {
+        n.region = landing->first;
+        n.offset = landing->second;
+      } else {
         ++counters.writes_refused;
         log::error("fabric: provider reported a write outside every registered region; dropped");
         return;
@@ -486,6 +594,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   bool issue_send(std::uint64_t id) {
     auto& s = sends.at(id);
     if (auto p = peers.find(s.peer); p != peers.end()) s.addr = p->second;  // after a reconnect
+    if (inject_only) return inject_send(id);
     op* o = take_op(op_kind::send, id);
     void* desc = s.mr ? fi_mr_desc(s.mr) : nullptr;
     const ssize_t rc = fi_send(ep, s.bytes.data(), s.bytes.size(), desc, s.addr, o);
@@ -500,7 +609,46 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       finish_send(id, map_op_error(static_cast<int>(-rc)));
       return true;
     }
-    ++tx_in_flight;
+    s.issued = true;
+    op_accepted(s.peer);
+    return true;
+  }
+
+  /// Injects what is left of send `id`, in fragments if it is larger than the provider injects.
+  /// Injected messages have no completion: the send is done once the last is accepted.
+  bool inject_send(std::uint64_t id) {
+    auto& s = sends.at(id);
+    const std::span payload(s.bytes.data() + frame_prefix_bytes, s.bytes.size() - message_overhead);
+    if (s.bytes.size() <= inject_limit) {
+      const ssize_t rc = fi_inject(ep, s.bytes.data(), s.bytes.size(), s.addr);
+      if (rc == -FI_EAGAIN) return false;
+      return finish_injected(id, rc);
+    }
+    std::vector<std::byte> piece(inject_limit);
+    const std::size_t room = inject_limit - message_overhead;
+    while (s.injected < payload.size()) {
+      const std::size_t n = std::min(room, payload.size() - s.injected);
+      const bool last = s.injected + n == payload.size();
+      put_be32(piece.data(), self);
+      std::memcpy(piece.data() + frame_prefix_bytes, payload.data() + s.injected, n);
+      put_be32(piece.data() + frame_prefix_bytes + n,
+               make_trailer(last ? message_kind::frame : message_kind::fragment, n));
+      const ssize_t rc = fi_inject(ep, piece.data(), n + message_overhead, s.addr);
+      if (rc == -FI_EAGAIN) return false;
+      if (rc) return finish_injected(id, rc);
+      s.injected += n;
+      note_progress(s.peer);
+    }
+    return finish_injected(id, 0);
+  }
+  bool finish_injected(std::uint64_t id, ssize_t rc) {
+    const auto peer = sends.at(id).peer;
+    if (rc) {
+      log::warn("fabric: fi_inject to node {} failed: {}", peer, fi_error_text(static_cast<int>(rc)));
+    } else {
+      note_progress(peer);
+    }
+    finish_send(id, rc ? map_op_error(static_cast<int>(-rc)) : std::error_code{});
     return true;
   }
 
@@ -510,8 +658,17 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     auto s = std::move(it->second);
     sends.erase(it);
     if (s.mr) fi_close(&s.mr->fid);
-    if (!s.orphaned) post_done(std::move(s.done), ec);
+    if (s.orphaned) return;
+    post_done(std::move(s.done), ec);
     if (is_link_error(ec)) report_peer_lost(s.peer, ec);
+  }
+
+  /// A send completed (or failed) at the provider.
+  void on_send_done(op* o, std::error_code ec) {
+    const auto id = o->owner;
+    give_op(o);
+    if (auto it = sends.find(id); it != sends.end()) op_completed(it->second.peer, it->second.orphaned);
+    finish_send(id, ec);
   }
 
   // ---- write path ----------------------------------------------------------------------------
@@ -533,7 +690,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       w.issued += n;
     }
     if (!w.error && !w.final_issued && w.landed == w.body_end) {
-      const ssize_t rc = issue_piece(w, id, w.body_end, w.length - w.body_end, true);
+      const ssize_t rc = inject_only ? inject_notice(w) : issue_piece(w, id, w.body_end, w.length - w.body_end, true);
       if (rc == -FI_EAGAIN) return false;
       if (rc)
         w.error = map_op_error(static_cast<int>(-rc));
@@ -542,6 +699,21 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     }
     maybe_finish_write(id);
     return true;
+  }
+
+  /// `inject_only`: every byte of `w` landed; tell its target.
+  ssize_t inject_notice(write_state& w) {
+    std::byte message[message_overhead + notice_bytes];
+    put_be32(message, self);
+    put_be64(message + frame_prefix_bytes, w.remote_addr);
+    put_be64(message + frame_prefix_bytes + 8, w.length);
+    put_be32(message + frame_prefix_bytes + 16, w.imm);
+    put_be32(message + frame_prefix_bytes + notice_bytes, make_trailer(message_kind::notice, notice_bytes));
+    const ssize_t rc = fi_inject(ep, message, sizeof(message), w.addr);
+    if (rc == 0) note_progress(w.peer);
+    if (rc && rc != -FI_EAGAIN)
+      log::warn("fabric: write notice to node {} failed: {}", w.peer, fi_error_text(static_cast<int>(rc)));
+    return rc;
   }
 
   ssize_t issue_piece(write_state& w, std::uint64_t id, std::uint64_t at, std::uint64_t n,
@@ -559,9 +731,10 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     msg.rma_iov_count = 1;
     msg.context = o;
     msg.data = final ? w.imm : 0;
-    // Delivery complete: the writer's completion means the bytes are at the target.
-    const std::uint64_t flags =
-        FI_COMPLETION | FI_DELIVERY_COMPLETE | (final ? FI_REMOTE_CQ_DATA : 0);
+    // Delivery complete: the writer's completion means the bytes are at the target. (shm copies
+    // a write without CQ data in the call, so its completion already means that.)
+    const std::uint64_t flags = FI_COMPLETION | (inject_only ? 0 : FI_DELIVERY_COMPLETE) |
+                                (final ? FI_REMOTE_CQ_DATA : 0);
     const ssize_t rc = fi_writemsg(ep, &msg, flags);
     if (rc) {
       give_op(o);
@@ -571,7 +744,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       return rc;
     }
     ++w.in_flight;
-    ++tx_in_flight;
+    op_accepted(w.peer);
     return 0;
   }
 
@@ -579,12 +752,14 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     auto it = writes.find(id);
     if (it == writes.end()) return;
     auto& w = it->second;
+    // `inject_only` writes every byte in the body; the notice has no completion.
     const bool done = w.in_flight == 0 && (w.error || (w.final_issued && w.landed == w.length));
     if (!done) return;
     auto state = std::move(w);
     writes.erase(it);
     if (state.error) ++counters.writes_refused;
-    if (!state.orphaned) post_done(std::move(state.done), state.error);
+    if (state.orphaned) return;
+    post_done(std::move(state.done), state.error);
     if (is_link_error(state.error)) report_peer_lost(state.peer, state.error);
   }
 
@@ -592,17 +767,18 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     const std::uint64_t id = o->owner;
     const std::uint64_t bytes = o->bytes;
     give_op(o);
-    --tx_in_flight;
     auto it = writes.find(id);
-    if (it == writes.end()) return;
+    if (it == writes.end()) return;  // never: a write outlives its pieces
     auto& w = it->second;
+    op_completed(w.peer, w.orphaned);
     --w.in_flight;
     if (ec && !w.error) w.error = ec;
     if (!ec) w.landed += bytes;
     if (!w.queued && !w.error) {
+      const auto peer = w.peer;
       if (!pump_write(id)) {
         writes.at(id).queued = true;
-        enqueue({op_kind::write, id});
+        enqueue(peer, {op_kind::write, id});
       }
     } else {
       maybe_finish_write(id);
@@ -611,38 +787,122 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
 
   // ---- progress ------------------------------------------------------------------------------
 
-  void enqueue(blocked b) {
-    ++counters.eagain_retries;
-    queue.push_back(b);
+  /// `peer` took something that has no completion.
+  void note_progress(node_id peer) { traffic[peer].last_progress = std::chrono::steady_clock::now(); }
+
+  /// The provider accepted an operation to `peer`.
+  void op_accepted(node_id peer) {
+    ++tx_in_flight;
+    auto& t = traffic[peer];
+    ++t.in_flight;
+    t.last_progress = std::chrono::steady_clock::now();
+  }
+  /// An operation the provider accepted completed; one of a peer given up on counts apart.
+  void op_completed(node_id peer, bool abandoned) {
+    --tx_in_flight;
+    if (abandoned) {
+      --abandoned_in_flight;
+      return;
+    }
+    auto& t = traffic[peer];
+    --t.in_flight;
+    t.last_progress = std::chrono::steady_clock::now();
   }
 
-  /// Retries operations the provider refused with -FI_EAGAIN, in order.
-  void retry_queue() {
-    while (running && !queue.empty()) {
-      const blocked b = queue.front();
-      bool accepted = true;
-      switch (b.kind) {
-        case op_kind::recv:
-          accepted = post_rx(b.id);
-          break;
-        case op_kind::send:
-          if (auto it = sends.find(b.id); it != sends.end()) {
-            if (it->second.orphaned)
-              finish_send(b.id, transport_errc::peer_unreachable);
-            else
-              accepted = issue_send(b.id);
-          }
-          break;
-        case op_kind::write:
-          if (auto it = writes.find(b.id); it != writes.end()) {
-            it->second.queued = false;
-            accepted = pump_write(b.id);
-            if (!accepted) writes.at(b.id).queued = true;
-          }
-          break;
+  void enqueue(node_id peer, blocked b) {
+    ++counters.eagain_retries;
+    ++waiting_ops;
+    auto& t = traffic[peer];
+    if (t.idle()) t.last_progress = std::chrono::steady_clock::now();
+    t.waiting.push_back(b);
+  }
+  /// Nothing may overtake an operation that waits for the same peer.
+  bool must_wait(node_id peer) const {
+    auto it = traffic.find(peer);
+    return it != traffic.end() && !it->second.waiting.empty();
+  }
+
+  /// Retries what the provider refused with -FI_EAGAIN: receive slots, then each peer's
+  /// operations in order, until the provider refuses that peer's next one.
+  void retry_waiting() {
+    while (running && !rx_waiting.empty() && post_rx(rx_waiting.front())) {
+      rx_waiting.pop_front();
+      --waiting_ops;
+    }
+    for (auto& [peer, t] : traffic) {
+      while (running && !t.waiting.empty() && retry(t.waiting.front())) {
+        t.waiting.pop_front();
+        --waiting_ops;
       }
-      if (!accepted) return;
-      queue.pop_front();
+    }
+  }
+  /// False while the provider still refuses `b`.
+  bool retry(blocked b) {
+    if (b.kind == op_kind::send) return !sends.contains(b.id) || issue_send(b.id);
+    auto it = writes.find(b.id);
+    if (it == writes.end()) return true;
+    it->second.queued = false;
+    if (pump_write(b.id)) return true;
+    writes.at(b.id).queued = true;
+    return false;
+  }
+
+  /// Fails everything outstanding to `peer` now. Operations the provider holds keep their
+  /// contexts until they complete, if ever, and no longer keep progress hot meanwhile.
+  void abandon(node_id peer, std::error_code why) {
+    if (auto t = traffic.find(peer); t != traffic.end()) {
+      waiting_ops -= t->second.waiting.size();
+      abandoned_in_flight += t->second.in_flight;
+      traffic.erase(t);
+    }
+    for (auto it = sends.begin(); it != sends.end();) {
+      auto& st = it->second;
+      if (st.peer != peer || st.orphaned) {
+        ++it;
+        continue;
+      }
+      post_done(std::move(st.done), why);
+      if (st.issued) {
+        st.orphaned = true;
+        ++it;
+      } else {
+        if (st.mr) fi_close(&st.mr->fid);
+        it = sends.erase(it);
+      }
+    }
+    for (auto it = writes.begin(); it != writes.end();) {
+      auto& w = it->second;
+      if (w.peer != peer || w.orphaned) {
+        ++it;
+        continue;
+      }
+      post_done(std::move(w.done), why);
+      if (w.in_flight > 0) {
+        w.orphaned = true;
+        w.error = why;
+        ++it;
+      } else {
+        it = writes.erase(it);
+      }
+    }
+  }
+
+  /// A dead peer never takes what waits for it nor completes what it was given: after
+  /// `stall_timeout` without either, give up on it and report it lost, as a dropped link is.
+  void give_up_on_stalled_peers() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_stall_check) return;
+    next_stall_check = now + stall_check_period;
+    std::vector<node_id> stalled;
+    for (const auto& [peer, t] : traffic)
+      if (!t.idle() && now - t.last_progress > options.stall_timeout) stalled.push_back(peer);
+    for (const auto peer : stalled) {
+      const auto& t = traffic.at(peer);
+      log::warn("fabric: node {} took nothing for {} ms ({} operation(s) waiting, {} in flight); giving up on it",
+                peer, options.stall_timeout.count(), t.waiting.size(), t.in_flight);
+      ++counters.peers_stalled;
+      abandon(peer, transport_errc::peer_stalled);
+      report_peer_lost(peer, transport_errc::peer_stalled);
     }
   }
 
@@ -657,16 +917,12 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     if (!o) return;
     switch (o->kind) {
       case op_kind::recv:
-        on_frame(o->owner, e.len);
+        on_message(o->owner, e.len);
         if (running) repost_rx(o->owner);
         break;
-      case op_kind::send: {
-        const auto id = o->owner;
-        give_op(o);
-        --tx_in_flight;
-        finish_send(id, {});
+      case op_kind::send:
+        on_send_done(o, {});
         break;
-      }
       case op_kind::write:
         on_piece_done(o, {});
         break;
@@ -689,14 +945,10 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
                   fi_error_text(e.err), e.olen, options.max_frame);
         if (running) repost_rx(o->owner);
         break;
-      case op_kind::send: {
-        const auto id = o->owner;
-        give_op(o);
-        --tx_in_flight;
+      case op_kind::send:
         log::warn("fabric: control frame failed: {}", fi_error_text(e.err));
-        finish_send(id, ec);
+        on_send_done(o, ec);
         break;
-      }
       case op_kind::write:
         log::warn("fabric: write failed: {} (provider errno {})", fi_error_text(e.err),
                   e.prov_errno);
@@ -705,7 +957,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     }
   }
 
-  /// Reads completions (which also drives the provider's progress) and retries queued ops.
+  /// Reads completions (which also drives the provider's progress) and retries waiting ops.
   int drain() {
     if (!running) return 0;
     auto keep = shared_from_this();  // a callback may drop the last owner of the transport
@@ -728,11 +980,12 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
         log::error("fabric: fi_cq_read failed: {}", fi_error_text(static_cast<int>(n)));
       break;
     }
-    if (running) retry_queue();
+    if (running) retry_waiting();
+    if (running) give_up_on_stalled_peers();
     return handled;
   }
 
-  bool busy() const { return tx_in_flight > 0 || !queue.empty(); }
+  bool busy() const { return tx_in_flight > abandoned_in_flight || waiting_ops > 0; }
   /// Work in flight, or traffic within `active_window`: progress must run continuously.
   bool hot() const { return busy() || std::chrono::steady_clock::now() < active_until; }
 
@@ -838,7 +1091,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
 
 result<std::shared_ptr<fabric_transport>> fabric_transport::make(event_loop& loop, node_id self,
                                                                  fabric_options options) {
-  if (options.max_frame < frame_prefix_bytes + 1 || options.rx_buffers == 0)
+  if (options.max_frame < frame_prefix_bytes + 1 || options.max_frame > length_mask || options.rx_buffers == 0)
     return fail(errc::invalid_argument);
   auto state = std::make_shared<impl>(loop, self, std::move(options));
   if (auto ec = state->open()) return fail(ec);
@@ -903,18 +1156,8 @@ void fabric_transport::remove_peer(node_id peer) {
   auto& s = *impl_;
   auto it = s.peers.find(peer);
   if (it == s.peers.end()) return;
-  // Fail what is pending to that peer now; its contexts stay alive until the provider is done.
-  for (auto& [id, st] : s.sends)
-    if (st.peer == peer && !st.orphaned) {
-      st.orphaned = true;
-      s.post_done(std::move(st.done), transport_errc::peer_unreachable);
-    }
-  for (auto& [id, w] : s.writes)
-    if (w.peer == peer && !w.orphaned) {
-      w.orphaned = true;
-      w.error = transport_errc::peer_unreachable;
-      s.post_done(std::move(w.done), transport_errc::peer_unreachable);
-    }
+  s.abandon(peer, transport_errc::peer_unreachable);
+  s.partial_frames.erase(peer);
   fi_av_remove(s.av, &it->second, 1, 0);
   s.peers.erase(it);
   s.peer_names.erase(peer);
@@ -932,7 +1175,7 @@ void fabric_transport::async_send(node_id to, frame f, completion done) {
   const auto payload = static_cast<std::uint32_t>(f.size() - frame_prefix_bytes);
   put_be32(f.data(), s.self);
   f.resize(f.size() + trailer_bytes);
-  put_be32(f.data() + f.size() - trailer_bytes, payload);
+  put_be32(f.data() + f.size() - trailer_bytes, make_trailer(message_kind::frame, payload));
   const auto id = s.next_op_id++;
   auto& st = s.sends[id];
   st.bytes = std::move(f);
@@ -946,7 +1189,7 @@ void fabric_transport::async_send(node_id to, frame f, completion done) {
       return s.post_done(std::move(d), ec);
     }
   }
-  if (!s.queue.empty() || !s.issue_send(id)) s.enqueue({op_kind::send, id});
+  if (s.must_wait(to) || !s.issue_send(id)) s.enqueue(to, {op_kind::send, id});
   s.poke();
 }
 
@@ -1026,10 +1269,11 @@ void fabric_transport::async_write(std::span<const std::byte> local, const regio
   // Everything but the last piece goes first without data; the last carries the immediate
   // once the rest has landed, so the receiver's notice means the whole write is there.
   w.body_end = w.length > s.max_piece ? w.length - ((w.length - 1) % s.max_piece + 1) : 0;
-  if (!s.queue.empty() || !s.pump_write(id)) {
+  if (s.inject_only) w.body_end = w.length;
+  if (s.must_wait(remote.owner) || !s.pump_write(id)) {
     if (auto it = s.writes.find(id); it != s.writes.end()) {
       it->second.queued = true;
-      s.enqueue({op_kind::write, id});
+      s.enqueue(remote.owner, {op_kind::write, id});
     }
   }
   s.poke();

@@ -2,6 +2,7 @@
 /// Transport over libfabric: one RDM endpoint with FI_MSG for control frames and FI_RMA
 /// write-with-data for bulk writes. The same code runs on `tcp;ofi_rxm` and `shm` here and on
 /// verbs / efa / cxi on clusters; no libfabric type appears in this header.
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -26,6 +27,10 @@ struct fabric_options {
   std::size_t max_frame = 1u << 20;
   /// Largest single RMA write issued; larger writes are split. 0: the provider's max_msg_size.
   std::size_t max_write_piece = 0;
+  /// A peer with work outstanding that neither takes nor completes any of it for this long is
+  /// given up on: its operations fail and it is reported lost. A dead shm peer otherwise refuses
+  /// (-FI_EAGAIN) forever, and its writes never complete.
+  std::chrono::milliseconds stall_timeout{10000};
 };
 
 /// Counters of what the transport refused or saw fail; owning loop only.
@@ -35,6 +40,7 @@ struct fabric_stats {
   std::uint64_t writes_received = 0;
   std::uint64_t writes_refused = 0;  ///< refused by the local checks or by the peer's provider
   std::uint64_t eagain_retries = 0;  ///< operations queued because the provider was busy
+  std::uint64_t peers_stalled = 0;   ///< peers given up on after `stall_timeout`
 };
 
 /// Create with `make`; every member runs on the owning loop's thread, completions run there.
