@@ -173,6 +173,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     fid_mr* mr = nullptr;  ///< only under FI_MR_LOCAL
     std::size_t injected = 0;  ///< payload bytes injected so far (`inject_only`)
     bool issued = false;   ///< the provider holds it
+    bool holds_order = false;  ///< later traffic to the peer waits for its completion
     bool orphaned = false;  ///< its caller was told it failed; the provider still holds it
   };
   struct write_state {
@@ -204,6 +205,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   struct peer_traffic {
     std::deque<blocked> waiting;
     std::uint32_t in_flight = 0;  ///< accepted by the provider, not yet completed
+    std::uint32_t order_holders = 0;  ///< sends in flight that later traffic must not overtake
     std::chrono::steady_clock::time_point last_progress{};
     bool idle() const { return waiting.empty() && in_flight == 0; }
   };
@@ -289,6 +291,10 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    // Frames between two nodes keep their order whatever their size (rxm sends large ones by
+    // another protocol, which overtakes small ones unless asked not to).
+    hints->tx_attr->msg_order = FI_ORDER_SAS;
+    hints->rx_attr->msg_order = FI_ORDER_SAS;
     if (!options.provider.empty()) hints->fabric_attr->prov_name = strdup(options.provider.c_str());
     const bool is_shm = options.provider == "shm";
     const char* node = (is_shm || options.node.empty()) ? nullptr : options.node.c_str();
@@ -611,6 +617,13 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     }
     s.issued = true;
     op_accepted(s.peer);
+    // rxm sends a frame above its eager size by another protocol, whose receive completes after
+    // those of smaller frames sent later (even under FI_ORDER_SAS): until such a frame is done,
+    // nothing else leaves for that peer. Frames within inject_size are always eager.
+    if (s.bytes.size() > inject_limit) {
+      s.holds_order = true;
+      ++traffic[s.peer].order_holders;
+    }
     return true;
   }
 
@@ -667,7 +680,11 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   void on_send_done(op* o, std::error_code ec) {
     const auto id = o->owner;
     give_op(o);
-    if (auto it = sends.find(id); it != sends.end()) op_completed(it->second.peer, it->second.orphaned);
+    if (auto it = sends.find(id); it != sends.end()) {
+      const auto& st = it->second;
+      if (st.holds_order && !st.orphaned) --traffic[st.peer].order_holders;
+      op_completed(st.peer, st.orphaned);
+    }
     finish_send(id, ec);
   }
 
@@ -819,7 +836,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// Nothing may overtake an operation that waits for the same peer.
   bool must_wait(node_id peer) const {
     auto it = traffic.find(peer);
-    return it != traffic.end() && !it->second.waiting.empty();
+    return it != traffic.end() && (!it->second.waiting.empty() || it->second.order_holders > 0);
   }
 
   /// Retries what the provider refused with -FI_EAGAIN: receive slots, then each peer's
@@ -830,7 +847,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       --waiting_ops;
     }
     for (auto& [peer, t] : traffic) {
-      while (running && !t.waiting.empty() && retry(t.waiting.front())) {
+      while (running && !t.waiting.empty() && t.order_holders == 0 && retry(t.waiting.front())) {
         t.waiting.pop_front();
         --waiting_ops;
       }
