@@ -5,7 +5,7 @@ enough to be still running, it gets the signal after it printed progress, and mu
 interrupted trainer or worker node leaves the job: the coordinator regroups without it.
 
 Usage: interrupt.py FERRY_BINARY COMMAND SIGNAL
-  COMMAND: demo | local | chaos | bench | coordinator | node;  SIGNAL: INT | TERM
+  COMMAND: demo | demo_setup | local | chaos | bench | sim | coordinator | node;  SIGNAL: INT | TERM
 """
 import json
 import os
@@ -218,6 +218,9 @@ def main():
     what = f"ferry {command} on {sig.name}"
     if command == "demo":
         run_self_contained(ferry, ["demo", *LONG], sig, "version 3/", what)
+    elif command == "demo_setup":
+        # The embedded default, signalled right after its banner: while it fills a 1 GiB model.
+        run_self_contained(ferry, ["demo"], sig, "demo: ", what)
     elif command == "local":
         run_self_contained(ferry, ["local", *PROCESS_JOB], sig, "version 3/", what)
     elif command == "chaos":
