@@ -5,7 +5,7 @@
 #include <map>
 
 #include "actors/messages.hpp"
-#include "transport/tcp/link_auth.hpp"
+#include "transport/link_auth.hpp"
 
 namespace ferry::api {
 

@@ -33,7 +33,7 @@
 #include "collectives/host/chain_broadcast.hpp"
 #include "platform/real_environment.hpp"
 #include "transport/factory.hpp"
-#include "transport/tcp/link_auth.hpp"
+#include "transport/link_auth.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -48,7 +48,7 @@ std::optional<std::string> prepare_environment(const process_flags& f, transport
   if (f.job.transport == "inproc") return "--transport inproc cannot span processes; use tcp, cma or fabric";
   env.allow_unauthenticated = f.allow_unauthenticated;
   env.fabric_provider = f.fabric_provider;
-  if ((f.job.transport == "tcp" || f.job.transport == "cma") && !f.allow_unauthenticated) {
+  if (f.job.transport != "inproc" && !f.allow_unauthenticated) {
     auto secret = load_job_secret();
     if (!secret) {
       // Name where the secret was looked for, never its bytes.
@@ -490,7 +490,7 @@ int run_local(const process_flags& f) {
 void add_process_flags(CLI::App& app, process_flags& f) {
   add_job_options(app, f.job);
   app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
-               "run tcp links without a job secret (otherwise FERRY_SECRET or FERRY_SECRET_FILE is required)");
+               "run tcp and fabric links without a job secret (otherwise FERRY_SECRET or FERRY_SECRET_FILE is required)");
   app.add_option("--fabric-provider", f.fabric_provider, "libfabric provider for --transport fabric (e.g. shm, 'tcp;ofi_rxm')");
   app.add_option("--model", f.model, "synthetic (sized by --model-bytes) or llama3-8b (bf16, ~16 GB)")
       ->check(CLI::IsMember({"synthetic", "llama3-8b"}))->capture_default_str();

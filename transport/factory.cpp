@@ -23,6 +23,8 @@ result<std::shared_ptr<transport>> make_transport(const std::string& scheme, env
   if (scheme == "fabric") {
     fabric_options options;
     options.provider = settings.fabric_provider;
+    options.secret = settings.secret;
+    options.allow_unauthenticated = settings.allow_unauthenticated;
     auto t = fabric_transport::make(loop, self, options);
     if (!t) return fail(t.error());
     return std::shared_ptr<transport>(*t);

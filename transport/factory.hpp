@@ -15,8 +15,8 @@ namespace ferry {
 /// bind, the libfabric provider. Outlives every transport made from it.
 struct transport_settings {
   inproc_network inproc;
-  std::vector<std::byte> secret;       ///< tcp's and cma's job secret; empty: unauthenticated
-  bool allow_unauthenticated = false;  ///< tcp/cma without a secret (tests, in-process jobs)
+  std::vector<std::byte> secret;       ///< the job secret of tcp, cma and fabric; empty: unauthenticated
+  bool allow_unauthenticated = false;  ///< links without a secret (tests, in-process jobs)
   std::string bind_host = "127.0.0.1";
   std::uint16_t port = 0;              ///< tcp/cma: 0 picks a free port
   std::string fabric_provider;         ///< "" picks the best available

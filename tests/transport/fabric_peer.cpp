@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   constexpr node_id self = 2, writer = 1;
 
   event_loop loop;
-  auto made = fabric_transport::make(loop, self, {.provider = provider});
+  auto made = fabric_transport::make(loop, self, {.secret = test_secret(), .provider = provider});
   if (!made) {
     std::fprintf(stderr, "fabric_peer: %s\n", made.error().message().c_str());
     return 3;

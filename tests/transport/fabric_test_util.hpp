@@ -12,8 +12,16 @@
 
 #include "runtime/codec.hpp"
 #include "runtime/event_loop.hpp"
+#include "transport/link_auth.hpp"
 
 namespace ferry::fabric_test {
+
+/// The job secret of the fabric tests and their peer process.
+inline job_secret test_secret() {
+  constexpr std::string_view text = "ferry fabric tests: a job secret";
+  const auto* p = reinterpret_cast<const std::byte*>(text.data());
+  return job_secret(p, p + text.size());
+}
 
 /// Runs `loop` until `done()` holds or `limit` passed; true when `done()` held.
 inline bool run_for(event_loop& loop, const std::function<bool()>& done,

@@ -27,11 +27,13 @@ namespace {
 using namespace fabric_test;
 using namespace std::chrono_literals;
 
-/// Opens a transport or explains why the provider is missing.
+/// Opens a transport (with the tests' job secret unless told otherwise) or explains why the
+/// provider is missing.
 result<std::shared_ptr<fabric_transport>> open(event_loop& loop, node_id id,
                                                const std::string& provider,
                                                fabric_options options = {}) {
   options.provider = provider;
+  if (options.secret.empty() && !options.allow_unauthenticated) options.secret = test_secret();
   return fabric_transport::make(loop, id, options);
 }
 
@@ -158,6 +160,73 @@ TEST_P(fabric_pair, large_frames_arrive_whole_and_in_order) {
   }
   EXPECT_EQ(b->stats().frames_received, expected.size());
   EXPECT_EQ(b->stats().frames_rejected, 0u);
+}
+
+/// The same bytes as `test_secret`, but one.
+job_secret another_secret() {
+  auto secret = test_secret();
+  secret.back() ^= std::byte{1};
+  return secret;
+}
+
+TEST_P(fabric_pair, a_node_without_the_job_secret_gets_no_link_either_way) {
+  auto made = open(loop, 3, GetParam(), {.secret = another_secret()});
+  ASSERT_TRUE(made) << made.error().message();
+  auto stranger = *made;
+  inbox in_stranger;
+  ASSERT_FALSE(stranger->start(in_stranger.events()));
+  ASSERT_FALSE(stranger->add_peer(2, b->local_address()));
+  ASSERT_FALSE(b->add_peer(3, stranger->local_address()));
+  std::optional<std::error_code> from_stranger, to_stranger;
+  stranger->async_send(2, text_frame("let me in"), [&](std::error_code ec) { from_stranger = ec; });
+  b->async_send(3, text_frame("who are you"), [&](std::error_code ec) { to_stranger = ec; });
+  ASSERT_TRUE(run_for(loop, [&] { return from_stranger && to_stranger; }));
+  // Each side finds that the other's proof does not hold: nothing is sent, and the peer is lost.
+  EXPECT_EQ(*from_stranger, make_error_code(transport_errc::unauthenticated));
+  EXPECT_EQ(*to_stranger, make_error_code(transport_errc::unauthenticated));
+  ASSERT_TRUE(run_for(loop, [&] { return !in_b.lost.empty() && !in_stranger.lost.empty(); }));
+  EXPECT_EQ(in_b.lost[0], (std::pair<node_id, std::error_code>{3, transport_errc::unauthenticated}));
+  EXPECT_EQ(in_stranger.lost[0], (std::pair<node_id, std::error_code>{2, transport_errc::unauthenticated}));
+  EXPECT_TRUE(in_b.frames.empty());
+  EXPECT_TRUE(in_stranger.frames.empty());
+  EXPECT_GE(b->stats().handshakes_refused, 1u);
+  EXPECT_GE(stranger->stats().handshakes_refused, 1u);
+  // The link between holders of the secret is untouched.
+  a->async_send(2, text_frame("still here"), [](std::error_code) {});
+  ASSERT_TRUE(run_for(loop, [&] { return !in_b.frames.empty(); }));
+  EXPECT_EQ(in_b.frames, (std::vector<std::pair<node_id, std::string>>{{1, "still here"}}));
+  stranger->close();
+}
+
+TEST_P(fabric_pair, a_forged_sender_is_refused_and_counted) {
+  // An endpoint without the secret claims to be node 1, which holds a link to b.
+  a->async_send(2, text_frame("from the real node 1"), [](std::error_code) {});
+  ASSERT_TRUE(run_for(loop, [&] { return in_b.frames.size() == 1; }));
+  auto made = open(loop, 1, GetParam(), {.allow_unauthenticated = true});
+  ASSERT_TRUE(made) << made.error().message();
+  auto forger = *made;
+  ASSERT_FALSE(forger->start({}));
+  ASSERT_FALSE(forger->add_peer(2, b->local_address()));
+  int forged_sent = 0;
+  for (int i = 0; i < 5; ++i)
+    forger->async_send(2, text_frame(i % 2 ? "forged" : std::string(64 << 10, 'f')), [&](std::error_code ec) {
+      if (!ec) ++forged_sent;
+    });
+  ASSERT_TRUE(run_for(loop, [&] { return forged_sent == 5 && b->stats().unauthenticated >= 5; }));
+  a->async_send(2, text_frame("again from node 1"), [](std::error_code) {});
+  ASSERT_TRUE(run_for(loop, [&] { return in_b.frames.size() == 2; }));
+  run_for(
+      loop, [] { return false; }, 50ms);
+  EXPECT_EQ(in_b.frames, (std::vector<std::pair<node_id, std::string>>{{1, "from the real node 1"},
+                                                                       {1, "again from node 1"}}));
+  EXPECT_EQ(b->stats().frames_received, 2u);
+  forger->close();
+}
+
+TEST_P(fabric_pair, a_transport_without_a_secret_starts_only_when_allowed) {
+  auto made = fabric_transport::make(loop, 5, {.provider = GetParam()});
+  ASSERT_TRUE(made);
+  EXPECT_EQ((*made)->start({}), make_error_code(transport_errc::unauthenticated));
 }
 
 TEST_P(fabric_pair, bulk_write_lands_every_byte_and_delivers_the_imm) {

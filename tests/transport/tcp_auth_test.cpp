@@ -10,7 +10,7 @@
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/errc.hpp"
-#include "transport/tcp/link_auth.hpp"
+#include "transport/link_auth.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 namespace ferry {

@@ -16,7 +16,7 @@
 
 #include "runtime/message_registry.hpp"
 #include "runtime/messages.hpp"
-#include "transport/tcp/link_auth.hpp"
+#include "transport/link_auth.hpp"
 #include "transport/tcp/link_protocol.hpp"
 #include "runtime/transport.hpp"
 

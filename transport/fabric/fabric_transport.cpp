@@ -47,17 +47,31 @@ constexpr int drain_budget = 256;
 constexpr std::size_t trailer_bytes = 4;
 constexpr std::size_t message_overhead = frame_prefix_bytes + trailer_bytes;
 enum class message_kind : std::uint32_t {
-  frame = 0,     ///< a whole frame, or the last piece of one
-  fragment = 1,  ///< a piece of a frame; more follow
-  notice = 2,    ///< a write landed: [target address, BE64][length, BE64][immediate, BE32]
+  frame = 0,      ///< a whole frame, or the last piece of one
+  fragment = 1,   ///< a piece of a frame; more follow
+  notice = 2,     ///< a write landed: [target address, BE64][length, BE64][immediate, BE32]
+  handshake = 3,  ///< a step of the link handshake (`handshake_step`); never sealed
 };
+/// With a job secret every other message is sealed: [sequence, BE64][tag, 16] before the trailer.
+constexpr std::size_t seal_bytes = 8 + std::tuple_size_v<message_tag>;
+/// The link handshake, one direction of a pair of nodes (the client sends, the server receives):
+///   hello     [client nonce][client's endpoint name]      client -> server
+///   challenge [client nonce][server nonce][server proof]  server -> client
+///   proof     [server nonce][client proof]                client -> server
+/// Proofs and the link's message key are `make_link_proof` of the job secret over both nonces and
+/// both node ids, as on tcp links.
+enum class handshake_step : std::uint8_t { hello = 1, challenge = 2, proof = 3 };
+constexpr std::size_t nonce_bytes = std::tuple_size_v<link_nonce>;
+constexpr std::size_t proof_bytes = std::tuple_size_v<link_proof>;
+/// Servers answer at most this many handshakes at once; more hellos are refused.
+constexpr std::size_t max_pending_handshakes = 64;
 constexpr std::uint32_t length_mask = (1u << 30) - 1;
 constexpr std::size_t notice_bytes = 8 + 8 + 4;
 std::uint32_t make_trailer(message_kind kind, std::size_t payload) {
   return static_cast<std::uint32_t>(kind) << 30 | static_cast<std::uint32_t>(payload);
 }
 
-enum class op_kind : std::uint8_t { recv, send, write };
+enum class op_kind : std::uint8_t { recv, send, write, handshake };
 
 /// One provider operation. The provider owns the leading fi_context2 while the operation is
 /// in flight (FI_CONTEXT/FI_CONTEXT2 modes), so ops live in a pool, never on the stack.
@@ -195,6 +209,29 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     bool orphaned = false;  ///< its caller was told it failed; pieces may still be in flight
     std::error_code error;
   };
+  /// Our side of a link to a peer we send to.
+  struct client_session {
+    enum class step { hello_sent, proving, ready } at = step::hello_sent;
+    link_nonce nonce{};
+    link_proof key{};  ///< seals our messages, from `proving` on
+    std::uint64_t next_seq = 0;
+  };
+  /// Our side of a link from a peer that sends to us, by the node id it claims.
+  struct server_session {
+    std::optional<link_proof> key;  ///< once the peer proved the secret
+    std::uint64_t next_seq = 0;     ///< lowest sequence number still accepted
+    std::optional<std::pair<link_nonce, link_nonce>> pending;  ///< its nonce and ours, mid-handshake
+    std::optional<fi_addr_t> temporary;  ///< address entry made to answer a hello
+  };
+  /// A handshake message on its way. It never counts as a peer's traffic, so a stranger's hello
+  /// cannot stall or fail a member's link.
+  struct handshake_out {
+    std::vector<std::byte> bytes;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    node_id peer = 0;
+    bool readies = false;  ///< our proof: the link is ready once the provider took it
+    std::chrono::steady_clock::time_point since{};
+  };
   /// A send or write waiting for the provider to accept it (-FI_EAGAIN).
   struct blocked {
     op_kind kind;
@@ -222,6 +259,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   std::uint64_t mr_mode = 0;
   std::uint64_t max_piece = 0;
   std::string name_hex;
+  std::vector<std::byte> name;  ///< our endpoint's fi_getname blob
   std::string provider_name;
   /// shm completes an operation that needs its target's response (a send above inject_size, a
   /// write with CQ data) through one in-order queue per endpoint: one to a dead peer blocks the
@@ -258,6 +296,11 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   std::unordered_map<node_id, partial_frame> partial_frames;
   std::uint64_t next_region = 1;
   std::mt19937_64 keys{std::random_device{}()};
+
+  std::unordered_map<node_id, client_session> clients;
+  std::unordered_map<node_id, server_session> servers;
+  std::unordered_map<std::uint64_t, handshake_out> handshakes;  ///< in flight or waiting, by op id
+  std::deque<std::uint64_t> handshakes_waiting;
 
   std::unique_ptr<std::byte[]> rx_slab;
   fid_mr* rx_mr = nullptr;
@@ -359,10 +402,11 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       return provider_failed("fi_ep_bind(cq)", rc);
     if ((rc = fi_enable(ep))) return provider_failed("fi_enable", rc);
 
-    std::byte name[256];
-    std::size_t len = sizeof(name);
-    if ((rc = fi_getname(&ep->fid, name, &len))) return provider_failed("fi_getname", rc);
-    name_hex = hex_encode(name, len);
+    name.resize(256);
+    std::size_t len = name.size();
+    if ((rc = fi_getname(&ep->fid, name.data(), &len))) return provider_failed("fi_getname", rc);
+    name.resize(len);
+    name_hex = hex_encode(name.data(), len);
 
     const std::size_t slot = rx_slot();
     rx_slab = std::make_unique<std::byte[]>(slot * options.rx_buffers);
@@ -429,6 +473,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     traffic.clear();
     rx_waiting.clear();
     waiting_ops = 0;
+    handshakes.clear();
+    handshakes_waiting.clear();
     for (auto& [id, r] : regions)
       if (r.mr) fi_close(&r.mr->fid);
     regions.clear();
@@ -504,11 +550,15 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     // Some providers (shm) truncate an oversize message silently: the trailer must match.
     const std::uint32_t trailer = len >= message_overhead ? get_be32(buf + len - trailer_bytes) : 0;
     const auto kind = static_cast<message_kind>(trailer >> 30);
-    if (len < message_overhead || (trailer & length_mask) != len - message_overhead) {
+    const std::size_t seal = sealed() && kind != message_kind::handshake ? seal_bytes : 0;
+    const node_id from = len >= frame_prefix_bytes ? get_be32(buf) : 0;
+    if (len < message_overhead + seal || (trailer & length_mask) != len - message_overhead - seal) {
+      // Unsealed where seals are due: a peer without the secret, or a truncated message.
+      if (seal) return refuse_unauthenticated(from, "unsealed");
       return reject_message("truncated or malformed", len);
     }
-    const node_id from = get_be32(buf);
-    const std::span payload(buf + frame_prefix_bytes, len - message_overhead);
+    if (seal && !open_seal(from, buf, len)) return refuse_unauthenticated(from, "bad seal");
+    const std::span payload(buf + frame_prefix_bytes, len - message_overhead - seal);
     switch (kind) {
       case message_kind::frame: {
         auto partial = partial_frames.find(from);
@@ -534,9 +584,17 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
         if (payload.size() != notice_bytes) return reject_message("malformed write notice", len);
         return on_write_notice(from, get_be64(payload.data()), get_be64(payload.data() + 8),
                                get_be32(payload.data() + 16));
-      default:
-        return reject_message("of an unknown kind", len);
+      case message_kind::handshake:
+        if (!sealed()) return reject_message("a handshake, without a job secret here", len);
+        return on_handshake(from, payload);
     }
+  }
+
+  void refuse_unauthenticated(node_id claimed, const char* why) {
+    // Logged at 1, 2, 4, 8, ... so a flood of forgeries cannot flood the log.
+    if (const auto n = ++counters.unauthenticated; (n & (n - 1)) == 0)
+      log::warn("fabric: refused {} unauthenticated message(s) so far (the last {}, claiming node {})", n, why,
+                claimed);
   }
 
   void reject_message(const char* why, std::size_t len) {
@@ -594,6 +652,222 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     if (events.on_write) events.on_write(n);
   }
 
+  // ---- link sessions -------------------------------------------------------------------------
+
+  bool sealed() const { return !options.secret.empty(); }
+  /// Frames and writes to `peer` may leave: no secret, or the handshake is done.
+  bool link_ready(node_id peer) const {
+    if (!sealed()) return true;
+    auto it = clients.find(peer);
+    return it != clients.end() && it->second.at == client_session::step::ready;
+  }
+
+  /// Fills the seal of `message` (a whole message, trailer written) for `peer`'s link; the
+  /// sequence number is used up only once the provider took the message (`sealed_sent`).
+  void seal(node_id peer, std::byte* message, std::size_t len) {
+    if (!sealed()) return;
+    const auto& c = clients.at(peer);
+    std::byte head[frame_prefix_bytes + trailer_bytes];
+    std::memcpy(head, message, frame_prefix_bytes);
+    std::memcpy(head + frame_prefix_bytes, message + len - trailer_bytes, trailer_bytes);
+    std::byte* at = message + len - trailer_bytes - seal_bytes;
+    put_be64(at, c.next_seq);
+    const auto tag = make_message_tag(c.key, c.next_seq, head,
+                                      std::span(message + frame_prefix_bytes, at));
+    std::memcpy(at + 8, tag.data(), tag.size());
+  }
+  void sealed_sent(node_id peer) {
+    if (sealed()) ++clients.at(peer).next_seq;
+  }
+
+  /// Checks the seal of a message from `from`: its link's key, and a sequence number not seen.
+  bool open_seal(node_id from, const std::byte* message, std::size_t len) {
+    auto it = servers.find(from);
+    if (it == servers.end() || !it->second.key) return false;
+    auto& session = it->second;
+    std::byte head[frame_prefix_bytes + trailer_bytes];
+    std::memcpy(head, message, frame_prefix_bytes);
+    std::memcpy(head + frame_prefix_bytes, message + len - trailer_bytes, trailer_bytes);
+    const std::byte* at = message + len - trailer_bytes - seal_bytes;
+    const std::uint64_t seq = get_be64(at);
+    message_tag tag;
+    std::memcpy(tag.data(), at + 8, tag.size());
+    const auto expected = make_message_tag(*session.key, seq, head, std::span(message + frame_prefix_bytes, at));
+    if (!same_tag(tag, expected) || seq < session.next_seq) return false;
+    session.next_seq = seq + 1;
+    return true;
+  }
+
+  /// A handshake message: [step][fields] (see `handshake_step`).
+  static std::vector<std::byte> handshake_body(handshake_step step, std::initializer_list<std::span<const std::byte>> fields) {
+    std::vector<std::byte> body{static_cast<std::byte>(step)};
+    for (const auto f : fields) body.insert(body.end(), f.begin(), f.end());
+    return body;
+  }
+
+  /// Starts our side of the link to `peer`: its frames wait until the handshake is done.
+  void start_handshake(node_id peer) {
+    if (!sealed() || clients.contains(peer) || !peers.contains(peer)) return;
+    auto& c = clients[peer];
+    c.nonce = make_link_nonce();
+    send_handshake(peer, peers.at(peer), handshake_body(handshake_step::hello, {c.nonce, name}), false);
+  }
+
+  void on_handshake(node_id from, std::span<const std::byte> body) {
+    if (body.empty()) return refuse_unauthenticated(from, "empty handshake");
+    const auto step = static_cast<handshake_step>(body[0]);
+    const auto fields = body.subspan(1);
+    auto nonce_at = [&](std::size_t at) {
+      link_nonce n;
+      std::memcpy(n.data(), fields.data() + at, n.size());
+      return n;
+    };
+    auto proof_at = [&](std::size_t at) {
+      link_proof p;
+      std::memcpy(p.data(), fields.data() + at, p.size());
+      return p;
+    };
+    switch (step) {
+      case handshake_step::hello:
+        if (fields.size() <= nonce_bytes || fields.size() > nonce_bytes + 256) break;
+        return on_hello(from, nonce_at(0), fields.subspan(nonce_bytes));
+      case handshake_step::challenge:
+        if (fields.size() != 2 * nonce_bytes + proof_bytes) break;
+        return on_challenge(from, nonce_at(0), nonce_at(nonce_bytes), proof_at(2 * nonce_bytes));
+      case handshake_step::proof:
+        if (fields.size() != nonce_bytes + proof_bytes) break;
+        return on_proof(from, nonce_at(0), proof_at(nonce_bytes));
+    }
+    refuse_unauthenticated(from, "malformed handshake");
+  }
+
+  /// Server: a peer claiming `from` starts a link to us; answer where its hello says it is.
+  void on_hello(node_id from, const link_nonce& client_nonce, std::span<const std::byte> client_name) {
+    auto& session = servers[from];
+    const auto pending = std::count_if(servers.begin(), servers.end(), [](const auto& e) { return e.second.pending.has_value(); });
+    if (!session.pending && static_cast<std::size_t>(pending) >= max_pending_handshakes) {
+      ++counters.handshakes_refused;
+      return;
+    }
+    release_temporary(session);
+    fi_addr_t reply = FI_ADDR_UNSPEC;
+    if (auto known = peer_names.find(from);
+        known != peer_names.end() && std::ranges::equal(known->second, client_name)) {
+      reply = peers.at(from);
+    } else if (fi_av_insert(av, client_name.data(), 1, &reply, 0, nullptr) == 1) {
+      session.temporary = reply;
+    } else {
+      return refuse_unauthenticated(from, "hello with a bad address");
+    }
+    const link_nonce ours = make_link_nonce();
+    session.pending = std::pair{client_nonce, ours};
+    const auto proof = make_link_proof(options.secret, link_role::server, client_nonce, ours, from, self);
+    send_handshake(from, reply, handshake_body(handshake_step::challenge, {client_nonce, ours, proof}), false);
+  }
+
+  /// Client: the server proved the secret; prove it back, and seal from now on.
+  void on_challenge(node_id from, const link_nonce& client_nonce, const link_nonce& server_nonce,
+                    const link_proof& proof) {
+    auto it = clients.find(from);
+    if (it == clients.end() || it->second.at != client_session::step::hello_sent ||
+        it->second.nonce != client_nonce)
+      return refuse_unauthenticated(from, "unexpected challenge");
+    const auto expected = make_link_proof(options.secret, link_role::server, client_nonce, server_nonce, self, from);
+    if (!same_proof(proof, expected)) {
+      ++counters.handshakes_refused;
+      log::warn("fabric: node {} does not hold the job secret; giving up on it", from);
+      abandon(from, transport_errc::unauthenticated);
+      report_peer_lost(from, transport_errc::unauthenticated);
+      return;
+    }
+    auto& c = it->second;
+    c.key = make_link_proof(options.secret, link_role::session, client_nonce, server_nonce, self, from);
+    c.next_seq = 0;
+    c.at = client_session::step::proving;
+    const auto ours = make_link_proof(options.secret, link_role::client, client_nonce, server_nonce, self, from);
+    send_handshake(from, peers.at(from), handshake_body(handshake_step::proof, {server_nonce, ours}), true);
+  }
+
+  /// Server: the client proved the secret; its sealed messages are accepted from now on.
+  void on_proof(node_id from, const link_nonce& server_nonce, const link_proof& proof) {
+    auto it = servers.find(from);
+    if (it == servers.end() || !it->second.pending || it->second.pending->second != server_nonce)
+      return refuse_unauthenticated(from, "unexpected proof");
+    auto& session = it->second;
+    const auto [client_nonce, ours] = *session.pending;
+    session.pending.reset();
+    release_temporary(session);
+    if (!same_proof(proof, make_link_proof(options.secret, link_role::client, client_nonce, ours, from, self))) {
+      ++counters.handshakes_refused;
+      log::warn("fabric: a peer claiming node {} does not hold the job secret", from);
+      return;
+    }
+    session.key = make_link_proof(options.secret, link_role::session, client_nonce, ours, from, self);
+    session.next_seq = 0;
+  }
+
+  void release_temporary(server_session& session) {
+    if (session.temporary) fi_av_remove(av, &*session.temporary, 1, 0);
+    session.temporary.reset();
+  }
+
+  void send_handshake(node_id peer, fi_addr_t addr, std::vector<std::byte> body, bool readies) {
+    const auto id = next_op_id++;
+    auto& h = handshakes[id];
+    h.bytes.resize(message_overhead + body.size());
+    put_be32(h.bytes.data(), self);
+    std::memcpy(h.bytes.data() + frame_prefix_bytes, body.data(), body.size());
+    put_be32(h.bytes.data() + frame_prefix_bytes + body.size(), make_trailer(message_kind::handshake, body.size()));
+    h.addr = addr;
+    h.peer = peer;
+    h.readies = readies;
+    h.since = std::chrono::steady_clock::now();
+    if (!handshakes_waiting.empty() || !issue_handshake(id)) handshakes_waiting.push_back(id);
+    poke();
+  }
+
+  /// False on -FI_EAGAIN. Failures are only logged: the link's traffic notices a dead peer.
+  bool issue_handshake(std::uint64_t id) {
+    auto& h = handshakes.at(id);
+    ssize_t rc;
+    op* o = nullptr;
+    if (h.bytes.size() <= inject_limit) {
+      rc = fi_inject(ep, h.bytes.data(), h.bytes.size(), h.addr);
+    } else {
+      o = take_op(op_kind::handshake, id);
+      rc = fi_send(ep, h.bytes.data(), h.bytes.size(), nullptr, h.addr, o);
+    }
+    if (rc == -FI_EAGAIN) {
+      if (o) give_op(o);
+      return false;
+    }
+    if (rc) {
+      if (o) give_op(o);
+      log::debug("fabric: handshake message to node {} failed: {}", h.peer, fi_error_text(static_cast<int>(rc)));
+      handshakes.erase(id);
+      return true;
+    }
+    if (h.readies) {
+      if (auto c = clients.find(h.peer); c != clients.end() && c->second.at == client_session::step::proving)
+        c->second.at = client_session::step::ready;
+    }
+    if (!o) handshakes.erase(id);
+    return true;
+  }
+
+  void retry_handshakes() {
+    const auto now = std::chrono::steady_clock::now();
+    while (running && !handshakes_waiting.empty()) {
+      const auto id = handshakes_waiting.front();
+      if (now - handshakes.at(id).since > options.stall_timeout) {
+        handshakes.erase(id);  // its peer's traffic, if any, notices the stall
+      } else if (!issue_handshake(id)) {
+        return;
+      }
+      handshakes_waiting.pop_front();
+    }
+  }
+
   // ---- send path -----------------------------------------------------------------------------
 
   /// Issues send `id`; false on -FI_EAGAIN.
@@ -601,6 +875,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     auto& s = sends.at(id);
     if (auto p = peers.find(s.peer); p != peers.end()) s.addr = p->second;  // after a reconnect
     if (inject_only) return inject_send(id);
+    seal(s.peer, s.bytes.data(), s.bytes.size());
     op* o = take_op(op_kind::send, id);
     void* desc = s.mr ? fi_mr_desc(s.mr) : nullptr;
     const ssize_t rc = fi_send(ep, s.bytes.data(), s.bytes.size(), desc, s.addr, o);
@@ -616,6 +891,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       return true;
     }
     s.issued = true;
+    sealed_sent(s.peer);
     op_accepted(s.peer);
     // rxm sends a frame above its eager size by another protocol, whose receive completes after
     // those of smaller frames sent later (even under FI_ORDER_SAS): until such a frame is done,
@@ -631,34 +907,41 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// Injected messages have no completion: the send is done once the last is accepted.
   bool inject_send(std::uint64_t id) {
     auto& s = sends.at(id);
-    const std::span payload(s.bytes.data() + frame_prefix_bytes, s.bytes.size() - message_overhead);
+    const std::size_t extra = message_overhead + (sealed() ? seal_bytes : 0);
+    const std::span payload(s.bytes.data() + frame_prefix_bytes, s.bytes.size() - extra);
     if (s.bytes.size() <= inject_limit) {
+      seal(s.peer, s.bytes.data(), s.bytes.size());
       const ssize_t rc = fi_inject(ep, s.bytes.data(), s.bytes.size(), s.addr);
       if (rc == -FI_EAGAIN) return false;
       return finish_injected(id, rc);
     }
     std::vector<std::byte> piece(inject_limit);
-    const std::size_t room = inject_limit - message_overhead;
+    const std::size_t room = inject_limit - extra;
     while (s.injected < payload.size()) {
       const std::size_t n = std::min(room, payload.size() - s.injected);
       const bool last = s.injected + n == payload.size();
       put_be32(piece.data(), self);
       std::memcpy(piece.data() + frame_prefix_bytes, payload.data() + s.injected, n);
-      put_be32(piece.data() + frame_prefix_bytes + n,
+      put_be32(piece.data() + n + extra - trailer_bytes,
                make_trailer(last ? message_kind::frame : message_kind::fragment, n));
-      const ssize_t rc = fi_inject(ep, piece.data(), n + message_overhead, s.addr);
+      seal(s.peer, piece.data(), n + extra);
+      const ssize_t rc = fi_inject(ep, piece.data(), n + extra, s.addr);
       if (rc == -FI_EAGAIN) return false;
       if (rc) return finish_injected(id, rc);
+      sealed_sent(s.peer);
       s.injected += n;
       note_progress(s.peer);
     }
-    return finish_injected(id, 0);
+    return finish_injected(id, 0, false);
   }
-  bool finish_injected(std::uint64_t id, ssize_t rc) {
+  /// `rc` is the last fi_inject's; a whole message injected at once (`sealed_now`) used up a
+  /// sequence number.
+  bool finish_injected(std::uint64_t id, ssize_t rc, bool sealed_now = true) {
     const auto peer = sends.at(id).peer;
     if (rc) {
       log::warn("fabric: fi_inject to node {} failed: {}", peer, fi_error_text(static_cast<int>(rc)));
     } else {
+      if (sealed_now) sealed_sent(peer);
       note_progress(peer);
     }
     finish_send(id, rc ? map_op_error(static_cast<int>(-rc)) : std::error_code{});
@@ -720,14 +1003,19 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
 
   /// `inject_only`: every byte of `w` landed; tell its target.
   ssize_t inject_notice(write_state& w) {
-    std::byte message[message_overhead + notice_bytes];
+    std::byte message[message_overhead + notice_bytes + seal_bytes];
+    const std::size_t len = message_overhead + notice_bytes + (sealed() ? seal_bytes : 0);
     put_be32(message, self);
     put_be64(message + frame_prefix_bytes, w.remote_addr);
     put_be64(message + frame_prefix_bytes + 8, w.length);
     put_be32(message + frame_prefix_bytes + 16, w.imm);
-    put_be32(message + frame_prefix_bytes + notice_bytes, make_trailer(message_kind::notice, notice_bytes));
-    const ssize_t rc = fi_inject(ep, message, sizeof(message), w.addr);
-    if (rc == 0) note_progress(w.peer);
+    put_be32(message + len - trailer_bytes, make_trailer(message_kind::notice, notice_bytes));
+    seal(w.peer, message, len);
+    const ssize_t rc = fi_inject(ep, message, len, w.addr);
+    if (rc == 0) {
+      sealed_sent(w.peer);
+      note_progress(w.peer);
+    }
     if (rc && rc != -FI_EAGAIN)
       log::warn("fabric: write notice to node {} failed: {}", w.peer, fi_error_text(static_cast<int>(rc)));
     return rc;
@@ -827,16 +1115,18 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   }
 
   void enqueue(node_id peer, blocked b) {
-    ++counters.eagain_retries;
+    if (link_ready(peer)) ++counters.eagain_retries;
     ++waiting_ops;
     auto& t = traffic[peer];
     if (t.idle()) t.last_progress = std::chrono::steady_clock::now();
     t.waiting.push_back(b);
+    start_handshake(peer);
   }
   /// Nothing may overtake an operation that waits for the same peer.
   bool must_wait(node_id peer) const {
     auto it = traffic.find(peer);
-    return it != traffic.end() && (!it->second.waiting.empty() || it->second.order_holders > 0);
+    return !link_ready(peer) ||
+           (it != traffic.end() && (!it->second.waiting.empty() || it->second.order_holders > 0));
   }
 
   /// Retries what the provider refused with -FI_EAGAIN: receive slots, then each peer's
@@ -846,8 +1136,10 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       rx_waiting.pop_front();
       --waiting_ops;
     }
+    retry_handshakes();
     for (auto& [peer, t] : traffic) {
-      while (running && !t.waiting.empty() && t.order_holders == 0 && retry(t.waiting.front())) {
+      while (running && !t.waiting.empty() && t.order_holders == 0 && link_ready(peer) &&
+             retry(t.waiting.front())) {
         t.waiting.pop_front();
         --waiting_ops;
       }
@@ -867,6 +1159,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// Fails everything outstanding to `peer` now. Operations the provider holds keep their
   /// contexts until they complete, if ever, and no longer keep progress hot meanwhile.
   void abandon(node_id peer, std::error_code why) {
+    clients.erase(peer);  // the next frame starts a new handshake
     if (auto t = traffic.find(peer); t != traffic.end()) {
       waiting_ops -= t->second.waiting.size();
       abandoned_in_flight += t->second.in_flight;
@@ -943,6 +1236,10 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
       case op_kind::write:
         on_piece_done(o, {});
         break;
+      case op_kind::handshake:
+        handshakes.erase(o->owner);
+        give_op(o);
+        break;
     }
   }
 
@@ -970,6 +1267,11 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
         log::warn("fabric: write failed: {} (provider errno {})", fi_error_text(e.err),
                   e.prov_errno);
         on_piece_done(o, ec);
+        break;
+      case op_kind::handshake:
+        log::debug("fabric: a handshake message failed: {}", fi_error_text(e.err));
+        handshakes.erase(o->owner);
+        give_op(o);
         break;
     }
   }
@@ -1138,6 +1440,10 @@ std::error_code fabric_transport::start(transport_events events) {
   auto& s = *impl_;
   if (s.closed) return errc::stopped;
   if (s.running) return {};
+  if (!s.sealed() && !s.options.allow_unauthenticated) {
+    log::warn("fabric: node {} has no job secret (set one, or allow unauthenticated links)", s.self);
+    return transport_errc::unauthenticated;
+  }
   s.events = std::move(events);
   s.running = true;
   for (std::size_t i = 0; i < s.rx_ops.size(); ++i) s.repost_rx(i);
@@ -1157,6 +1463,7 @@ std::error_code fabric_transport::add_peer(node_id peer, std::string_view addres
   if (auto it = s.peers.find(peer); it != s.peers.end()) {
     fi_av_remove(s.av, &it->second, 1, 0);
     s.peers.erase(it);
+    if (s.peer_names[peer] != *blob) s.clients.erase(peer);  // another process: a new link
   }
   fi_addr_t addr = FI_ADDR_UNSPEC;
   const int n = fi_av_insert(s.av, blob->data(), 1, &addr, 0, nullptr);
@@ -1175,6 +1482,11 @@ void fabric_transport::remove_peer(node_id peer) {
   if (it == s.peers.end()) return;
   s.abandon(peer, transport_errc::peer_unreachable);
   s.partial_frames.erase(peer);
+  s.clients.erase(peer);
+  if (auto server = s.servers.find(peer); server != s.servers.end()) {
+    s.release_temporary(server->second);
+    s.servers.erase(server);
+  }
   fi_av_remove(s.av, &it->second, 1, 0);
   s.peers.erase(it);
   s.peer_names.erase(peer);
@@ -1191,7 +1503,7 @@ void fabric_transport::async_send(node_id to, frame f, completion done) {
   // to a trailer, which exposes a truncated message.
   const auto payload = static_cast<std::uint32_t>(f.size() - frame_prefix_bytes);
   put_be32(f.data(), s.self);
-  f.resize(f.size() + trailer_bytes);
+  f.resize(f.size() + (s.sealed() ? seal_bytes : 0) + trailer_bytes);  // the seal is made when it leaves
   put_be32(f.data() + f.size() - trailer_bytes, make_trailer(message_kind::frame, payload));
   const auto id = s.next_op_id++;
   auto& st = s.sends[id];

@@ -10,11 +10,19 @@
 
 #include "runtime/event_loop.hpp"
 #include "runtime/transport.hpp"
+#include "transport/link_auth.hpp"
 
 namespace ferry {
 
 /// How a fabric transport opens its endpoint.
 struct fabric_options {
+  /// The job secret: before a node accepts any frame or notice from another, the two prove they
+  /// hold it (a challenge-response handshake, as tcp's), and every message of the link then
+  /// carries a sequence number and an HMAC under a key of that handshake. Writes with remote CQ
+  /// data (rxm, verbs) carry no tag: their memory keys reach only peers that proved the secret.
+  job_secret secret;
+  /// Without a secret, `start` fails unless this is set (tests, benchmarks).
+  bool allow_unauthenticated = false;
   /// libfabric provider name ("tcp;ofi_rxm", "shm", "verbs;ofi_rxm", ...). Empty: the first
   /// RDM provider with RMA and remote CQ data that fi_getinfo offers for `node` (on these
   /// machines `tcp;ofi_rxm`, which works between processes and hosts; shm is same-host only).
@@ -41,6 +49,10 @@ struct fabric_stats {
   std::uint64_t writes_refused = 0;  ///< refused by the local checks or by the peer's provider
   std::uint64_t eagain_retries = 0;  ///< operations queued because the provider was busy
   std::uint64_t peers_stalled = 0;   ///< peers given up on after `stall_timeout`
+  /// Messages refused because their sender proved no secret, or their tag or sequence number is
+  /// wrong (a forged sender, a replay, a peer without a secret).
+  std::uint64_t unauthenticated = 0;
+  std::uint64_t handshakes_refused = 0;  ///< handshakes whose proof did not hold, or over the cap
 };
 
 /// Create with `make`; every member runs on the owning loop's thread, completions run there.

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "runtime/message.hpp"
-#include "transport/tcp/link_auth.hpp"
+#include "transport/link_auth.hpp"
 
 namespace ferry::tcp_link {
 

@@ -1,8 +1,9 @@
-#include "transport/tcp/link_auth.hpp"
+#include "transport/link_auth.hpp"
 
 #include <sodium.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string_view>
@@ -22,9 +23,15 @@ result<job_secret> checked(job_secret secret) {
 }
 
 constexpr std::string_view label(link_role role) {
-  return role == link_role::client ? std::string_view{"ferry-link-1 client"}
-                                   : std::string_view{"ferry-link-1 server"};
+  switch (role) {
+    case link_role::client: return "ferry-link-1 client";
+    case link_role::server: return "ferry-link-1 server";
+    case link_role::session: return "ferry-link-1 session";
+  }
+  return "";
 }
+
+const unsigned char* bytes(const void* p) { return static_cast<const unsigned char*>(p); }
 
 }  // namespace
 
@@ -87,6 +94,28 @@ link_proof make_link_proof(std::span<const std::byte> secret, link_role role,
 }
 
 bool same_proof(const link_proof& a, const link_proof& b) {
+  return sodium_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+message_tag make_message_tag(const link_proof& key, std::uint64_t sequence, std::span<const std::byte> head,
+                             std::span<const std::byte> body) {
+  ensure_sodium();
+  crypto_auth_hmacsha256_state state;
+  crypto_auth_hmacsha256_init(&state, bytes(key.data()), key.size());
+  unsigned char seq[8];
+  for (int i = 0; i < 8; ++i) seq[i] = static_cast<unsigned char>(sequence >> (56 - 8 * i));
+  crypto_auth_hmacsha256_update(&state, seq, sizeof seq);
+  crypto_auth_hmacsha256_update(&state, bytes(head.data()), head.size());
+  crypto_auth_hmacsha256_update(&state, bytes(body.data()), body.size());
+  unsigned char full[crypto_auth_hmacsha256_BYTES];
+  crypto_auth_hmacsha256_final(&state, full);
+  sodium_memzero(&state, sizeof state);
+  message_tag tag;
+  std::memcpy(tag.data(), full, tag.size());
+  return tag;
+}
+
+bool same_tag(const message_tag& a, const message_tag& b) {
   return sodium_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 

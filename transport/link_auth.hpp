@@ -1,5 +1,6 @@
 #pragma once
-/// The job secret and the HMAC-SHA256 proofs of the tcp link handshake (docs/wire-format.md).
+/// The job secret and the HMAC-SHA256 proofs of the link handshakes of tcp and fabric, and the
+/// tags that fabric puts on every message of a link (docs/wire-format.md).
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -27,9 +28,9 @@ result<job_secret> load_job_secret_file(const std::filesystem::path& path);
 using link_nonce = std::array<std::byte, 32>;
 using link_proof = std::array<std::byte, 32>;
 
-/// Which side of a link a proof speaks for; the two labels keep one side's proof from being
-/// replayed as the other's.
-enum class link_role : std::uint8_t { client, server };
+/// Which side of a link a proof speaks for; the labels keep one side's proof from being replayed
+/// as the other's. `session` derives a link's message key (fabric) instead of a proof.
+enum class link_role : std::uint8_t { client, server, session };
 
 /// 32 random bytes from libsodium's CSPRNG.
 link_nonce make_link_nonce();
@@ -40,5 +41,12 @@ link_proof make_link_proof(std::span<const std::byte> secret, link_role role,
                            node_id client, node_id server);
 /// Constant-time comparison.
 bool same_proof(const link_proof& a, const link_proof& b);
+
+using message_tag = std::array<std::byte, 16>;
+/// HMAC-SHA256(key, be64(sequence) || head || body), its first 16 bytes.
+message_tag make_message_tag(const link_proof& key, std::uint64_t sequence, std::span<const std::byte> head,
+                             std::span<const std::byte> body);
+/// Constant-time comparison.
+bool same_tag(const message_tag& a, const message_tag& b);
 
 }  // namespace ferry
