@@ -38,13 +38,14 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     if (started_) {
       regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") + " (node " +
               std::to_string(h.from.node) + ")");
-    } else if (trainers_.size() == shape_.trainers && workers_.size() >= initial_workers()) {
+    } else if (all_declared_registered()) {
       regroup("job start");
     }
   });
   handle<register_worker>([this](const envelope_header& h, const register_worker& m) {
-    if (m.instance >= shape_.instance_sizes.size()) {
-      return fail_job("worker " + worker_name(m.instance, m.rank) + ": no instance " + std::to_string(m.instance));
+    if (m.instance >= shape_.limits.max_instance_id) {
+      return fail_job("worker " + worker_name(m.instance, m.rank) + ": instance ids are below " +
+                      std::to_string(shape_.limits.max_instance_id) + " (job_limits::max_instance_id)");
     }
     if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
       return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
@@ -54,8 +55,11 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     workers_[{m.instance, m.rank}] = {.who = h.from, .transport_address = m.transport_address, .tensors = m.tensors,
                                       .parts = m.parts, .on_device = m.on_device};
     if (started_) {
-      regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")");
-    } else if (trainers_.size() == shape_.trainers && workers_.size() >= initial_workers()) {
+      const bool new_instance = !plan_ || std::none_of(plan_->instances.begin(), plan_->instances.end(),
+                                                       [&](const auto& inst) { return inst.id == m.instance; });
+      regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")" +
+              (new_instance ? ", a new instance" : ""));
+    } else if (all_declared_registered()) {
       regroup("job start");
     }
   });
@@ -115,8 +119,13 @@ job_coordinator::~job_coordinator() {
   host().on_peer_lost({});
 }
 
-std::uint32_t job_coordinator::initial_workers() const {
-  return std::accumulate(shape_.instance_sizes.begin(), shape_.instance_sizes.end(), 0u);
+bool job_coordinator::all_declared_registered() const {
+  if (trainers_.size() != shape_.trainers) return false;
+  for (std::uint32_t i = 0; i < shape_.instance_sizes.size(); ++i) {
+    const auto first = workers_.lower_bound({i, 0}), end = workers_.lower_bound({i + 1, 0});
+    if (static_cast<std::uint32_t>(std::distance(first, end)) < shape_.instance_sizes[i]) return false;
+  }
+  return true;
 }
 
 void job_coordinator::add_peer(address who, const std::string& transport_address) {
@@ -267,12 +276,14 @@ void job_coordinator::regroup(const std::string& reason) {
     in.selected.emplace(w.who, std::move(selected));
   }
   in.selections = selections_;
-  for (std::uint32_t i = 0; i < shape_.instance_sizes.size(); ++i) {
+  // Every instance some worker registered in, declared or joined since; one whose workers all
+  // left has none and drops out of the plan.
+  for (auto first = workers_.begin(); first != workers_.end();) {
+    const std::uint32_t i = first->first.first;
+    const auto end = workers_.lower_bound({i + 1, 0});
     instance_plan inst{.id = i};
-    for (const auto& [key, w] : workers_) {
-      if (key.first == i) inst.workers.push_back(w.who);
-    }
-    if (inst.workers.empty()) continue;
+    for (auto w = first; w != end; ++w) inst.workers.push_back(w->second.who);
+    first = end;
     const bool on_devices = std::all_of(workers_.begin(), workers_.end(),
                                         [&](const auto& e) { return e.first.first != i || e.second.on_device; });
     std::optional<address> first_leader;

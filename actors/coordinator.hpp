@@ -19,6 +19,8 @@ namespace ferry {
 /// and instances may join and leave, and a trainer shard may be replaced.
 struct job_shape {
   std::uint32_t trainers = 2;
+  /// Workers of instances 0..n-1 the first plan waits for. Any other instance id (below
+  /// `job_limits::max_instance_id`) may join at any time: elastic rollout.
   std::vector<std::uint32_t> instance_sizes{3, 3};
   std::uint64_t chunk_bytes = default_chunk_bytes;
   std::uint32_t depth = 2;
@@ -140,7 +142,8 @@ class job_coordinator final : public actor {
   void fail_job(const std::string& reason);
   template <class F>
   void broadcast_all(F make);
-  std::uint32_t initial_workers() const;
+  /// Whether every trainer shard and every worker of the declared instances registered.
+  bool all_declared_registered() const;
   /// Where the trainers write for each leader of `inst`; fails the job when one offered no slots.
   std::optional<std::vector<leader_route>> leader_routes(const instance_plan& inst);
   /// Where the trainers write the chunks `worker` alone (of its instance) hears; fails the job

@@ -136,6 +136,7 @@ struct job_limits {
   std::uint32_t max_tensor_name_bytes = 1024;   ///< bytes of one tensor name
   std::uint32_t max_chunks = 1u << 22;          ///< chunks in one plan
   std::uint32_t max_regions_per_peer = 64;      ///< distinct regions one node may offer in an epoch
+  std::uint32_t max_instance_id = 1u << 16;     ///< rollout instance ids are below this
 };
 
 /// Checks one registration's tensor table against `limits` (count and name lengths).

@@ -1,7 +1,8 @@
 /// `ferry chaos`: a real multi-process job on loopback that publishes versions while rollout
 /// processes are SIGKILLed at random moments (leaders among them, some mid-transfer) and
-/// replacements join. It reads the coordinator's events to choose its moments, and its last
-/// line (with --json) is the verdict.
+/// replacements join; with --instance-rate, whole instances also join and leave (elastic
+/// rollout). It reads the coordinator's events to choose its moments, and its last line (with
+/// --json) is the verdict.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -32,12 +33,14 @@ struct chaos_flags {
   bool virtual_time = false;
   std::uint64_t seed = 1;
   double kill_rate = 0.5;
+  double instance_rate = 0;  ///< chance per update that a new instance joins or one leaves
   double update_bound_s = 30;  ///< an update, or the job's silence, longer than this is a hang
 };
 
 /// The tally of a run, and its verdict.
 struct chaos_tally {
   std::uint32_t kills = 0, leader_kills = 0, leader_kills_mid_update = 0, joins = 0;
+  std::uint32_t instance_joins = 0, instance_leaves = 0;
   double slowest_update_s = 0;
   std::string hang;   ///< why the run was given up, if it was
   std::string crash;  ///< the first node that died without being killed
@@ -170,7 +173,6 @@ int run_chaos(const chaos_flags& f) {
   for (std::uint32_t i = 0; i < job.instances; ++i) {
     for (std::uint32_t r = 0; r < job.workers_per_instance; ++r) start_worker(i);
   }
-
   // One kill chance per version, at a random moment of its update, a leader half the time; a
   // replacement joins at once. The coordinator's events say when an update starts and ends.
   std::mt19937_64 rng(f.seed);
@@ -190,6 +192,36 @@ int run_chaos(const chaos_flags& f) {
       if (tally.crash.empty()) tally.crash = fmt::format("{} died without being killed ({})", it->second, how);
     }
   };
+  std::uint32_t next_instance = job.instances;
+  std::vector<pid_t> left;  // workers of instances scaled away: reaped at the end
+  // Elastic rollout: a new instance of --workers joins, or (while two or more are left) every
+  // worker of one gets SIGTERM and leaves the job for good.
+  auto instance_event = [&](std::mt19937_64& rng, std::uniform_real_distribution<double>& coin) {
+    std::set<std::uint32_t> present;
+    for (const auto& [id, w] : workers) present.insert(w.instance);
+    if (present.size() >= 2 && coin(rng) < 0.5) {
+      const auto gone = *std::next(present.begin(), std::uniform_int_distribution<std::size_t>(0, present.size() - 1)(rng));
+      for (auto it = workers.begin(); it != workers.end();) {
+        if (it->second.instance != gone) {
+          ++it;
+          continue;
+        }
+        kill(it->second.pid, SIGTERM);
+        names.erase(it->second.pid);
+        left.push_back(it->second.pid);
+        joining.erase(it->first);
+        it = workers.erase(it);
+      }
+      log::info("chaos: instance {} leaves", gone);
+      ++tally.instance_leaves;
+      return;
+    }
+    const auto instance = next_instance++;
+    for (std::uint32_t r = 0; r < job.workers_per_instance; ++r) joining.insert(start_worker(instance));
+    log::info("chaos: instance {} joins ({} workers)", instance, job.workers_per_instance);
+    ++tally.instance_joins;
+  };
+
   while (auto line = events.next(bound)) {
     check_for_crashes();
     auto e = nlohmann::json::parse(*line, nullptr, false);
@@ -209,6 +241,7 @@ int run_chaos(const chaos_flags& f) {
     if (kind != "update" || e.value("catch_up", false) || e.value("version", 0ull) >= job.versions) continue;
     // A regroup resends the same version: one chance per version, not per resend.
     if (!chanced.insert(e.value("version", 0ull)).second) continue;
+    if (f.instance_rate > 0 && coin(rng) < f.instance_rate) instance_event(rng, coin);
     if (coin(rng) >= f.kill_rate || workers.empty()) continue;
     node_id victim = 0;
     if (!leaders.empty() && coin(rng) < 0.5) {
@@ -244,6 +277,7 @@ int run_chaos(const chaos_flags& f) {
     std::vector<pid_t> everyone{coordinator_pid};
     everyone.insert(everyone.end(), trainers.begin(), trainers.end());
     for (const auto& [id, w] : workers) everyone.push_back(w.pid);
+    everyone.insert(everyone.end(), left.begin(), left.end());
     reap(everyone, interrupted_grace);
     std::filesystem::remove_all(dir);
     std::fprintf(stderr, "ferry chaos: stopped by %s after %u kills\n", interrupt_name(), tally.kills);
@@ -259,6 +293,7 @@ int run_chaos(const chaos_flags& f) {
   const bool coordinator_ok = reap({coordinator_pid}, std::chrono::seconds(10)).front();
   std::vector<pid_t> nodes = trainers;
   for (const auto& [id, w] : workers) nodes.push_back(w.pid);
+  nodes.insert(nodes.end(), left.begin(), left.end());
   reap(nodes, std::chrono::seconds(10));
   std::string trace_error;
   if (!traces.empty()) {
@@ -273,6 +308,8 @@ int run_chaos(const chaos_flags& f) {
                      {"leader_kills", tally.leader_kills},
                      {"leader_kills_mid_update", tally.leader_kills_mid_update},
                      {"joins", tally.joins},
+                     {"instance_joins", tally.instance_joins},
+                     {"instance_leaves", tally.instance_leaves},
                      {"regroups", verdict.value("regroups", 0)},
                      {"regroup_ms_median", verdict.value("regroup_ms_median", 0.0)},
                      {"regroup_ms_max", verdict.value("regroup_ms_max", 0.0)},
@@ -293,10 +330,11 @@ int run_chaos(const chaos_flags& f) {
   if (f.common.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::printf("chaos: %s versions, %u kills (%u leaders, %u of them mid-update), %u joins, %d regroups: median "
-                "%.1f ms, worst %.1f ms; slowest update %.3f s (bound %.0f s); %s\n",
+    std::printf("chaos: %s versions, %u kills (%u leaders), %u leaders lost mid-update, %u joins, %u instances "
+                "joined and %u left, %d regroups: median %.1f ms, worst %.1f ms; slowest update %.3f s (bound %.0f s); "
+                "%s\n",
                 out["versions"].dump().c_str(), tally.kills, tally.leader_kills, tally.leader_kills_mid_update,
-                tally.joins, out["regroups"].get<int>(), out["regroup_ms_median"].get<double>(),
+                tally.joins, tally.instance_joins, tally.instance_leaves, out["regroups"].get<int>(), out["regroup_ms_median"].get<double>(),
                 out["regroup_ms_max"].get<double>(), tally.slowest_update_s, f.update_bound_s,
                 verified ? "verified" : "NOT verified");
     if (out.contains("error")) std::printf("chaos: %s\n", out["error"].get<std::string>().c_str());
@@ -318,6 +356,9 @@ void add_chaos(CLI::App& app, command_table& commands) {
   chaos->add_option("--update-bound", xf->update_bound_s,
                     "seconds an update (or the job's silence) may last before the run counts as hung")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  chaos->add_option("--instance-rate", xf->instance_rate,
+                    "chance per update that a new instance of --workers joins or (two or more left) one leaves")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
   chaos->add_flag("--virtual", xf->virtual_time,
                   "the whole job in this process on virtual time, faults at seeded moments (deterministic)");

@@ -40,14 +40,16 @@ class draws {
   std::mt19937_64 rng_;
 };
 
-enum class fault { leader_kill, double_regroup, trainer_kill, instance_lost };
-constexpr std::uint32_t fault_kinds = 4;
+enum class fault { leader_kill, double_regroup, trainer_kill, instance_lost, instance_joins, instance_leaves };
+constexpr std::uint32_t fault_kinds = 6;
 constexpr const char* leader_fault = "leader killed mid-update";
 constexpr const char* double_fault = "two regroups within one chunk time";
 constexpr const char* trainer_fault = "trainer killed mid-update, rejoined";
 constexpr const char* late_fault = "late joiner as the last event";
 constexpr const char* instance_fault = "every worker of an instance killed mid-update";
 constexpr const char* late_coordinator_fault = "registrations lost: the coordinator started late";
+constexpr const char* instance_join_fault = "a new instance joined mid-update";
+constexpr const char* instance_leave_fault = "an instance left mid-update";
 
 struct trainer_member {
   node* host = nullptr;
@@ -82,6 +84,8 @@ class chaos_job {
   void on_update(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders);
   void inject(fault f, const std::vector<node_id>& leaders);
   void kill_worker(worker_member& w);
+  /// Every live worker of `instance` leaves the job for good (an instance scaled away).
+  void instance_leaves(std::uint32_t instance);
   void note(const std::string& what);
   std::vector<worker_member*> live_workers();
   bool settled();
@@ -104,7 +108,7 @@ class chaos_job {
   std::unique_ptr<job_coordinator> coordinator_;
   std::vector<std::unique_ptr<trainer_member>> trainers_;
   std::vector<std::unique_ptr<worker_member>> workers_;
-  std::vector<std::uint32_t> next_rank_;  ///< per instance: the rank a late joiner takes
+  std::vector<std::uint32_t> next_rank_;  ///< per instance id: the rank a late joiner takes
   std::vector<double> regroup_ms_;
   std::uint32_t pending_ = 0;  ///< timed events not yet fired
   std::optional<std::string> failure_;
@@ -258,6 +262,15 @@ void chaos_job::kill_worker(worker_member& w) {
         });
 }
 
+void chaos_job::instance_leaves(std::uint32_t instance) {
+  note(fmt::format("instance {} leaves", instance));
+  for (auto* w : live_workers()) {
+    if (w->instance != instance) continue;
+    w->alive = false;
+    w->actor->leave("instance scaled away");
+  }
+}
+
 void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
   const auto moment = draws_.up_to(update_time_);
   switch (f) {
@@ -325,6 +338,32 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
         if (killed && mid_update) ++result_.faults[instance_fault];
       });
       break;
+    case fault::instance_joins:
+      // Elastic rollout: an instance the job did not start with, caught up from the host copies.
+      after(moment, [this] {
+        const bool mid_update = !coordinator_->idle();
+        const auto instance = static_cast<std::uint32_t>(next_rank_.size());
+        next_rank_.push_back(config_.workers_per_instance);
+        note(fmt::format("instance {} joins", instance));
+        for (std::uint32_t r = 0; r < config_.workers_per_instance; ++r) {
+          ++result_.joins;
+          add_worker(instance, r);
+        }
+        if (mid_update) ++result_.faults[instance_join_fault];
+      });
+      break;
+    case fault::instance_leaves:
+      after(moment, [this, pick = draws_.below(1000)] {
+        std::vector<std::uint32_t> present;
+        for (auto* w : live_workers()) {
+          if (std::find(present.begin(), present.end(), w->instance) == present.end()) present.push_back(w->instance);
+        }
+        if (present.size() < 2) return;  // the job keeps one instance
+        const bool mid_update = !coordinator_->idle();
+        instance_leaves(present[pick % present.size()]);
+        if (mid_update) ++result_.faults[instance_leave_fault];
+      });
+      break;
   }
 }
 
@@ -344,7 +383,7 @@ bool chaos_job::settled() {
   if (late_joiner_ && !late_joined_) {
     // The job's last event: a worker joins once everything else is over.
     late_joined_ = true;
-    const auto instance = static_cast<std::uint32_t>(draws_.below(config_.instances));
+    const auto instance = static_cast<std::uint32_t>(draws_.below(next_rank_.size()));
     ++result_.joins;
     ++result_.faults[late_fault];
     note(fmt::format("late joiner {}.{}", instance, next_rank_[instance]));
@@ -439,8 +478,8 @@ virtual_chaos_result chaos_job::run() {
   }
   // What the actors noted (the job's own notes name members: "kill ...", "replace ...").
   for (const auto& [label, times] : env_.trace().instants()) {
-    if (!label.starts_with("kill") && !label.starts_with("replace") &&
-        !label.starts_with("trainer") && !label.starts_with("late")) {
+    if (!label.starts_with("kill") && !label.starts_with("replace") && !label.starts_with("trainer") &&
+        !label.starts_with("late") && !label.starts_with("instance")) {
       result_.faults[label] += static_cast<std::uint32_t>(times);
     }
   }

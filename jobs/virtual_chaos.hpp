@@ -1,8 +1,8 @@
 #pragma once
 /// A whole job on virtual time in one thread, with faults injected at exact virtual moments drawn
 /// from a seed: leaders killed mid-update, two regroups within one chunk time, a trainer killed
-/// mid-update that rejoins, every worker of an instance killed at once, a late joiner as the
-/// job's last event. Real bytes of a small model,
+/// mid-update that rejoins, every worker of an instance killed at once, a new instance joining
+/// and an instance leaving for good (elastic rollout), a late joiner as the job's last event. Real bytes of a small model,
 /// checksums and digests on; every live worker's bytes are checked at the end. One seed gives one
 /// run, event for event: `trace_digest` says so. In the spirit of FoundationDB's simulation.
 #include <cstdint>
@@ -43,8 +43,9 @@ struct virtual_chaos_result {
   double regroup_ms_median = 0, regroup_ms_max = 0;  ///< virtual
   /// Fault kinds injected or met, by name: "leader killed mid-update", "two regroups within one
   /// chunk time", "trainer killed mid-update, rejoined", "every worker of an instance killed
-  /// mid-update", "registrations lost: the coordinator started late", "late joiner as the last
-  /// event", and the protocol events the actors noted ("stale write dropped", ...).
+  /// mid-update", "a new instance joined mid-update", "an instance left mid-update",
+  /// "registrations lost: the coordinator started late", "late joiner as the last event", and the
+  /// protocol events the actors noted ("stale write dropped", ...).
   std::map<std::string, std::uint32_t> faults;
   std::uint64_t trace_digest = 0;
   std::uint64_t trace_events = 0;

@@ -19,6 +19,9 @@ if verdict:
     # A kill is a regroup; a join is one too, unless it merged with another change.
     if verdict.get("regroups", 0) < kills:
         failures.append(f"regroups {verdict.get('regroups')} < kills {kills}")
+    if "--instance-rate" in command and (verdict.get("instance_joins", 0) < 1 or verdict.get("instance_leaves", 0) < 1):
+        failures.append(f"no elastic rollout to speak of: {verdict.get('instance_joins')} instances joined, "
+                        f"{verdict.get('instance_leaves')} left")
 
 exit_on_failures(failures, run, stderr_tail=8000)
 print(f"ok: {versions} versions verified across {verdict['kills']} kills ({verdict['leader_kills']} leaders, "

@@ -38,11 +38,11 @@ TEST(virtual_chaos, other_seeds_give_other_runs) {
 /// A job of one instance that loses both its workers mid-update has no worker left to plan for
 /// until their replacements join: the update in flight must wait for them, not complete against
 /// the plan the regroup dropped (a use-after-free under ASan before the coordinator waited for a
-/// plan in force). Seeds 3, 7, 11, ... draw that fault first.
+/// plan in force). Seeds 3, 9, 15, ... draw that fault first.
 TEST(virtual_chaos, an_instance_losing_every_worker_mid_update_waits_for_replacements) {
   log::set_level(log::level::off);
   std::uint32_t hit = 0;
-  for (std::uint64_t seed = 3; seed < 3 + 4 * 25; seed += 4) {
+  for (std::uint64_t seed = 3; seed < 3 + 6 * 25; seed += 6) {
     const auto r = run_virtual_chaos({.seed = seed, .instances = 1, .workers_per_instance = 2});
     EXPECT_TRUE(r.verified) << "seed " << seed << ": " << r.error << "\n  replay: " << replay(seed)
                             << " (with one instance of two workers)";
@@ -69,6 +69,7 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
   for (const char* kind : {"leader killed mid-update", "two regroups within one chunk time",
                            "trainer killed mid-update, rejoined", "late joiner as the last event",
                            "every worker of an instance killed mid-update",
+                           "a new instance joined mid-update", "an instance left mid-update",
                            "registrations lost: the coordinator started late",
                            "old epoch's chain forward still reads its slot", "stale write dropped",
                            "new epoch waits for old readers"}) {
@@ -96,7 +97,8 @@ TEST_P(sharded_seed_sweep, every_seed_delivers_each_workers_part_byte_for_byte) 
     for (const auto& [kind, times] : r.faults) seen[kind] += times;
   }
   for (const char* kind : {"leader killed mid-update", "trainer killed mid-update, rejoined",
-                           "late joiner as the last event", "every worker of an instance killed mid-update"}) {
+                           "late joiner as the last event", "every worker of an instance killed mid-update",
+                           "a new instance joined mid-update", "an instance left mid-update"}) {
     EXPECT_GT(seen[kind], 0u) << "no seed hit: " << kind;
   }
 }
