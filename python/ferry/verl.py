@@ -282,10 +282,12 @@ class FerryCheckpointEngine(CheckpointEngine):
     def _start_coordinator(self, trainers: int, instance_sizes: list[int]) -> None:
         shape = (trainers, tuple(instance_sizes))
         if self.coordinator is not None:
-            if shape != self._shape:
-                raise ferry.InvalidArgument(f"init_process_group: the job was {self._shape[0]} trainer ranks and "
-                                            f"replicas {list(self._shape[1])}, now {trainers} and {instance_sizes}; "
-                                            "ferry cannot resize a running job yet")
+            if trainers != self._shape[0]:
+                raise ferry.InvalidArgument(f"init_process_group: the job has {self._shape[0]} trainer ranks, now "
+                                            f"{trainers}; ferry cannot change the trainer ranks of a running job")
+            # Replicas added or removed (verl's add_replicas / remove_replicas): the running job takes
+            # a new replica's ranks as a new instance, caught up at once, and drops one that left.
+            self._shape = shape
             return
         self.coordinator = ferry.Coordinator(listen=self._listen, trainers=trainers, instance_sizes=instance_sizes,
                                              chunk_bytes=self.chunk_bytes, depth=self.depth, secret=self.secret)

@@ -60,6 +60,35 @@ def sync(trainer, rollout, init, step):
     return metrics, got
 
 
+def test_replicas_added_and_removed_between_syncs(job):
+    """verl's add_replicas / remove_replicas: the running job takes a new replica, caught up with the
+    version before it, and goes on without one that left."""
+    trainer, rollout, init = job
+    sync(trainer, rollout, init, 1)
+    added = CheckpointEngineRegistry.new("ferry", bucket_size=1 << 20, replica_size=1, timeout=5.0)
+    try:
+        metadata = [trainer.prepare(), rollout.prepare(), added.prepare()]
+        trainer_kwargs, rollout_kwargs = type(trainer).build_topology(1, 2, metadata)
+        trainer.init_process_group(**{k: v[0] for k, v in trainer_kwargs.items()})
+        rollout.init_process_group(**{k: v[0] for k, v in rollout_kwargs.items()})
+        added.init_process_group(**{k: v[1] for k, v in rollout_kwargs.items()})
+
+        async def to_both():
+            return await asyncio.gather(trainer.send_weights(weights(2), global_steps=2), receive_all(rollout, 2),
+                                        receive_all(added, 2))
+
+        _, got, got_added = asyncio.run(to_both())
+        trainer.finalize()
+        for received in (got, got_added):
+            assert received.keys() == expected(2).keys()
+            assert all(torch.equal(received[n], t) for n, t in expected(2).items())
+    finally:
+        added.close()  # the replica is removed
+    metrics, got = sync(trainer, rollout, init, 3)
+    assert metrics["version"] == 3
+    assert all(torch.equal(got[n], t) for n, t in expected(3).items())
+
+
 def test_registered_as_ferry_with_verls_interface():
     engine = CheckpointEngineRegistry.get("ferry")
     assert engine is ferry.verl.FerryCheckpointEngine and issubclass(engine, CheckpointEngine)
