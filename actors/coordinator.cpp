@@ -520,6 +520,7 @@ void job_coordinator::fail_job(const std::string& reason) {
 
 void job_coordinator::stop_job() {
   stopping_ = true;
+  host().expect_departures();
   broadcast_all([] { return job_stop{.reason = "the job is over"}; });
 }
 

@@ -23,6 +23,7 @@ void job_member::leave(const std::string& reason) {
 
 void job_member::stop_member() {
   stopped_ = true;
+  host().expect_departures();
   host().clock().cancel(heartbeat_timer_);
   halting();
   changed();

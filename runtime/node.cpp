@@ -26,7 +26,11 @@ std::error_code node::start() {
           },
       .on_peer_lost =
           [this](node_id peer, std::error_code why) {
-            log::warn("node {}: lost peer {}: {}", id_, peer, why.message());
+            if (departures_expected_) {
+              log::debug("node {}: peer {} went: {}", id_, peer, why.message());
+            } else {
+              log::warn("node {}: lost peer {}: {}", id_, peer, why.message());
+            }
             if (peer_lost_) peer_lost_(peer, why);
           },
   });

@@ -59,6 +59,9 @@ class node {
   void forget_writes(std::uint8_t tag);
   /// Observer of peers the transport dropped.
   void on_peer_lost(std::function<void(node_id, std::error_code)> handler) { peer_lost_ = std::move(handler); }
+  /// This node's part in the job is over (stopped, left): peers that go now are no news, and are
+  /// logged only at debug level.
+  void expect_departures() { departures_expected_ = true; }
 
  private:
   void receive(node_id from, std::span<const std::byte> payload);
@@ -72,6 +75,7 @@ class node {
   std::map<actor_id, actor*> actors_;
   std::map<std::uint8_t, std::function<void(const write_notice&)>> write_handlers_;
   std::function<void(node_id, std::error_code)> peer_lost_;
+  bool departures_expected_ = false;
   node_stats stats_;
 };
 

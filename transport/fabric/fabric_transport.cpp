@@ -613,8 +613,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     auto it = by_base.upper_bound(p);
     if (it == by_base.begin()) return std::nullopt;
     const auto& r = regions.at(std::prev(it)->second);
-    if (length > r.memory.size() || p + length > r.memory.data() + r.memory.size()) return std::nullopt;
-    return std::pair{r.id, static_cast<std::uint64_t>(p - r.memory.data())};
+    const auto offset = static_cast<std::uint64_t>(p - r.memory.data());
+    if (offset > r.memory.size() || length > r.memory.size() - offset) return std::nullopt;
+    return std::pair{r.id, offset};
   }
 
   /// An `inject_only` writer says its write landed at `address` (ours, FI_MR_VIRT_ADDR).
@@ -665,8 +666,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// Fills the seal of `message` (a whole message, trailer written) for `peer`'s link; the
   /// sequence number is used up only once the provider took the message (`sealed_sent`).
   void seal(node_id peer, std::byte* message, std::size_t len) {
-    if (!sealed()) return;
-    const auto& c = clients.at(peer);
+    auto it = clients.find(peer);
+    if (!sealed() || it == clients.end()) return;  // (never: nothing leaves before the handshake)
+    const auto& c = it->second;
     std::byte head[frame_prefix_bytes + trailer_bytes];
     std::memcpy(head, message, frame_prefix_bytes);
     std::memcpy(head + frame_prefix_bytes, message + len - trailer_bytes, trailer_bytes);
@@ -677,7 +679,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     std::memcpy(at + 8, tag.data(), tag.size());
   }
   void sealed_sent(node_id peer) {
-    if (sealed()) ++clients.at(peer).next_seq;
+    if (auto it = clients.find(peer); sealed() && it != clients.end()) ++it->second.next_seq;
   }
 
   /// Checks the seal of a message from `from`: its link's key, and a sequence number not seen.
@@ -1463,7 +1465,9 @@ std::error_code fabric_transport::add_peer(node_id peer, std::string_view addres
   if (auto it = s.peers.find(peer); it != s.peers.end()) {
     fi_av_remove(s.av, &it->second, 1, 0);
     s.peers.erase(it);
-    if (s.peer_names[peer] != *blob) s.clients.erase(peer);  // another process: a new link
+    // Another process under the same id: what was outstanding for the old one fails, and the
+    // link to the new one starts with a new handshake.
+    if (s.peer_names[peer] != *blob) s.abandon(peer, transport_errc::connection_lost);
   }
   fi_addr_t addr = FI_ADDR_UNSPEC;
   const int n = fi_av_insert(s.av, blob->data(), 1, &addr, 0, nullptr);

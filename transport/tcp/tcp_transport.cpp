@@ -984,10 +984,14 @@ void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code
                                 : l->refused_by_limit() ? detail
                                                         : why.message() + ": " + detail);
   } else {
-    log::warn("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
-              l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from", l->peer(),
-              l->remote().empty() ? "?" : l->remote(), why.message(), detail.empty() ? "" : ": ",
-              detail);
+    // A link that simply closed is the node's news to tell ("lost peer", or nothing at a job's
+    // end); one the peer broke is ours.
+    const auto level = was_ready && why == transport_errc::connection_lost ? log::level::debug : log::level::warn;
+    if (log::threshold() <= level)
+      log::write(level, fmt::format("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
+                                    l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from", l->peer(),
+                                    l->remote().empty() ? "?" : l->remote(), why.message(), detail.empty() ? "" : ": ",
+                                    detail));
   }
   // An incoming link's clean loss is reported by our own link to that peer, which breaks too.
   const bool report = was_ready && (l->outgoing() || why == transport_errc::protocol_violation);
