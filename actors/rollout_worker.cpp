@@ -300,7 +300,7 @@ std::shared_ptr<const rollout_worker::mapped_copy> rollout_worker::map_source(co
   std::string why;
   auto mapped = host().env().platform().map_shared(ref, why);
   if (!mapped) {
-    fail("cannot read a trainer's host copy in place (every trainer and leader must share one host): " + why);
+    corrupted("cannot read a trainer's host copy in place (every trainer and leader must share one host): " + why);
     return nullptr;
   }
   auto copy = std::make_shared<mapped_copy>(std::move(*mapped));

@@ -295,6 +295,13 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
           --r->in_flight;
           changed();
           if (generation != send_generation_) return;
+          if (ec == errc::not_same_host) {
+            // No regroup mends that: the job is set up wrong.
+            const auto why = fmt::format("cannot write to node {} with same-host copies: {}; use tcp or fabric",
+                                         r->leader.node, ec.message());
+            send(coordinator_, participant_error{.reason = why});
+            return fail(why);
+          }
           if (ec) {
             // A dead leader is the coordinator's to detect; the regroup resends what is missing.
             log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, sent.chunk, r->leader.node,

@@ -48,6 +48,7 @@ std::optional<std::string> prepare_environment(const process_flags& f, transport
   if (f.job.transport == "inproc") return "--transport inproc cannot span processes; use tcp, cma or fabric";
   env.allow_unauthenticated = f.allow_unauthenticated;
   env.fabric_provider = f.fabric_provider;
+  env.bind_host = f.bind_host;
   if (f.job.transport != "inproc" && !f.allow_unauthenticated) {
     auto secret = load_job_secret();
     if (!secret) {
@@ -492,6 +493,8 @@ void add_process_flags(CLI::App& app, process_flags& f) {
   app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
                "run tcp and fabric links without a job secret (otherwise FERRY_SECRET or FERRY_SECRET_FILE is required)");
   app.add_option("--fabric-provider", f.fabric_provider, "libfabric provider for --transport fabric (e.g. shm, 'tcp;ofi_rxm')");
+  app.add_option("--bind", f.bind_host, "the local address to listen and connect on (tcp, cma, fabric other than shm)")
+      ->capture_default_str();
   app.add_option("--model", f.model, "synthetic (sized by --model-bytes) or llama3-8b (bf16, ~16 GB)")
       ->check(CLI::IsMember({"synthetic", "llama3-8b"}))->capture_default_str();
   app.add_option("--timeout", f.timeout_seconds, "give up after this many seconds")->check(CLI::PositiveNumber)
@@ -513,6 +516,7 @@ std::vector<std::string> with_process_flags(const process_flags& f, std::vector<
   if (f.job.shared_host_copies) args.push_back("--shared-host-copies");
   args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
   if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
+  if (f.bind_host != "127.0.0.1") args.insert(args.end(), {"--bind", f.bind_host});
   if (f.model != "synthetic") args.insert(args.end(), {"--model", f.model});
   return args;
 }

@@ -19,6 +19,7 @@ struct process_flags {
   bool json = false;
   bool events = false;
   std::string fabric_provider;
+  std::string bind_host = "127.0.0.1";  ///< the local address this process listens and connects on
   std::string model = "synthetic";  ///< or "llama3-8b" (then --model-bytes is ignored)
   bool gpus = false;                ///< local: one GPU per node process, in start order
   bool host_trainers = false;       ///< local with gpus: trainer shards keep host memory

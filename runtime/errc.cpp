@@ -21,6 +21,8 @@ struct runtime_category_impl final : std::error_category {
       case errc::timed_out: return "timed out";
       case errc::invalid_argument: return "invalid argument";
       case errc::forged_sender: return "envelope sender does not match the link it came on";
+      case errc::not_same_host:
+        return "the peer runs on another host, or in another pid or network namespace: same-host copies cannot reach it";
     }
     return "unknown ferry.runtime error " + std::to_string(c);
   }

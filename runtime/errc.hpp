@@ -20,6 +20,7 @@ enum class errc : int {
   timed_out,
   invalid_argument,
   forged_sender,        ///< envelope sender is not the node the frame came from
+  not_same_host,        ///< a same-host path (cma, shared host copies) to a peer on another host
 };
 
 const std::error_category& runtime_category() noexcept;

@@ -5,9 +5,9 @@
 
 namespace ferry {
 
-/// 64 bits naming this host and pid namespace: XXH3-64 of the kernel's boot id and of the pid
-/// namespace's device and inode. Two processes may reach each other by pid only if theirs are
-/// equal.
+/// 64 bits naming this host, pid namespace and network namespace: XXH3-64 of the kernel's boot id
+/// and of the namespaces' device and inode. Two processes may reach each other by pid only if
+/// theirs are equal.
 std::uint64_t same_host_tag();
 
 }  // namespace ferry

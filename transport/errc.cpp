@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "runtime/errc.hpp"
+
 namespace ferry {
 namespace {
 
@@ -24,6 +26,7 @@ struct transport_category_impl final : std::error_category {
         return "same-host copy not permitted (ptrace rules: kernel.yama.ptrace_scope)";
       case transport_errc::copy_failed: return "same-host copy failed";
       case transport_errc::peer_stalled: return "peer stopped taking what we send";
+      case transport_errc::not_same_host: return make_error_code(errc::not_same_host).message();
     }
     return "unknown ferry.transport error " + std::to_string(c);
   }

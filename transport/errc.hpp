@@ -18,8 +18,9 @@ enum class transport_errc : int {
   unauthenticated,     ///< the peer did not prove it holds the job secret
   limit_exceeded,      ///< a configured per-peer limit was hit
   copy_not_permitted,  ///< same-host copy: the kernel does not let the receiver read the writer
-  copy_failed,         ///< same-host copy: writer gone, on another host, or its bytes unreadable
+  copy_failed,         ///< same-host copy: writer gone, or its bytes unreadable
   peer_stalled,        ///< the peer took nothing we sent for longer than the transport waits
+  not_same_host,       ///< on the wire only: the writer learns `errc::not_same_host`
 };
 
 const std::error_category& transport_category() noexcept;

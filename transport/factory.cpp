@@ -23,6 +23,7 @@ result<std::shared_ptr<transport>> make_transport(const std::string& scheme, env
   if (scheme == "fabric") {
     fabric_options options;
     options.provider = settings.fabric_provider;
+    options.node = settings.bind_host;
     options.secret = settings.secret;
     options.allow_unauthenticated = settings.allow_unauthenticated;
     auto t = fabric_transport::make(loop, self, options);

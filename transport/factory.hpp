@@ -17,7 +17,7 @@ struct transport_settings {
   inproc_network inproc;
   std::vector<std::byte> secret;       ///< the job secret of tcp, cma and fabric; empty: unauthenticated
   bool allow_unauthenticated = false;  ///< links without a secret (tests, in-process jobs)
-  std::string bind_host = "127.0.0.1";
+  std::string bind_host = "127.0.0.1";  ///< tcp/cma: the address to bind; fabric: the node to open on
   std::uint16_t port = 0;              ///< tcp/cma: 0 picks a free port
   std::string fabric_provider;         ///< "" picks the best available
 };

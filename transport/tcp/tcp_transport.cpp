@@ -30,9 +30,11 @@ struct large_transfers {
   }
 };
 
-/// The error a peer's REFUSE names; anything we do not know is a protocol violation.
+/// The error a peer's REFUSE or WRITE_ACK names; anything we do not know is a protocol violation.
 std::error_code refusal_error(std::uint16_t reason) {
-  if (reason >= 1 && reason <= static_cast<std::uint16_t>(transport_errc::copy_failed)) {
+  if (reason >= 1 && reason <= static_cast<std::uint16_t>(transport_errc::not_same_host) &&
+      reason != static_cast<std::uint16_t>(transport_errc::peer_stalled)) {
+    if (reason == static_cast<std::uint16_t>(transport_errc::not_same_host)) return errc::not_same_host;
     return static_cast<transport_errc>(reason);
   }
   return transport_errc::protocol_violation;
@@ -541,10 +543,10 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     if (h->host != owner().host_tag_) {
       ++owner().stats_.copies_failed;
       log::warn(
-          "tcp {}: refused a same-host write from node {}: it runs on another host or in another "
-          "pid namespace, where cma cannot reach; use tcp or fabric there",
+          "tcp {}: refused a same-host write from node {}: it runs on another host, or in another "
+          "pid or network namespace, where cma cannot reach; use tcp or fabric there",
           owner().self_, peer_);
-      enqueue_ack(w.id, static_cast<std::uint16_t>(transport_errc::copy_failed));
+      enqueue_ack(w.id, static_cast<std::uint16_t>(transport_errc::not_same_host));
       return read_next();
     }
     auto self = shared_from_this();
