@@ -55,8 +55,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     workers_[{m.instance, m.rank}] = {.who = h.from, .transport_address = m.transport_address, .tensors = m.tensors,
                                       .parts = m.parts, .on_device = m.on_device};
     if (started_) {
-      const bool new_instance = !plan_ || std::none_of(plan_->instances.begin(), plan_->instances.end(),
-                                                       [&](const auto& inst) { return inst.id == m.instance; });
+      const bool new_instance = !instances_seen_.contains(m.instance);
       regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")" +
               (new_instance ? ", a new instance" : ""));
     } else if (all_declared_registered()) {
@@ -292,6 +291,7 @@ void job_coordinator::regroup(const std::string& reason) {
       if (old.id == i) first_leader = old.workers.at(old.leaders.at(0));
     }
     inst.leaders = choose_leaders(inst.workers, shape_.stripes, on_devices, first_leader);
+    instances_seen_.insert(i);
     in.instances.push_back(std::move(inst));
   }
   if (in.instances.empty()) {

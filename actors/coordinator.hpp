@@ -155,6 +155,7 @@ class job_coordinator final : public actor {
   std::map<std::uint32_t, trainer_entry> trainers_;
   std::map<worker_key, worker_entry> workers_;
   std::map<node_id, clock::time_point> last_seen_;
+  std::set<std::uint32_t> instances_seen_;  ///< every instance id a plan has had
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
