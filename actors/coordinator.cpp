@@ -78,6 +78,9 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     if (all_workers_ready()) plan_in_force();
   });
   handle<heartbeat>([](const envelope_header&, const heartbeat&) {});
+  handle<peer_unreachable>([this](const envelope_header& h, const peer_unreachable& m) {
+    suspect(m.node, "unreachable from node " + std::to_string(h.from.node) + " (" + m.why + ")");
+  });
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) { lost(h.from.node, "left: " + m.reason); });
   handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
     verdicts_.publish_started(m.version, this->host().clock().now());
@@ -115,6 +118,7 @@ job_coordinator::~job_coordinator() {
   stopping_ = true;
   if (distribution_) distribution_->cancelled = true;
   host().clock().cancel(heartbeat_timer_);
+  for (const auto& [node, timer] : suspect_checks_) host().clock().cancel(timer);
   host().on_peer_lost({});
 }
 
@@ -152,6 +156,27 @@ void job_coordinator::watch_heartbeats() {
     for (const auto& [k, w] : workers_) check(w.who);
     for (auto n : silent) lost(n, "no heartbeat for " + std::to_string(shape_.heartbeat_timeout.count()) + " ms");
     watch_heartbeats();
+  });
+}
+
+bool job_coordinator::is_member(node_id node) const {
+  return std::any_of(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who.node == node; }) ||
+         std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) { return w.second.who.node == node; });
+}
+
+void job_coordinator::suspect(node_id node, const std::string& why, bool checked_again) {
+  if (stopping_ || failed_ || !is_member(node) || (!checked_again && suspect_checks_.contains(node))) return;
+  const auto enough = std::chrono::duration_cast<clock::duration>(shape_.heartbeat_timeout / 4);
+  const auto silent = host().clock().now() - last_seen_[node];
+  if (silent >= enough) {
+    return lost(node, "reported " + why + ", and silent for " +
+                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) + " ms");
+  }
+  if (checked_again) return;
+  suspect_checks_[node] = host().clock().async_wait(enough - silent, [this, node, why](std::error_code ec) {
+    if (ec) return;  // cancelled: this coordinator may be gone
+    suspect_checks_.erase(node);
+    suspect(node, why, true);
   });
 }
 

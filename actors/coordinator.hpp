@@ -111,6 +111,11 @@ class job_coordinator final : public actor {
   void handle(std::function<void(const envelope_header&, const M&)> fn);
   void add_peer(address who, const std::string& transport_address);
   void watch_heartbeats();
+  /// A member another member cannot reach: lost once it has been silent for a quarter of the
+  /// heartbeat timeout too (10 heartbeats; a loaded host can delay a live one's for a second),
+  /// checked once more if it is not yet (a live one goes on heartbeating and is left alone).
+  void suspect(node_id node, const std::string& why, bool checked_again = false);
+  bool is_member(node_id node) const;
   void lost(node_id node, const std::string& why);
   /// Whether `worker` is a leader of its instance in the current plan.
   bool leads(const address& worker) const;
@@ -156,6 +161,7 @@ class job_coordinator final : public actor {
   std::map<worker_key, worker_entry> workers_;
   std::map<node_id, clock::time_point> last_seen_;
   std::set<std::uint32_t> instances_seen_;  ///< every instance id a plan has had
+  std::map<node_id, std::uint64_t> suspect_checks_;  ///< members to look at again: their timers
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)

@@ -10,9 +10,14 @@ job_member::job_member(node& host, actor_id id, address coordinator,
     : actor(host, id), coordinator_(coordinator), heartbeat_interval_(heartbeat_interval) {
   on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
   on<job_stop>([this](const envelope_header&, const job_stop&) { stop_member(); });
+  peer_watch_ = host.watch_peers([this](node_id peer, std::error_code why) {
+    if (peer == coordinator_.node || stopped_ || failed_) return;
+    send(coordinator_, peer_unreachable{.node = peer, .why = why.message()});
+  });
 }
 
 job_member::~job_member() {
+  host().unwatch_peers(peer_watch_);
   host().clock().cancel(heartbeat_timer_);
 }
 

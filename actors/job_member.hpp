@@ -77,6 +77,7 @@ class job_member : public actor {
 
   std::chrono::milliseconds heartbeat_interval_;
   std::uint64_t heartbeat_timer_ = 0;
+  std::uint64_t peer_watch_ = 0;  ///< our watch of the node's lost peers
   std::function<void()> send_registration_;  ///< until admitted
   std::chrono::milliseconds registration_wait_{1000}, since_registration_{0};
   boost::fibers::mutex state_mutex_;

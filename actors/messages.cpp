@@ -27,6 +27,7 @@ void register_actor_messages(message_registry& r) {
   r.add<heartbeat>("heartbeat");
   r.add<leave_job>("leave_job");
   r.add<shard_sent>("shard_sent");
+  r.add<peer_unreachable>("peer_unreachable");
 }
 
 const message_registry& protocol() {

@@ -251,6 +251,16 @@ struct leave_job {
   MSGPACK_DEFINE_MAP(reason)
 };
 
+/// Trainer or worker -> coordinator: its link to `node` broke. The coordinator's own link may
+/// not show it (a connection-less transport such as fabric), so a member named here that has been
+/// silent for a few heartbeats too is declared lost at once, not at the heartbeat timeout.
+struct peer_unreachable {
+  static constexpr msg_kind kind{37};
+  std::uint32_t node = 0;
+  std::string why;
+  MSGPACK_DEFINE_MAP(node, why)
+};
+
 /// Trainer -> coordinator: every chunk of `version` the shard had to send was written.
 struct shard_sent {
   static constexpr msg_kind kind{36};

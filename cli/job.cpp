@@ -264,8 +264,9 @@ int run_node(const node_flags& f) {
     failure = fmt::format("timed out after {} s without the job's end (coordinator {})", f.common.timeout_seconds,
                           f.common.coordinator_address);
   };
+  // A member that left, or failed (telling the coordinator why), sent a last frame: let it go out.
   auto let_leave_go_out = [&] {
-    if (left) run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });
+    if (left || failure) run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });
   };
 
   if (f.role == "trainer") {

@@ -40,8 +40,8 @@ class draws {
   std::mt19937_64 rng_;
 };
 
-enum class fault { leader_kill, double_regroup, trainer_kill, instance_lost, instance_joins, instance_leaves };
-constexpr std::uint32_t fault_kinds = 6;
+enum class fault { leader_kill, double_regroup, trainer_kill, instance_lost, instance_joins, instance_leaves, silent_kill };
+constexpr std::uint32_t fault_kinds = 7;
 constexpr const char* leader_fault = "leader killed mid-update";
 constexpr const char* double_fault = "two regroups within one chunk time";
 constexpr const char* trainer_fault = "trainer killed mid-update, rejoined";
@@ -50,6 +50,7 @@ constexpr const char* instance_fault = "every worker of an instance killed mid-u
 constexpr const char* late_coordinator_fault = "registrations lost: the coordinator started late";
 constexpr const char* instance_join_fault = "a new instance joined mid-update";
 constexpr const char* instance_leave_fault = "an instance left mid-update";
+constexpr const char* silent_fault = "a worker died unannounced, reported by a peer";
 
 struct trainer_member {
   node* host = nullptr;
@@ -83,7 +84,9 @@ class chaos_job {
   void after(clock::duration delay, std::function<void()> fn);
   void on_update(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders);
   void inject(fault f, const std::vector<node_id>& leaders);
-  void kill_worker(worker_member& w);
+  /// `announced`: every node that knows it learns its link broke (tcp), and a replacement joins;
+  /// else only those that send or write to it learn (fabric), and none replaces it.
+  void kill_worker(worker_member& w, bool announced = true);
   /// Every live worker of `instance` leaves the job for good (an instance scaled away).
   void instance_leaves(std::uint32_t instance);
   void note(const std::string& what);
@@ -235,7 +238,7 @@ std::vector<worker_member*> chaos_job::live_workers() {
   return live;
 }
 
-void chaos_job::kill_worker(worker_member& w) {
+void chaos_job::kill_worker(worker_member& w, bool announced) {
   if (!w.alive) return;
   w.alive = false;
   ++result_.kills;
@@ -252,8 +255,10 @@ void chaos_job::kill_worker(worker_member& w) {
     }
   }
   note(fmt::format("kill worker {}.{} (node {})", w.instance, w.rank, w.host->id()));
-  settings_.inproc.sever(w.host->id());
-  // A replacement takes its place, as a cluster's launcher would start one.
+  settings_.inproc.sever(w.host->id(), announced);
+  // A replacement takes its place, as a cluster's launcher would start one; not for an unannounced
+  // death, where taking its place would hide whether the coordinator found out.
+  if (!announced) return;
   after(microseconds(100) + draws_.up_to(update_time_ * 2),
         [this, instance = w.instance, rank = w.rank] {
           ++result_.joins;
@@ -352,6 +357,14 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
         if (mid_update) ++result_.faults[instance_join_fault];
       });
       break;
+    case fault::silent_kill:
+      // Nobody is told: the coordinator learns from a member whose frame or write found it gone
+      // (counted when the regroup says so), not from the heartbeat timeout.
+      after(moment, [this, pick = draws_.below(1000)] {
+        auto live = live_workers();
+        if (!live.empty()) kill_worker(*live[pick % live.size()], false);
+      });
+      break;
     case fault::instance_leaves:
       after(moment, [this, pick = draws_.below(1000)] {
         std::vector<std::uint32_t> present;
@@ -430,6 +443,7 @@ virtual_chaos_result chaos_job::run() {
   coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
   coordinator_->on_regroup = [this](const regroup_report& r) {
     regroup_ms_.push_back(r.milliseconds);
+    if (r.reason.find("reported unreachable") != std::string::npos) ++result_.faults[silent_fault];
   };
   coordinator_->on_update = [this](std::uint64_t v, bool catch_up,
                                    const std::vector<node_id>& leaders) {

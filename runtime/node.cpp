@@ -32,8 +32,14 @@ std::error_code node::start() {
               log::warn("node {}: lost peer {}: {}", id_, peer, why.message());
             }
             if (peer_lost_) peer_lost_(peer, why);
+            for (const auto& [token, watcher] : std::map(peer_watchers_)) watcher(peer, why);
           },
   });
+}
+
+std::uint64_t node::watch_peers(std::function<void(node_id, std::error_code)> watcher) {
+  peer_watchers_.emplace(next_watcher_, std::move(watcher));
+  return next_watcher_++;
 }
 
 void node::close() {

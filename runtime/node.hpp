@@ -59,6 +59,10 @@ class node {
   void forget_writes(std::uint8_t tag);
   /// Observer of peers the transport dropped.
   void on_peer_lost(std::function<void(node_id, std::error_code)> handler) { peer_lost_ = std::move(handler); }
+  /// Actors that hear of lost peers too (a member tells its coordinator, which may not see the
+  /// link: fabric has none). Returns the token `unwatch_peers` takes.
+  std::uint64_t watch_peers(std::function<void(node_id, std::error_code)> watcher);
+  void unwatch_peers(std::uint64_t token) { peer_watchers_.erase(token); }
   /// This node's part in the job is over (stopped, left): peers that go now are no news, and are
   /// logged only at debug level.
   void expect_departures() { departures_expected_ = true; }
@@ -75,6 +79,8 @@ class node {
   std::map<actor_id, actor*> actors_;
   std::map<std::uint8_t, std::function<void(const write_notice&)>> write_handlers_;
   std::function<void(node_id, std::error_code)> peer_lost_;
+  std::map<std::uint64_t, std::function<void(node_id, std::error_code)>> peer_watchers_;
+  std::uint64_t next_watcher_ = 1;
   bool departures_expected_ = false;
   node_stats stats_;
 };

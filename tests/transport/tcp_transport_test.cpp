@@ -453,7 +453,8 @@ TEST(cma_links, failed_copies_are_acked_with_their_error_and_the_link_stays) {
   ASSERT_TRUE(finished);
 
   const auto failed = static_cast<std::uint16_t>(transport_errc::copy_failed);
-  const std::vector<std::optional<std::uint16_t>> expected{failed, failed, failed,
+  const auto elsewhere = static_cast<std::uint16_t>(transport_errc::not_same_host);
+  const std::vector<std::optional<std::uint16_t>> expected{failed, failed, elsewhere,
                                                            std::uint16_t{0}};
   EXPECT_EQ(statuses, expected);
   EXPECT_EQ(tb->stats().copies_failed, 3u);

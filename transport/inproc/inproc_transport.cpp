@@ -16,9 +16,10 @@ void inproc_network::attach(node_id id, std::weak_ptr<inproc_transport> t) {
   nodes_[id] = std::move(t);
 }
 
-void inproc_network::sever(node_id id) {
+void inproc_network::sever(node_id id, bool announced) {
   auto dead = find(id);
   if (dead) dead->close();
+  if (!announced) return;
   std::vector<std::shared_ptr<inproc_transport>> others;
   {
     std::lock_guard lock(mutex_);
@@ -70,6 +71,11 @@ void inproc_transport::peer_died(node_id peer) {
   events_.on_peer_lost(peer, make_error_code(std::errc::connection_reset));
 }
 
+void inproc_transport::lost_on_the_way(node_id peer) {
+  // A peer reached before and gone now died: a sender learns so even when nobody announced it.
+  if (open_ && reached_.erase(peer) > 0) loop_.post([self = shared_from_this(), peer] { self->peer_died(peer); });
+}
+
 void inproc_transport::async_send(node_id to, frame f, completion done) {
   auto& queue = outbox_[to];
   if (queue.empty() && !modelled(f)) return hand_over(to, std::move(f), std::move(done));
@@ -81,8 +87,10 @@ void inproc_transport::hand_over(node_id to, frame f, completion done) {
   auto peer = network_.find(to);
   if (!open_ || !peer) {
     loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
+    lost_on_the_way(to);
     return;
   }
+  reached_.insert(to);
   peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
   loop_.post([done = std::move(done)] { done({}); });
 }
@@ -124,7 +132,9 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   auto fail_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
   if (!regions_.contains(local)) return fail_with(transport_errc::not_registered);
   auto peer = network_.find(remote.owner);
+  if (!peer) lost_on_the_way(remote.owner);
   if (!open_ || !peer) return fail_with(transport_errc::peer_unreachable);
+  reached_.insert(remote.owner);
   auto target = peer->regions_.resolve(remote.id, remote.key, offset, local.size());
   if (!target) return fail_with(target.error());
 

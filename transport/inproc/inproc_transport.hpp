@@ -24,8 +24,10 @@ class inproc_network {
  public:
   std::shared_ptr<inproc_transport> find(node_id id) const;
   /// Node `id` dies as a process would: its transport closes at once, and every node that knows
-  /// it as a peer learns that the link broke. For simulated failures.
-  void sever(node_id id);
+  /// it as a peer learns that the link broke; unless `announced` is false (a connection-less
+  /// network, as fabric is): then only a node that sends or writes to it learns. For simulated
+  /// failures.
+  void sever(node_id id, bool announced = true);
   /// A modelled network for simulations: a bulk write moves no bytes and lands when `model`
   /// calls its completion (on the loop). Set before any write; unset, writes are memcpy.
   using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed)>;
@@ -70,6 +72,7 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   void deliver_frame(node_id from, const frame& f);
   void deliver_write(const write_notice& notice);
   void peer_died(node_id peer);
+  void lost_on_the_way(node_id peer);
   /// Delivers `f` to `to`'s loop now (or says it is unreachable), then completes `done`.
   void hand_over(node_id to, frame f, completion done);
   /// Sends the frames queued for `to` in order, up to the first modelled one, which `landed` sends.
@@ -82,6 +85,7 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   inproc_network& network_;
   node_id self_;
   std::set<node_id> peers_;  ///< added and not removed: who learns of this node's death
+  std::set<node_id> reached_;  ///< peers a frame or write of ours reached
   /// Per peer, frames behind a modelled one still crossing the network (its head), in order.
   std::map<node_id, std::deque<std::pair<frame, completion>>> outbox_;
   region_table regions_;

@@ -30,6 +30,9 @@ struct large_transfers {
   }
 };
 
+/// The start of a lost link's detail when the stream ended inside a frame.
+const std::string mid_frame = "mid-frame: ";
+
 /// The error a peer's REFUSE or WRITE_ACK names; anything we do not know is a protocol violation.
 std::error_code refusal_error(std::uint16_t reason) {
   if (reason >= 1 && reason <= static_cast<std::uint16_t>(transport_errc::not_same_host) &&
@@ -441,9 +444,9 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
 
   void read_next() {
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(head_), [self](const error_code& ec, std::size_t) {
+    asio::async_read(socket_, asio::buffer(head_), [self](const error_code& ec, std::size_t got) {
       if (self->closed()) return;
-      if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+      if (ec) return self->drop(transport_errc::connection_lost, (got > 0 ? mid_frame : "") + ec.message());
       self->on_head();
     });
   }
@@ -486,7 +489,7 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     asio::async_read(socket_, asio::buffer(body_), large_transfers{},
                      [self, next](const error_code& ec, std::size_t) {
                        if (self->closed()) return;
-                       if (ec) return self->drop(transport_errc::connection_lost, ec.message());
+                       if (ec) return self->drop(transport_errc::connection_lost, mid_frame + ec.message());
                        next(*self);
                      });
   }
@@ -986,9 +989,11 @@ void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code
                                 : l->refused_by_limit() ? detail
                                                         : why.message() + ": " + detail);
   } else {
-    // A link that simply closed is the node's news to tell ("lost peer", or nothing at a job's
-    // end); one the peer broke is ours.
-    const auto level = was_ready && why == transport_errc::connection_lost ? log::level::debug : log::level::warn;
+    // A link that simply closed between frames is the node's news to tell ("lost peer", or
+    // nothing at a job's end); one the peer broke or cut mid-frame is ours.
+    const bool closed_cleanly =
+        was_ready && why == transport_errc::connection_lost && !detail.starts_with(mid_frame);
+    const auto level = closed_cleanly ? log::level::debug : log::level::warn;
     if (log::threshold() <= level)
       log::write(level, fmt::format("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
                                     l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from", l->peer(),
