@@ -9,6 +9,7 @@
 #include <rdma/fi_rma.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/fiber/operations.hpp>
@@ -155,6 +156,7 @@ std::error_code map_op_error(int err) {
     case FI_ETIMEDOUT:
     case FI_EIO:
     case FI_ESHUTDOWN:
+    case ESRCH:  // shm: the target process is gone (process_vm_writev)
       return transport_errc::connection_lost;
     default:
       return transport_errc::provider_error;
