@@ -20,21 +20,13 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "integration"))
 from job_processes import line_reader, start_coordinator  # noqa: E402
+from job_verdict import check, failures  # noqa: E402
 
 BOUND_S = 2.0  # from the signal to the exit, as issue 15 asks
 # A job that runs for minutes: the signal always lands mid-run (most likely mid-update).
 LONG = ["--trainers", "1", "--instances", "1", "--workers", "2", "--model-bytes", "32MiB", "--chunk-bytes", "1MiB",
         "--versions", "1000000"]
 PROCESS_JOB = [*LONG, "--transport", "tcp", "--timeout", "600"]
-
-failures = []
-
-
-def check(condition, what):
-    if not condition:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-    return condition
 
 
 def descendants(pid):

@@ -24,6 +24,7 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "integration"))
 from job_processes import line_reader, start_coordinator  # noqa: E402
+from job_verdict import check, failures  # noqa: E402
 
 VERSIONS = 6
 JOB = ["--trainers", "2", "--instances", "1", "--workers", "3", "--model-bytes", "32MiB", "--chunk-bytes", "1MiB",
@@ -34,15 +35,6 @@ CASES = {
     "one-address": (["127.0.0.2"], 200),
     "many-addresses": ([f"127.0.0.{i}" for i in range(2, 10)], 25),
 }
-
-failures = []
-
-
-def check(condition, what):
-    if not condition:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-    return condition
 
 
 def main():

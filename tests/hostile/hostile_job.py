@@ -27,6 +27,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ferry_wire as w  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from job_verdict import check, failures  # noqa: E402
+
 VERSIONS = 8
 JOB = ["--trainers", "1", "--instances", "1", "--workers", "2", "--model-bytes", "32MiB",
        "--chunk-bytes", "1MiB", "--versions", str(VERSIONS), "--transport", "tcp", "--timeout", "120"]
@@ -34,15 +37,6 @@ JOB = ["--trainers", "1", "--instances", "1", "--workers", "2", "--model-bytes",
 # silence; this test is about hostile peers, not failure detection.
 COORDINATOR_ONLY = ["--heartbeat-timeout", "30"]
 COORDINATOR = 0
-
-failures = []
-
-
-def check(condition, what):
-    if not condition:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-    return condition
 
 
 def expect_refused(link, secret, me, them, reason, what):

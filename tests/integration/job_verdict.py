@@ -1,8 +1,21 @@
 """What the job checkers share: run a ferry command that prints a JSON verdict on its last line,
-check the outcome every job must have (exit 0, verified, every version), and report."""
+check the outcome every job must have (exit 0, verified, every version), and report; and `check`,
+for scripts that go on after a failed check and report them all at the end."""
 import json
 import subprocess
 import sys
+
+
+# What `check` found wrong, in this process.
+failures = []
+
+
+def check(condition, what):
+    """Records and prints `what` unless `condition` holds; returns `condition`."""
+    if not condition:
+        failures.append(what)
+        print("FAILED:", what, flush=True)
+    return condition
 
 
 def run_job(command, timeout):

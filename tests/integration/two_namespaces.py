@@ -18,19 +18,12 @@ import sys
 import tempfile
 import time
 
+from job_verdict import check, failures
+
 SKIP = 77
 ADDRESSES = {"a": "10.77.0.1", "b": "10.77.0.2"}
 JOB = ["--trainers", "1", "--instances", "1", "--workers", "2", "--model-bytes", "16MiB", "--chunk-bytes", "1MiB",
        "--versions", "3", "--timeout", "60"]
-
-failures = []
-
-
-def check(condition, what):
-    if not condition:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-    return condition
 
 
 def ip(*args):
