@@ -539,7 +539,29 @@ INSTANTIATE_TEST_SUITE_P(providers, fabric_pair, ::testing::Values("tcp;ofi_rxm"
 
 // ---- two processes -------------------------------------------------------------------------
 
-class fabric_processes : public ::testing::TestWithParam<std::string> {};
+class fabric_processes : public ::testing::TestWithParam<std::string> {
+ protected:
+  /// Starts the receiver process (tests/transport/fabric_peer.cpp) for `bytes` of pattern `seed`.
+  /// It learns the writer's address on its command line and sends its own back in a hello frame.
+  /// Everything the child needs is prepared before fork: it only execs.
+  pid_t start_receiver(const std::string& writer_address, std::size_t bytes, std::uint64_t seed) {
+    const std::string size = std::to_string(bytes), sd = std::to_string(seed);
+    const pid_t child = fork();
+    if (child == 0) {
+      execl(FERRY_FABRIC_PEER, FERRY_FABRIC_PEER, GetParam().c_str(), writer_address.c_str(), size.c_str(),
+            sd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return child;
+  }
+  /// The receiver's hello, "<address hex> <msgpack region_desc>": its address and its region.
+  static std::optional<std::pair<std::string, region_desc>> parse_hello(const std::string& hello) {
+    const auto space = hello.find(' ');
+    if (space == std::string::npos) return std::nullopt;
+    auto handle = msgpack::unpack(hello.data() + space + 1, hello.size() - space - 1);
+    return std::pair{hello.substr(0, space), handle.get().as<region_desc>()};
+  }
+};
 
 /// The parent writes 256 MiB into a region of a separate receiver process (tests/transport/
 /// fabric_peer.cpp), which verifies every byte and reports back in a control frame.
@@ -555,17 +577,8 @@ TEST_P(fabric_processes, two_processes_write_256_mib_verified_at_the_receiver) {
   inbox in;
   ASSERT_FALSE(writer->start(in.events()));
 
-  // The receiver learns our address on its command line and sends its own back in a frame.
-  // Everything the child needs is prepared before fork: it only execs.
-  const std::string address = writer->local_address(), size = std::to_string(total),
-                    sd = std::to_string(seed);
-  const pid_t child = fork();
+  const pid_t child = start_receiver(writer->local_address(), total, seed);
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    execl(FERRY_FABRIC_PEER, FERRY_FABRIC_PEER, GetParam().c_str(), address.c_str(), size.c_str(),
-          sd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   auto reap = [&] {
     int status = 0;
     for (int i = 0; i < 200; ++i) {
@@ -580,13 +593,10 @@ TEST_P(fabric_processes, two_processes_write_256_mib_verified_at_the_receiver) {
   ASSERT_TRUE(run_for(
       loop, [&] { return !in.frames.empty(); }, 30s))
       << "no hello from the receiver";
-  // hello frame: "<address hex> <msgpack region_desc>"
-  const auto& hello = in.frames[0].second;
-  const auto space = hello.find(' ');
-  ASSERT_NE(space, std::string::npos);
-  ASSERT_FALSE(writer->add_peer(in.frames[0].first, hello.substr(0, space)));
-  auto handle = msgpack::unpack(hello.data() + space + 1, hello.size() - space - 1);
-  const auto region = handle.get().as<region_desc>();
+  const auto hello = parse_hello(in.frames[0].second);
+  ASSERT_TRUE(hello);
+  ASSERT_FALSE(writer->add_peer(in.frames[0].first, hello->first));
+  const auto region = hello->second;
   ASSERT_EQ(region.owner, in.frames[0].first);
   ASSERT_EQ(region.length, total);
 
@@ -638,22 +648,13 @@ TEST_P(fabric_processes, a_killed_peer_holds_up_only_its_own_traffic) {
   ASSERT_FALSE(bystander->add_peer(1, writer->local_address()));
 
   // The receiver waits for 4 chunks; it gets one and is killed.
-  const std::string address = writer->local_address(), size = std::to_string(4 * chunk),
-                    sd = std::to_string(seed);
-  const pid_t child = fork();
+  const pid_t child = start_receiver(writer->local_address(), 4 * chunk, seed);
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    execl(FERRY_FABRIC_PEER, FERRY_FABRIC_PEER, GetParam().c_str(), address.c_str(), size.c_str(),
-          sd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   ASSERT_TRUE(run_for(loop, [&] { return !in.frames.empty(); }, 30s)) << "no hello from the receiver";
-  const auto& hello = in.frames[0].second;
-  const auto space = hello.find(' ');
-  ASSERT_NE(space, std::string::npos);
-  ASSERT_FALSE(writer->add_peer(2, hello.substr(0, space)));
-  auto handle = msgpack::unpack(hello.data() + space + 1, hello.size() - space - 1);
-  const auto doomed_region = handle.get().as<region_desc>();
+  const auto hello = parse_hello(in.frames[0].second);
+  ASSERT_TRUE(hello);
+  ASSERT_FALSE(writer->add_peer(2, hello->first));
+  const auto doomed_region = hello->second;
   std::vector<std::byte> src(2 * chunk);
   fill_pattern(src, seed);
   ASSERT_TRUE(writer->register_region(src));
