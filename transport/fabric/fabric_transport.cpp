@@ -336,8 +336,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
-    // Frames between two nodes keep their order whatever their size (rxm sends large ones by
-    // another protocol, which overtakes small ones unless asked not to).
+    // Frames to one peer must arrive in the order sent. (rxm still completes a large frame after
+    // smaller ones sent later: `send_state::holds_order` keeps that from happening.)
     hints->tx_attr->msg_order = FI_ORDER_SAS;
     hints->rx_attr->msg_order = FI_ORDER_SAS;
     if (!options.provider.empty()) hints->fabric_attr->prov_name = strdup(options.provider.c_str());
@@ -552,7 +552,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     // Some providers (shm) truncate an oversize message silently: the trailer must match.
     const std::uint32_t trailer = len >= message_overhead ? get_be32(buf + len - trailer_bytes) : 0;
     const auto kind = static_cast<message_kind>(trailer >> 30);
-    const std::size_t seal = sealed() && kind != message_kind::handshake ? seal_bytes : 0;
+    const std::size_t seal = overhead(kind) - message_overhead;
     const node_id from = len >= frame_prefix_bytes ? get_be32(buf) : 0;
     if (len < message_overhead + seal || (trailer & length_mask) != len - message_overhead - seal) {
       // Unsealed where seals are due: a peer without the secret, or a truncated message.
@@ -658,6 +658,17 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   // ---- link sessions -------------------------------------------------------------------------
 
   bool sealed() const { return !options.secret.empty(); }
+  /// Bytes a message of `kind` carries besides its body: the sender id, the trailer and, with a
+  /// secret, the seal (never on a handshake).
+  std::size_t overhead(message_kind kind) const {
+    return message_overhead + (sealed() && kind != message_kind::handshake ? seal_bytes : 0);
+  }
+  /// Writes the sender id and the trailer around a body of `body` bytes already in place after
+  /// the id; `message` holds `body + overhead(kind)` bytes. The seal is made as it leaves (`seal`).
+  void frame_message(std::byte* message, std::size_t body, message_kind kind) const {
+    put_be32(message, self);
+    put_be32(message + body + overhead(kind) - trailer_bytes, make_trailer(kind, body));
+  }
   /// Frames and writes to `peer` may leave: no secret, or the handshake is done.
   bool link_ready(node_id peer) const {
     if (!sealed()) return true;
@@ -818,10 +829,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   void send_handshake(node_id peer, fi_addr_t addr, std::vector<std::byte> body, bool readies) {
     const auto id = next_op_id++;
     auto& h = handshakes[id];
-    h.bytes.resize(message_overhead + body.size());
-    put_be32(h.bytes.data(), self);
+    h.bytes.resize(body.size() + overhead(message_kind::handshake));
     std::memcpy(h.bytes.data() + frame_prefix_bytes, body.data(), body.size());
-    put_be32(h.bytes.data() + frame_prefix_bytes + body.size(), make_trailer(message_kind::handshake, body.size()));
+    frame_message(h.bytes.data(), body.size(), message_kind::handshake);
     h.addr = addr;
     h.peer = peer;
     h.readies = readies;
@@ -911,7 +921,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// Injected messages have no completion: the send is done once the last is accepted.
   bool inject_send(std::uint64_t id) {
     auto& s = sends.at(id);
-    const std::size_t extra = message_overhead + (sealed() ? seal_bytes : 0);
+    const std::size_t extra = overhead(message_kind::frame);
     const std::span payload(s.bytes.data() + frame_prefix_bytes, s.bytes.size() - extra);
     if (s.bytes.size() <= inject_limit) {
       seal(s.peer, s.bytes.data(), s.bytes.size());
@@ -924,10 +934,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     while (s.injected < payload.size()) {
       const std::size_t n = std::min(room, payload.size() - s.injected);
       const bool last = s.injected + n == payload.size();
-      put_be32(piece.data(), self);
       std::memcpy(piece.data() + frame_prefix_bytes, payload.data() + s.injected, n);
-      put_be32(piece.data() + n + extra - trailer_bytes,
-               make_trailer(last ? message_kind::frame : message_kind::fragment, n));
+      frame_message(piece.data(), n, last ? message_kind::frame : message_kind::fragment);
       seal(s.peer, piece.data(), n + extra);
       const ssize_t rc = fi_inject(ep, piece.data(), n + extra, s.addr);
       if (rc == -FI_EAGAIN) return false;
@@ -1008,12 +1016,11 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// `inject_only`: every byte of `w` landed; tell its target.
   ssize_t inject_notice(write_state& w) {
     std::byte message[message_overhead + notice_bytes + seal_bytes];
-    const std::size_t len = message_overhead + notice_bytes + (sealed() ? seal_bytes : 0);
-    put_be32(message, self);
+    const std::size_t len = notice_bytes + overhead(message_kind::notice);
     put_be64(message + frame_prefix_bytes, w.remote_addr);
     put_be64(message + frame_prefix_bytes + 8, w.length);
     put_be32(message + frame_prefix_bytes + 16, w.imm);
-    put_be32(message + len - trailer_bytes, make_trailer(message_kind::notice, notice_bytes));
+    frame_message(message, notice_bytes, message_kind::notice);
     seal(w.peer, message, len);
     const ssize_t rc = fi_inject(ep, message, len, w.addr);
     if (rc == 0) {
@@ -1507,10 +1514,9 @@ void fabric_transport::async_send(node_id to, frame f, completion done) {
   if (f.size() > s.options.max_frame) return s.post_done(std::move(done), errc::oversize_frame);
   // The CQ entry has the length, so the prefix carries our node id instead; the length moves
   // to a trailer, which exposes a truncated message.
-  const auto payload = static_cast<std::uint32_t>(f.size() - frame_prefix_bytes);
-  put_be32(f.data(), s.self);
-  f.resize(f.size() + (s.sealed() ? seal_bytes : 0) + trailer_bytes);  // the seal is made when it leaves
-  put_be32(f.data() + f.size() - trailer_bytes, make_trailer(message_kind::frame, payload));
+  const auto payload = f.size() - frame_prefix_bytes;
+  f.resize(payload + s.overhead(message_kind::frame));
+  s.frame_message(f.data(), payload, message_kind::frame);
   const auto id = s.next_op_id++;
   auto& st = s.sends[id];
   st.bytes = std::move(f);
