@@ -33,6 +33,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     }
     if (auto it = trainers_.find(m.shard); it != trainers_.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
+    readmit(h.from);
     const bool replacing = trainers_.contains(m.shard);
     trainers_[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? std::max(published_, delivered_) + 1 : 1};
     if (started_) {
@@ -52,6 +53,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     }
     if (auto it = workers_.find({m.instance, m.rank}); it != workers_.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
+    readmit(h.from);
     workers_[{m.instance, m.rank}] = {.who = h.from, .transport_address = m.transport_address, .tensors = m.tensors,
                                       .parts = m.parts, .on_device = m.on_device};
     if (started_) {
@@ -77,11 +79,14 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
     if (all_workers_ready()) plan_in_force();
   });
-  handle<heartbeat>([](const envelope_header&, const heartbeat&) {});
   handle<peer_unreachable>([this](const envelope_header& h, const peer_unreachable& m) {
     suspect(m.node, "unreachable from node " + std::to_string(h.from.node) + " (" + m.why + ")");
   });
-  handle<leave_job>([this](const envelope_header& h, const leave_job& m) { lost(h.from.node, "left: " + m.reason); });
+  handle<heartbeat>([this](const envelope_header& h, const heartbeat&) { answer_given_up(h.from.node); });
+  handle<leave_job>([this](const envelope_header& h, const leave_job& m) {
+    lost(h.from.node, "left: " + m.reason);
+    given_up_.erase(h.from.node);
+  });
   handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
     verdicts_.publish_started(m.version, this->host().clock().now());
     published_ = std::max(published_, m.version);
@@ -180,11 +185,36 @@ void job_coordinator::suspect(node_id node, const std::string& why, bool checked
   });
 }
 
+void job_coordinator::answer_given_up(node_id node) {
+  auto it = given_up_.find(node);
+  if (it == given_up_.end()) return;
+  const auto& g = it->second;
+  bool replaced = false;
+  if (g.shard) replaced = trainers_.contains(*g.shard);
+  if (g.worker) replaced = workers_.contains(*g.worker);
+  add_peer(g.who, g.transport_address);
+  send(g.who, register_again{.replaced = replaced});
+  if (replaced) given_up_.erase(it);
+}
+
+void job_coordinator::readmit(const address& who) {
+  auto it = given_up_.find(who.node);
+  if (it == given_up_.end()) return;
+  for (const auto v : failed_versions_) {
+    if (v > it->second.delivered) send(who, update_failed{.version = v, .reason = "failed while this member was cut off"});
+  }
+  given_up_.erase(it);
+}
+
 void job_coordinator::lost(node_id node, const std::string& why) {
   if (stopping_ || failed_) return;
+  // Bounded: a member given up long ago and never heard from again is forgotten first.
+  if (given_up_.size() >= 1024) given_up_.erase(given_up_.begin());
   for (auto it = trainers_.begin(); it != trainers_.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto shard = it->first;
+    given_up_[node] = {.who = it->second.who, .transport_address = it->second.transport_address, .shard = shard,
+                       .worker = {}, .delivered = delivered_};
     trainers_.erase(it);
     host().transport().remove_peer(node);
     const auto reason = "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
@@ -204,6 +234,8 @@ void job_coordinator::lost(node_id node, const std::string& why) {
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto [instance, rank] = it->first;
+    given_up_[node] = {.who = it->second.who, .transport_address = it->second.transport_address, .shard = {},
+                       .worker = it->first, .delivered = delivered_};
     if (active_ && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
     const bool held_active = active_ && it->second.complete_version >= active_->version;
     workers_.erase(it);

@@ -162,6 +162,20 @@ class job_coordinator final : public actor {
   std::map<node_id, clock::time_point> last_seen_;
   std::set<std::uint32_t> instances_seen_;  ///< every instance id a plan has had
   std::map<node_id, std::uint64_t> suspect_checks_;  ///< members to look at again: their timers
+  /// Members declared lost (silent, or their link dropped), not left: one that heartbeats again
+  /// (its link was cut and came back) is asked to register again, unless its place was taken.
+  struct given_up {
+    address who;
+    std::string transport_address;
+    std::optional<std::uint32_t> shard;
+    std::optional<worker_key> worker;
+    std::uint64_t delivered = 0;  ///< the job's delivered version when it was given up
+  };
+  std::map<node_id, given_up> given_up_;
+  void answer_given_up(node_id node);
+  /// `who` registered again after it was given up: it hears of the versions that failed meanwhile
+  /// (a trainer waits for the fate of what it published).
+  void readmit(const address& who);
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)

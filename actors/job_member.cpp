@@ -11,14 +11,34 @@ job_member::job_member(node& host, actor_id id, address coordinator,
   on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
   on<job_stop>([this](const envelope_header&, const job_stop&) { stop_member(); });
   peer_watch_ = host.watch_peers([this](node_id peer, std::error_code why) {
-    if (peer == coordinator_.node || stopped_ || failed_) return;
+    if (stopped_ || failed_) return;
+    if (peer == coordinator_.node) return lost_coordinator(why);
     send(coordinator_, peer_unreachable{.node = peer, .why = why.message()});
+  });
+  on<register_again>([this](const envelope_header&, const register_again& m) {
+    // Heartbeats held up by the cut arrive together, each answered: register once.
+    if (stopped_ || failed_ || !registration_ || send_registration_) return;
+    if (m.replaced) return fail("another process took this member's place while its link to the coordinator was cut");
+    log::warn("{}: the coordinator had given it up (a cut link); registering again", name());
+    send_registration_ = registration_;
+    since_registration_ = {};
+    send_registration_();
   });
 }
 
 job_member::~job_member() {
   host().unwatch_peers(peer_watch_);
   host().clock().cancel(heartbeat_timer_);
+  host().clock().cancel(grace_timer_);
+}
+
+void job_member::lost_coordinator(std::error_code why) {
+  if (grace_timer_) return;
+  grace_timer_ = host().clock().async_wait(coordinator_grace, [this, why, before = admissions_](std::error_code ec) {
+    if (ec) return;  // cancelled: this member may be gone
+    grace_timer_ = 0;
+    if (!stopped_ && !failed_ && admissions_ == before) fail("lost the coordinator: " + why.message());
+  });
 }
 
 void job_member::leave(const std::string& reason) {

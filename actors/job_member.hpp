@@ -19,6 +19,8 @@ class job_member : public actor {
   /// Tells the coordinator this member leaves (the job regroups without it), and stops.
   void leave(const std::string& reason);
   bool failed() const { return failed_; }
+  /// Plans the coordinator sent this member so far: one after a lost link says it is back in.
+  std::uint64_t admissions() const { return admissions_; }
 
   /// The job failed, or this member cannot go on; it stops.
   std::function<void(const std::string&)> on_failed;
@@ -35,12 +37,16 @@ class job_member : public actor {
   template <message M>
   void join_with(const M& registration) {
     start();
-    send_registration_ = [this, registration] { send(coordinator_, registration); };
+    registration_ = [this, registration] { send(coordinator_, registration); };
+    send_registration_ = registration_;
     send_registration_();
     beat();
   }
   /// The coordinator sent this member a plan: its registration arrived.
-  void admitted() { send_registration_ = nullptr; }
+  void admitted() {
+    send_registration_ = nullptr;
+    ++admissions_;
+  }
   /// Fails this member once: logs, calls `failing()`, then `on_failed`.
   void fail(const std::string& reason);
   /// "trainer shard 1", "worker 0.2": the member in log lines.
@@ -74,11 +80,20 @@ class job_member : public actor {
 
  private:
   void beat();
+  /// The coordinator is the job: a member that lost its link to it has nothing left to wait for.
+  /// But at the job's end the link may drop just before its job_stop is read, and a cut link may
+  /// come back (heartbeats go on over a new link, and a coordinator that gave the member up asks
+  /// it to register again): a plan within `coordinator_grace` says it is still in.
+  void lost_coordinator(std::error_code why);
+  static constexpr std::chrono::seconds coordinator_grace{5};
 
   std::chrono::milliseconds heartbeat_interval_;
   std::uint64_t heartbeat_timer_ = 0;
   std::uint64_t peer_watch_ = 0;  ///< our watch of the node's lost peers
+  std::uint64_t grace_timer_ = 0;  ///< while the link to the coordinator is down
+  std::function<void()> registration_;       ///< sends this member's registration
   std::function<void()> send_registration_;  ///< until admitted
+  std::uint64_t admissions_ = 0;
   std::chrono::milliseconds registration_wait_{1000}, since_registration_{0};
   boost::fibers::mutex state_mutex_;
   boost::fibers::condition_variable state_cv_;

@@ -28,6 +28,7 @@ void register_actor_messages(message_registry& r) {
   r.add<leave_job>("leave_job");
   r.add<shard_sent>("shard_sent");
   r.add<peer_unreachable>("peer_unreachable");
+  r.add<register_again>("register_again");
 }
 
 const message_registry& protocol() {

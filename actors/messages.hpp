@@ -261,6 +261,14 @@ struct peer_unreachable {
   MSGPACK_DEFINE_MAP(node, why)
 };
 
+/// Coordinator -> a member it declared lost that still heartbeats (its link was cut and came
+/// back): register again. `replaced`: another process took its place meanwhile; it stops.
+struct register_again {
+  static constexpr msg_kind kind{38};
+  bool replaced = false;
+  MSGPACK_DEFINE_MAP(replaced)
+};
+
 /// Trainer -> coordinator: every chunk of `version` the shard had to send was written.
 struct shard_sent {
   static constexpr msg_kind kind{36};

@@ -483,14 +483,6 @@ status trainer::join() {
           }
           self->settle_all(failed(api_errc::job_failed, reason));
         };
-        host.on_peer_lost([self](node_id peer, std::error_code ec) {
-          if (peer != coordinator_node) return;
-          {
-            std::lock_guard lock(self->mutex);
-            if (!self->failure) self->failure = "lost the coordinator: " + ec.message();
-          }
-          self->settle_all(failed(api_errc::job_failed, "lost the coordinator: " + ec.message()));
-        });
         t.join();
         return {};
       },
@@ -672,9 +664,6 @@ status rollout::join() {
           if (fn) fn(v);
         };
         w.on_failed = [self](const std::string& reason) { self->fail(reason); };
-        host.on_peer_lost([self](node_id peer, std::error_code ec) {
-          if (peer == coordinator_node) self->fail("lost the coordinator: " + ec.message());
-        });
         w.join();
         return {};
       },

@@ -250,15 +250,6 @@ int run_node(const node_flags& f) {
     leave();
     left = true;
   };
-  // The coordinator is the job: a node that lost it has nothing left to wait for. At a job's end
-  // the link may drop just before its job_stop is read (the other direction's connection): a
-  // moment's grace tells the two apart.
-  host.on_peer_lost([&](node_id peer, std::error_code why) {
-    if (peer != coordinator_node || stopped) return;
-    host.clock().async_wait(std::chrono::seconds(1), [&, why](std::error_code ec) {
-      if (!ec && !stopped && !failure) failure = "lost the coordinator: " + why.message();
-    });
-  });
   // --timeout passed with the job still on (or never joined): a failure, not a finished job.
   auto timed_out = [&] {
     failure = fmt::format("timed out after {} s without the job's end (coordinator {})", f.common.timeout_seconds,

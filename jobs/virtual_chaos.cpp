@@ -40,8 +40,10 @@ class draws {
   std::mt19937_64 rng_;
 };
 
-enum class fault { leader_kill, double_regroup, trainer_kill, instance_lost, instance_joins, instance_leaves, silent_kill };
-constexpr std::uint32_t fault_kinds = 7;
+enum class fault {
+  leader_kill, double_regroup, trainer_kill, instance_lost, instance_joins, instance_leaves, silent_kill, link_cut
+};
+constexpr std::uint32_t fault_kinds = 8;
 constexpr const char* leader_fault = "leader killed mid-update";
 constexpr const char* double_fault = "two regroups within one chunk time";
 constexpr const char* trainer_fault = "trainer killed mid-update, rejoined";
@@ -51,6 +53,8 @@ constexpr const char* late_coordinator_fault = "registrations lost: the coordina
 constexpr const char* instance_join_fault = "a new instance joined mid-update";
 constexpr const char* instance_leave_fault = "an instance left mid-update";
 constexpr const char* silent_fault = "a worker died unannounced, reported by a peer";
+constexpr const char* cut_fault = "a member cut off past the heartbeat timeout, readmitted";
+constexpr const char* brief_cut_fault = "a member cut off briefly, its frames held";
 
 struct trainer_member {
   node* host = nullptr;
@@ -89,6 +93,13 @@ class chaos_job {
   void kill_worker(worker_member& w, bool announced = true);
   /// Every live worker of `instance` leaves the job for good (an instance scaled away).
   void instance_leaves(std::uint32_t instance);
+  /// `member`'s links are cut for `length`, then mended. Cut briefly, its frames and writes arrive
+  /// late; cut past the heartbeat timeout, it is given up and must be readmitted. Either way it
+  /// must end with everyone's bytes.
+  void cut_off(job_member& member, const bool& alive, clock::duration length);
+  /// Half the time well within the heartbeat timeout, else well past it (its checks run a
+  /// quarter of it apart).
+  clock::duration cut_length();
   void note(const std::string& what);
   std::vector<worker_member*> live_workers();
   bool settled();
@@ -112,6 +123,14 @@ class chaos_job {
   std::vector<std::unique_ptr<trainer_member>> trainers_;
   std::vector<std::unique_ptr<worker_member>> workers_;
   std::vector<std::uint32_t> next_rank_;  ///< per instance id: the rank a late joiner takes
+  /// Members cut off and mended, with their admissions before the cut: each must be readmitted
+  /// unless killed since.
+  struct mended {
+    job_member* member;
+    const bool* alive;
+    std::uint64_t admissions;
+  };
+  std::vector<mended> mended_;
   std::vector<double> regroup_ms_;
   std::uint32_t pending_ = 0;  ///< timed events not yet fired
   std::optional<std::string> failure_;
@@ -276,6 +295,27 @@ void chaos_job::instance_leaves(std::uint32_t instance) {
   }
 }
 
+clock::duration chaos_job::cut_length() {
+  const clock::duration timeout = job_shape{}.heartbeat_timeout;
+  if (draws_.below(2) == 0) return timeout / 8 + draws_.up_to(timeout / 4);
+  return timeout * 3 / 2 + draws_.up_to(timeout / 2);
+}
+
+void chaos_job::cut_off(job_member& member, const bool& alive, clock::duration length) {
+  const auto id = member.host().id();
+  note(fmt::format("cut node {} off", id));
+  settings_.inproc.cut(id);
+  after(length, [this, &member, &alive, id, length, admissions = member.admissions()] {
+    note(fmt::format("mend node {}", id));
+    settings_.inproc.mend(id);
+    if (length < job_shape{}.heartbeat_timeout) {
+      ++result_.faults[brief_cut_fault];
+    } else {
+      mended_.push_back({&member, &alive, admissions});
+    }
+  });
+}
+
 void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
   const auto moment = draws_.up_to(update_time_);
   switch (f) {
@@ -365,6 +405,21 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
         if (!live.empty()) kill_worker(*live[pick % live.size()], false);
       });
       break;
+    case fault::link_cut:
+      // A worker, or one time in three a trainer shard: the update in flight fails or regroups
+      // without it, and it rejoins when its links return.
+      after(moment, [this, pick = draws_.below(1000), length = cut_length()] {
+        if (pick % 3 == 0) {
+          for (auto& t : trainers_) {
+            if (t->alive && t->shard == pick % config_.trainers) return cut_off(*t->actor, t->alive, length);
+          }
+        }
+        auto live = live_workers();
+        if (live.empty()) return;
+        auto* w = live[pick % live.size()];
+        cut_off(*w->actor, w->alive, length);
+      });
+      break;
     case fault::instance_leaves:
       after(moment, [this, pick = draws_.below(1000)] {
         std::vector<std::uint32_t> present;
@@ -422,6 +477,14 @@ void chaos_job::verify() {
         return;
       }
     }
+  }
+  for (const auto& m : mended_) {
+    if (!*m.alive) continue;
+    if (m.member->failed() || m.member->admissions() <= m.admissions) {
+      failure_ = fmt::format("node {} was cut off and mended, and never readmitted", m.member->host().id());
+      return;
+    }
+    ++result_.faults[cut_fault];
   }
   if (coordinator_->digest_mismatches() > 0) {
     failure_ = fmt::format("{} update(s) delivered digests that differ from the trainers'",
@@ -493,7 +556,8 @@ virtual_chaos_result chaos_job::run() {
   // What the actors noted (the job's own notes name members: "kill ...", "replace ...").
   for (const auto& [label, times] : env_.trace().instants()) {
     if (!label.starts_with("kill") && !label.starts_with("replace") && !label.starts_with("trainer") &&
-        !label.starts_with("late") && !label.starts_with("instance")) {
+        !label.starts_with("late") && !label.starts_with("instance") && !label.starts_with("cut") &&
+        !label.starts_with("mend")) {
       result_.faults[label] += static_cast<std::uint32_t>(times);
     }
   }

@@ -82,6 +82,7 @@ void for_each_message(F&& f) {
   f(leave_job{.reason = "scaling down"});
   f(shard_sent{.shard = 1, .version = 9, .send_seconds = 0.75});
   f(peer_unreachable{.node = 5, .why = "connection lost"});
+  f(register_again{.replaced = false});
   f(shard_done{.shard = 1, .version = 9, .busy = busy, .digests = sample_digests()});
   f(chain_ready{.epoch = 3, .seq = 5, .region = sample_region(), .offset = 1u << 20});
   f(nccl_group_id{.epoch = 3, .size = 4, .id = std::vector<std::uint8_t>(128, 0x5a)});

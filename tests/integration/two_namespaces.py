@@ -4,6 +4,8 @@ here and removed at the end. The coordinator and the trainer run in one, both wo
 each process bound to its side's address.
 
 - Over tcp and over fabric (tcp;ofi_rxm) every version is delivered and verified.
+- The workers' side is cut off mid-update for longer than the heartbeat timeout: they are given
+  up, register again when the link returns, and the job delivers every version.
 - Over cma, and with shared host copies, the same-host path is refused across the namespaces: the
   job fails within seconds, every process exits non-zero, and the error says why.
 
@@ -24,6 +26,7 @@ SKIP = 77
 ADDRESSES = {"a": "10.77.0.1", "b": "10.77.0.2"}
 JOB = ["--trainers", "1", "--instances", "1", "--workers", "2", "--model-bytes", "16MiB", "--chunk-bytes", "1MiB",
        "--versions", "3", "--timeout", "60"]
+CUT_SECONDS = 8  # longer than the cut run's heartbeat timeout (3 s)
 
 
 def ip(*args):
@@ -54,19 +57,19 @@ def remove_namespaces(names):
         ip("netns", "del", name)  # takes its end of the veth pair, and so the pair, with it
 
 
-def run_job(ferry, names, transport, env, scratch):
-    """Starts the job's four processes across the namespaces; returns (coordinator verdict or
-    None, exit codes, stderr of every process, seconds)."""
+def run_job(ferry, names, transport, env, scratch, job=JOB, coordinator_flags=(), meanwhile=None):
+    """Starts the job's four processes across the namespaces, calls `meanwhile()` once they run;
+    returns (coordinator verdict or None, exit codes, stderr of every process, seconds)."""
     address_file = os.path.join(scratch, f"coordinator.{transport[0]}.{len(os.listdir(scratch))}")
     start = time.time()
 
     def spawn(side, args):
         log = tempfile.TemporaryFile(mode="w+")
-        proc = subprocess.Popen(["ip", "netns", "exec", names[side], ferry, *args, *JOB, *transport,
+        proc = subprocess.Popen(["ip", "netns", "exec", names[side], ferry, *args, *job, *transport,
                                  "--bind", ADDRESSES[side]], stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         return proc, log
 
-    coordinator = spawn("a", ["coordinator", "--address-file", address_file, "--json"])
+    coordinator = spawn("a", ["coordinator", "--address-file", address_file, "--json", *coordinator_flags])
     deadline = time.time() + 30
     while not os.path.exists(address_file) and time.time() < deadline:
         time.sleep(0.02)
@@ -78,6 +81,8 @@ def run_job(ferry, names, transport, env, scratch):
     nodes = [spawn("a", [*member, "--node-id", "1", "--role", "trainer", "--shard", "0"]),
              spawn("b", [*member, "--node-id", "2", "--role", "worker", "--instance", "0", "--rank", "0"]),
              spawn("b", [*member, "--node-id", "3", "--role", "worker", "--instance", "0", "--rank", "1"])]
+    if meanwhile:
+        meanwhile()
     out, _ = coordinator[0].communicate(timeout=120)
     codes = [coordinator[0].returncode]
     for proc, _ in nodes:
@@ -93,6 +98,37 @@ def run_job(ferry, names, transport, env, scratch):
     lines = [line for line in out.splitlines() if line.startswith("{")]
     verdict = json.loads(lines[-1]) if lines else None
     return verdict, codes, logs, time.time() - start
+
+
+def cut_link(ferry, names, env, scratch, transport):
+    """The workers' side is cut off for longer than the heartbeat timeout while an update is in
+    flight; the coordinator gives them up; when the link returns they register again and the job
+    delivers every version, verified."""
+    job = ["--trainers", "1", "--instances", "1", "--workers", "2", "--model-bytes", "64MiB", "--chunk-bytes", "4MiB",
+           "--versions", "30", "--timeout", "90"]
+    link = f"fv{names['b'][len('ferry'):]}"
+
+    def cut_for_a_while():
+        time.sleep(1.5)
+        ip("-n", names["b"], "link", "set", link, "down")
+        time.sleep(CUT_SECONDS)
+        ip("-n", names["b"], "link", "set", link, "up")
+
+    what = " ".join(transport)
+    verdict, codes, logs, seconds = run_job(ferry, names, transport, env, scratch, job, ["--heartbeat-timeout", "3"],
+                                            cut_for_a_while)
+    ok = check(verdict is not None and verdict.get("verified") is True and verdict.get("versions") == 30,
+               f"{what}, a cut link: verdict {verdict}")
+    ok = check(codes == [0, 0, 0, 0], f"{what}, a cut link: exit codes {codes}") and ok
+    slowest = max((v["seconds"] for v in (verdict or {}).get("per_version", [])), default=0)
+    ok = check(slowest > CUT_SECONDS - 2, f"{what}, a cut link: no update was in flight across the cut (slowest {slowest:.1f} s)") and ok
+    ok = check(all("registering again" in log for log in logs[2:]),
+               f"{what}, a cut link: the workers were not given up and asked to register again") and ok
+    if not ok:
+        print("\n".join(log[-3000:] for log in logs))
+    else:
+        print(f"ok: {what}: the workers' link cut for {CUT_SECONDS} s mid-update: given up, registered again, "
+              f"30 versions verified in {seconds:.1f} s")
 
 
 def main():
@@ -122,6 +158,7 @@ def main():
                     print("\n".join(log[-2000:] for log in logs))
                 else:
                     print(f"ok: {what}: 3 versions verified across two namespaces in {seconds:.1f} s")
+                cut_link(ferry, names, env, scratch, transport)
             for transport, says in ((["--transport", "cma"], "cannot write to node 2 with same-host copies"),
                                     (["--transport", "cma", "--shared-host-copies"],
                                      "cannot read a trainer's host copy in place")):

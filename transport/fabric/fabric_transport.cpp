@@ -1496,9 +1496,12 @@ void fabric_transport::remove_peer(node_id peer) {
   s.abandon(peer, transport_errc::peer_unreachable);
   s.partial_frames.erase(peer);
   s.clients.erase(peer);
+  // A proven link from it stays: fabric has no connection whose end would tell a member given up
+  // while cut off, so it still seals with that key when the link returns, and must be heard.
   if (auto server = s.servers.find(peer); server != s.servers.end()) {
     s.release_temporary(server->second);
-    s.servers.erase(server);
+    server->second.pending.reset();
+    if (!server->second.key) s.servers.erase(server);
   }
   fi_av_remove(s.av, &it->second, 1, 0);
   s.peers.erase(it);

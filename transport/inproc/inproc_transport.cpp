@@ -1,7 +1,10 @@
 #include "transport/inproc/inproc_transport.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -28,6 +31,55 @@ void inproc_network::sever(node_id id, bool announced) {
     }
   }
   for (auto& t : others) t->loop_.post([t, id] { t->peer_died(id); });
+}
+
+void inproc_network::cut(node_id id) {
+  std::lock_guard lock(mutex_);
+  cut_.insert(id);
+}
+
+bool inproc_network::cut_between(node_id a, node_id b) const {
+  std::lock_guard lock(mutex_);
+  return cut_.contains(a) || cut_.contains(b);
+}
+
+bool inproc_network::hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive) {
+  std::lock_guard lock(mutex_);
+  if (!cut_.contains(from) && !cut_.contains(to)) return false;
+  held_.push_back({from, to, std::move(arrive)});
+  return true;
+}
+
+void inproc_network::closed(node_id by, node_id peer) {
+  std::lock_guard lock(mutex_);
+  if (cut_.contains(by) || cut_.contains(peer)) broken_.insert(std::minmax(by, peer));
+}
+
+void inproc_network::mend(node_id id) {
+  std::vector<held> arriving;
+  std::vector<std::pair<node_id, node_id>> broken;
+  {
+    std::lock_guard lock(mutex_);
+    cut_.erase(id);
+    auto still_cut = [&](node_id a, node_id b) { return cut_.contains(a) || cut_.contains(b); };
+    std::erase_if(held_, [&](held& h) {
+      if (still_cut(h.from, h.to)) return false;
+      if (!broken_.contains(std::minmax(h.from, h.to))) arriving.push_back(std::move(h));
+      return true;
+    });
+    std::erase_if(broken_, [&](const auto& link) {
+      if (still_cut(link.first, link.second)) return false;
+      broken.push_back(link);
+      return true;
+    });
+  }
+  for (auto& h : arriving) {
+    if (auto to = find(h.to); to && find(h.from)) to->loop_.post([to, arrive = std::move(h.arrive)] { arrive(*to); });
+  }
+  for (auto [a, b] : broken) {
+    if (auto t = find(a)) t->loop_.post([t, b] { t->peer_died(b); });
+    if (auto t = find(b)) t->loop_.post([t, a] { t->peer_died(a); });
+  }
 }
 
 void inproc_network::detach(node_id id) {
@@ -64,7 +116,10 @@ std::error_code inproc_transport::add_peer(node_id peer, std::string_view) {
   return {};
 }
 
-void inproc_transport::remove_peer(node_id peer) { peers_.erase(peer); }
+void inproc_transport::remove_peer(node_id peer) {
+  peers_.erase(peer);
+  network_.closed(self_, peer);
+}
 
 void inproc_transport::peer_died(node_id peer) {
   if (!open_ || peers_.erase(peer) == 0 || !events_.on_peer_lost) return;
@@ -91,7 +146,8 @@ void inproc_transport::hand_over(node_id to, frame f, completion done) {
     return;
   }
   reached_.insert(to);
-  peer->loop_.post([peer, from = self_, f = std::move(f)] { peer->deliver_frame(from, f); });
+  auto arrive = [from = self_, f = std::move(f)](inproc_transport& at) { at.deliver_frame(from, f); };
+  if (!network_.hold(self_, to, arrive)) peer->loop_.post([peer, arrive] { arrive(*peer); });
   loop_.post([done = std::move(done)] { done({}); });
 }
 
@@ -129,16 +185,27 @@ void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.rem
 
 void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
                                    write_imm imm, completion done) {
-  auto fail_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
-  if (!regions_.contains(local)) return fail_with(transport_errc::not_registered);
+  auto complete_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
+  if (!regions_.contains(local)) return complete_with(transport_errc::not_registered);
   auto peer = network_.find(remote.owner);
   if (!peer) lost_on_the_way(remote.owner);
-  if (!open_ || !peer) return fail_with(transport_errc::peer_unreachable);
+  if (!open_ || !peer) return complete_with(transport_errc::peer_unreachable);
   reached_.insert(remote.owner);
   auto target = peer->regions_.resolve(remote.id, remote.key, offset, local.size());
-  if (!target) return fail_with(target.error());
+  if (!target) return complete_with(target.error());
 
   const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
+  if (network_.cut_between(self_, remote.owner)) {
+    // The bytes wait in "the kernel" (copied now), and are checked again on arrival.
+    network_.hold(self_, remote.owner, [notice, key = remote.key, bytes = std::vector<std::byte>(local.begin(), local.end())](
+                                            inproc_transport& at) {
+      if (auto target = at.regions_.resolve(notice.region, key, notice.offset, bytes.size())) {
+        std::memcpy(target->data(), bytes.data(), bytes.size());
+        at.deliver_write(notice);
+      }
+    });
+    return complete_with({});
+  }
   if (network_.model_) {
     network_.model_(self_, remote.owner, local.size(), [peer, notice, done = std::move(done)] {
       peer->deliver_write(notice);

@@ -9,6 +9,8 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "runtime/environment.hpp"
 #include "runtime/event_loop.hpp"
@@ -28,6 +30,13 @@ class inproc_network {
   /// network, as fabric is): then only a node that sends or writes to it learns. For simulated
   /// failures.
   void sever(node_id id, bool announced = true);
+  /// Node `id`'s links are cut (a pulled cable, a partition) and its process lives on; as over
+  /// tcp, senders on both sides complete at once (the kernel holds the bytes) and the frames and
+  /// writes wait. `mend` delivers them in order, except on a link that one side closed meanwhile
+  /// (`remove_peer`, a coordinator giving the node up): those are lost, and both ends learn
+  /// that link broke. For simulated failures.
+  void cut(node_id id);
+  void mend(node_id id);
   /// A modelled network for simulations: a bulk write moves no bytes and lands when `model`
   /// calls its completion (on the loop). Set before any write; unset, writes are memcpy.
   using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed)>;
@@ -41,8 +50,21 @@ class inproc_network {
   friend class inproc_transport;
   void attach(node_id id, std::weak_ptr<inproc_transport> t);
   void detach(node_id id);
+  bool cut_between(node_id a, node_id b) const;
+  /// Keeps `arrive` (run on `to`'s loop) until the link from `from` to `to` is mended, when it
+  /// is cut; false when it is not.
+  bool hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive);
+  /// `by` closed its side of the link to `peer`.
+  void closed(node_id by, node_id peer);
   mutable std::mutex mutex_;
   std::map<node_id, std::weak_ptr<inproc_transport>> nodes_;
+  std::set<node_id> cut_;
+  struct held {
+    node_id from, to;
+    std::function<void(inproc_transport&)> arrive;
+  };
+  std::vector<held> held_;  ///< in the order sent
+  std::set<std::pair<node_id, node_id>> broken_;  ///< links closed by one side while cut, (low, high)
   bulk_model model_;
   std::uint64_t frame_threshold_ = UINT64_MAX;
 };
