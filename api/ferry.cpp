@@ -15,6 +15,7 @@
 #include "collectives/host/chain_broadcast.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/log.hpp"
+#include "transport/tcp/tcp_transport.hpp"
 
 namespace ferry {
 
@@ -94,6 +95,12 @@ status link_to_coordinator(const member_options& o, const char* who, member_link
   if (a->scheme == "inproc") {  // inproc://NAME: the coordinator is node 0 of that network
     out.settings.inproc_job = a->rest;
     out.coordinator = std::to_string(coordinator_node);
+  }
+  // Other members connect to this one: it listens where the coordinator's side can reach it.
+  if (!o.listen_host.empty()) {
+    out.settings.bind_host = o.listen_host;
+  } else if (a->scheme == "tcp" || a->scheme == "cma") {
+    if (auto local = local_host_toward(out.coordinator); !local.empty()) out.settings.bind_host = local;
   }
   return api::load_secret(a->scheme, o.secret, o.allow_unauthenticated, out.settings);
 }

@@ -9,9 +9,13 @@ each process bound to its side's address.
 - Over cma, and with shared host copies, the same-host path is refused across the namespaces: the
   job fails within seconds, every process exits non-zero, and the error says why.
 
+- Through the public API (examples/python, given PYTHON): the trainer and its coordinator in one
+  namespace, two rollouts in the other, each member listening where the coordinator's side reaches
+  it without being told; every version verified.
+
 Exits 77 (ctest: skipped) with the reason when this process cannot make namespaces.
 
-Usage: two_namespaces.py FERRY_BINARY
+Usage: two_namespaces.py FERRY_BINARY [PYTHON EXAMPLES_DIR]  (PYTHONPATH: the ferry package)
 """
 import json
 import os
@@ -131,8 +135,46 @@ def cut_link(ferry, names, env, scratch, transport):
               f"30 versions verified in {seconds:.1f} s")
 
 
+def api_across(python, examples, names, env, scratch):
+    """examples/python's trainer.py (coordinator inside) in one namespace, two rollout.py in the
+    other; the members name no listen address."""
+    address_file = os.path.join(scratch, "api_coordinator")
+
+    def spawn(side, script, *args):
+        return subprocess.Popen(["ip", "netns", "exec", names[side], python, os.path.join(examples, script), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    start = time.time()
+    trainer = spawn("a", "trainer.py", "--rollouts", "2", "--versions", "3",
+                    "--listen", f"tcp://{ADDRESSES['a']}:0", "--address-file", address_file)
+    while not os.path.exists(address_file) and time.time() - start < 30 and trainer.poll() is None:
+        time.sleep(0.02)
+    if not os.path.exists(address_file):
+        trainer.kill()
+        check(False, f"the API trainer wrote no address: {trainer.communicate()[0][-2000:]}")
+        return
+    address = open(address_file).read().strip()
+    rollouts = [spawn("b", "rollout.py", "--coordinator", address, "--rank", str(r), "--versions", "3") for r in (0, 1)]
+    outputs, codes = [], []
+    for proc in [trainer, *rollouts]:
+        try:
+            outputs.append(proc.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            outputs.append(proc.communicate()[0])
+        codes.append(proc.returncode)
+    ok = check(codes == [0, 0, 0], f"the API across namespaces: exit codes {codes}")
+    ok = check(all("version 3 verified" in out for out in outputs[1:]),
+               "the API across namespaces: a rollout did not verify version 3") and ok
+    if not ok:
+        print("\n".join(out[-2000:] for out in outputs))
+    else:
+        print(f"ok: the public API (Python) across namespaces: 3 versions verified in {time.time() - start:.1f} s")
+
+
 def main():
     ferry = os.path.abspath(sys.argv[1])
+    python, examples = (sys.argv[2], os.path.abspath(sys.argv[3])) if len(sys.argv) > 3 else (None, None)
     if os.geteuid() != 0:
         print("skipped: making network namespaces needs root")
         return SKIP
@@ -159,6 +201,10 @@ def main():
                 else:
                     print(f"ok: {what}: 3 versions verified across two namespaces in {seconds:.1f} s")
                 cut_link(ferry, names, env, scratch, transport)
+            if python:
+                api_across(python, examples, names, env, scratch)
+            else:
+                print("not run: the public API across namespaces (no Python module built)")
             for transport, says in ((["--transport", "cma"], "cannot write to node 2 with same-host copies"),
                                     (["--transport", "cma", "--shared-host-copies"],
                                      "cannot read a trainer's host copy in place")):

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/ip/udp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
@@ -1003,6 +1004,25 @@ void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code
   // An incoming link's clean loss is reported by our own link to that peer, which breaks too.
   const bool report = was_ready && (l->outgoing() || why == transport_errc::protocol_violation);
   if (report && events_.on_peer_lost) events_.on_peer_lost(l->peer(), why);
+}
+
+std::string local_host_toward(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return {};
+  auto host = address.substr(0, colon);
+  if (host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  asio::io_context io;
+  error_code ec;
+  ip::tcp::resolver resolver(io);
+  const auto found = resolver.resolve(host, address.substr(colon + 1), ec);
+  if (ec || found.empty()) return {};
+  // A "connected" UDP socket sends nothing: the kernel only picks the route, and its source.
+  const auto target = found.begin()->endpoint();
+  ip::udp::socket probe(io);
+  probe.connect(ip::udp::endpoint(target.address(), target.port()), ec);
+  if (ec) return {};
+  const auto local = probe.local_endpoint(ec);
+  return ec ? std::string{} : local.address().to_string();
 }
 
 }  // namespace ferry

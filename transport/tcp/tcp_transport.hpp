@@ -160,4 +160,9 @@ class tcp_transport final : public transport, public std::enable_shared_from_thi
   std::uint64_t host_tag_ = 0;  ///< `same_host_tag()`
 };
 
+/// The local address this host sends from to reach `address` ("host:port"): where a member
+/// listens by default so that the coordinator's side of the network can reach it. Empty when
+/// there is no route (or `address` is not host:port). Resolves a host name (blocking).
+std::string local_host_toward(const std::string& address);
+
 }  // namespace ferry

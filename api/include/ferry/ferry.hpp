@@ -85,6 +85,10 @@ struct member_options {
   bool checksums = true;  ///< xxh3-64 per chunk, checked by every receiver
   bool digests = true;    ///< xxh3-128 per tensor, for the coordinator's verdict
   std::chrono::milliseconds connect_timeout{30000};  ///< join gives up after this
+  /// The local address other members reach this one at (tcp, cma; fabric: the node its endpoint
+  /// opens on). Empty: over tcp and cma, the address this host reaches the coordinator from
+  /// (another host's members can connect); over fabric, loopback.
+  std::string listen_host;
 };
 
 /// Runs a job: admits members, plans, and drives one update at a time.
