@@ -9,7 +9,11 @@ job_member::job_member(node& host, actor_id id, address coordinator,
                        std::chrono::milliseconds heartbeat_interval)
     : actor(host, id), coordinator_(coordinator), heartbeat_interval_(heartbeat_interval) {
   on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
-  on<job_stop>([this](const envelope_header&, const job_stop&) { stop_member(); });
+  on<job_stop>([this](const envelope_header&, const job_stop&) {
+    const bool failed_before = failed_;
+    stop_member();
+    if (on_job_end && !failed_before) on_job_end();
+  });
   peer_watch_ = host.watch_peers([this](node_id peer, std::error_code why) {
     if (stopped_ || failed_) return;
     if (peer == coordinator_.node) return lost_coordinator(why);

@@ -19,11 +19,14 @@ class job_member : public actor {
   /// Tells the coordinator this member leaves (the job regroups without it), and stops.
   void leave(const std::string& reason);
   bool failed() const { return failed_; }
+  bool stopped() const { return stopped_; }
   /// Plans the coordinator sent this member so far: one after a lost link says it is back in.
   std::uint64_t admissions() const { return admissions_; }
 
   /// The job failed, or this member cannot go on; it stops.
   std::function<void(const std::string&)> on_failed;
+  /// The coordinator ended the job (its versions are delivered); this member stopped.
+  std::function<void()> on_job_end;
 
  protected:
   job_member(node& host, actor_id id, address coordinator,

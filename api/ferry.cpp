@@ -34,6 +34,15 @@ void drain(node& host, std::chrono::milliseconds period) {
   host.clock().cancel(timer);
 }
 
+/// Loop thread: a member with a trace file keeps its timeline, and writes it as it closes.
+void keep_trace(node& host, const std::string& file) {
+  if (!file.empty()) host.env().trace().keep_records();
+}
+void write_trace(node& host, const std::string& file) {
+  if (file.empty()) return;
+  if (auto ec = host.env().trace().write_chrome(file)) log::error("cannot write the trace to {}: {}", file, ec.message());
+}
+
 /// Waits on `cv` until `ready()` or `timeout`; the status `outcome()` gives, or timed_out.
 template <class Ready, class Outcome>
 status wait_for(std::mutex& m, std::condition_variable& cv, std::chrono::milliseconds timeout,
@@ -55,17 +64,29 @@ std::optional<tensor_ref> to_ref(const tensor& t, bool data_required, std::strin
     if (d < 0)
       return why = fmt::format("tensor '{}': negative dimension {}", t.name, d), std::nullopt;
   }
-  if (t.device >= 0) {
-    return why = fmt::format(
-               "tensor '{}': device {}: device tensors are not yet supported through the API",
-               t.name, t.device),
-           std::nullopt;
-  }
-  if (data_required && !t.data)
+  if ((data_required || t.device >= 0) && !t.data)
     return why = fmt::format("tensor '{}': null data pointer", t.name), std::nullopt;
   auto spec = make_tensor_spec(t.name, *type, t.shape);
   if (spec.nbytes == 0) return why = fmt::format("tensor '{}': zero bytes", t.name), std::nullopt;
-  return tensor_ref{.spec = std::move(spec), .data = static_cast<std::byte*>(t.data)};
+  return tensor_ref{.spec = std::move(spec), .data = static_cast<std::byte*>(t.data), .device = t.device};
+}
+
+/// "device 3", "host memory".
+std::string where(int device) {
+  return device >= 0 ? fmt::format("device {}", device) : "host memory";
+}
+
+/// The one device a member's tensors live on (-1: host memory), or why there is not one.
+status member_device(const std::vector<tensor_ref>& tensors, const char* who, int& device) {
+  device = tensors.empty() ? -1 : tensors.front().device;
+  for (const auto& t : tensors) {
+    if (t.device != device) {
+      return failed(api_errc::invalid_argument,
+                    fmt::format("{}: tensor '{}' is in {} and tensor '{}' in {}: one device per member", who,
+                                tensors.front().spec.name, where(device), t.spec.name, where(t.device)));
+    }
+  }
+  return {};
 }
 
 /// How a member reaches its coordinator: the transport's scheme, its settings (the job secret,
@@ -117,9 +138,35 @@ status reach_coordinator(node& host, const std::string& address, const char* who
 /// What a trainer and a rollout share until they join: the tensor table, under `mutex`.
 struct member_table {
   mutable std::mutex mutex;  ///< guards this table and the derived state's shared fields
+  mutable std::condition_variable changed;
   std::vector<tensor_ref> tensors;
   std::set<std::string> names;
   bool joined = false, closed = false;
+  bool ended = false;  ///< the coordinator ended the job
+  std::optional<std::string> failure;
+  std::string leave_reason = "closed";
+
+  std::string reason_to_leave() const {
+    std::lock_guard lock(mutex);
+    return leave_reason;
+  }
+
+  /// Loop thread: the coordinator ended the job.
+  void end() {
+    std::lock_guard lock(mutex);
+    ended = true;
+    changed.notify_all();
+  }
+  status wait_end(std::chrono::milliseconds timeout, const char* who) const {
+    return wait_for(
+        mutex, changed, timeout, [&] { return ended || failure || closed; },
+        [&]() -> status {
+          if (failure) return failed(api_errc::job_failed, *failure);
+          if (ended) return {};
+          return failed(api_errc::closed, fmt::format("{}: closed", who));
+        },
+        fmt::format("{}: waiting for the job's end", who));
+  }
 
   /// Registers `t`, or with `rows` ([first, first + count) of its first dimension) that part of it.
   status add(const tensor& t, bool data_required, const char* who,
@@ -399,7 +446,8 @@ struct trainer::impl : member_table {
   std::optional<std::uint64_t> waiting;  ///< loop thread: published before the job was ready
 
   // Guarded by `mutex`:
-  std::optional<std::string> failure;
+  bool ready = false;  ///< the job was ready for this shard at least once
+  std::uint64_t next_version = 1;
   std::uint64_t last_published = 0;
   std::uint64_t offloading = 0;  ///< the version whose offload is running; 0: none
   std::map<std::uint64_t, std::shared_ptr<update::state>> updates;
@@ -460,19 +508,30 @@ status trainer::join() {
   const auto& o = self->opts;
   std::vector<tensor_ref> tensors;
   if (auto st = self->ready_to_join("trainer", false, tensors); !st) return st;
+  int device = -1;
+  if (auto st = member_device(tensors, "trainer", device); !st) return st;
   member_link link;
   if (auto st = link_to_coordinator(o, "trainer", link); !st) return st;
   const node_id id = o.node_id ? o.node_id : 1 + o.shard;
   const trainer_options shard_options{.checksums = o.checksums, .digests = o.digests};
   auto s = self->thread.start(
       link.scheme, id, std::move(link.settings),
-      [self, tensors, shard_options, reach = link.coordinator,
-       shard = o.shard](node& host) -> status {
+      [self, tensors, shard_options, reach = link.coordinator, shard = o.shard,
+       trace = o.trace_file](node& host) -> status {
         if (auto st = reach_coordinator(host, reach, "trainer"); !st) return st;
+        keep_trace(host, trace);
+        auto options = shard_options;
+        if (auto* gpu = self->thread.gpu()) options.memory = gpu->memory.get();
         self->shard = std::make_unique<trainer_shard>(
-            host, job_actor, address{coordinator_node, job_actor}, shard, tensors, shard_options);
+            host, job_actor, address{coordinator_node, job_actor}, shard, tensors, options);
         auto& t = *self->shard;
         t.on_ready = [self] {
+          {
+            std::lock_guard lock(self->mutex);
+            self->ready = true;
+            self->next_version = self->shard->next_version();
+            self->changed.notify_all();
+          }
           if (auto v = std::exchange(self->waiting, std::nullopt)) self->start_publish(*v);
         };
         t.on_offloaded = [self](std::uint64_t v, double) { self->offloaded(v, {}); };
@@ -487,21 +546,30 @@ status trainer::join() {
           {
             std::lock_guard lock(self->mutex);
             self->failure = reason;
+            self->changed.notify_all();
           }
           self->settle_all(failed(api_errc::job_failed, reason));
+        };
+        t.on_job_end = [self] {
+          self->end();
+          self->settle_all(failed(api_errc::closed, "the job ended"));
         };
         t.join();
         return {};
       },
-      [self](node& host) {
+      [self, trace = o.trace_file](node& host) {
         if (!self->shard) return;
         self->settle_all(failed(api_errc::closed, "trainer closed"));
-        if (!self->shard->failed()) {
-          self->shard->leave("closed");
+        if (!self->shard->failed() && !self->shard->stopped()) {  // not after the job's end
+          self->shard->leave(self->reason_to_leave());
           drain(host, std::chrono::milliseconds(200));
+        } else if (self->shard->stopped()) {
+          drain(host, std::chrono::milliseconds(100));  // the other members hear the end before our links close
         }
         self->shard.reset();
-      });
+        write_trace(host, trace);
+      },
+      device);
   if (!s) return s;
   std::lock_guard lock(self->mutex);
   self->joined = true;
@@ -517,6 +585,7 @@ status trainer::publish(std::uint64_t version, update* out) {
     if (self->closed) return failed(api_errc::closed, "trainer: closed");
     if (!self->joined) return failed(api_errc::not_joined, "trainer: publish before join");
     if (self->failure) return failed(api_errc::job_failed, *self->failure);
+    if (self->ended) return failed(api_errc::closed, "trainer: the job ended");
     if (self->offloading) {
       return failed(
           api_errc::busy,
@@ -541,10 +610,33 @@ status trainer::publish(std::uint64_t version, update* out) {
   return {};
 }
 
-void trainer::close() {
+status trainer::wait_ready(std::chrono::milliseconds timeout) const {
+  auto* s = impl_.get();
+  return wait_for(
+      s->mutex, s->changed, timeout, [&] { return s->ready || s->failure || s->closed || s->ended; },
+      [&]() -> status {
+        if (s->ready) return {};
+        if (s->failure) return failed(api_errc::job_failed, *s->failure);
+        return failed(api_errc::closed, s->ended ? "trainer: the job ended" : "trainer: closed");
+      },
+      "trainer: waiting for the job to be ready");
+}
+
+std::uint64_t trainer::next_version() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->next_version;
+}
+
+status trainer::wait_end(std::chrono::milliseconds timeout) const {
+  return impl_->wait_end(timeout, "trainer");
+}
+
+void trainer::close(const std::string& reason) {
   {
     std::lock_guard lock(impl_->mutex);
+    if (!impl_->closed) impl_->leave_reason = reason;
     impl_->closed = true;
+    impl_->changed.notify_all();
   }
   impl_->thread.stop();
 }
@@ -557,14 +649,12 @@ struct rollout::impl : member_table {
   std::unique_ptr<rollout_worker> worker;  ///< loop thread only
 
   // Guarded by `mutex`:
-  mutable std::condition_variable changed;
   std::function<void(std::uint64_t, const tensor&, std::span<const std::byte>)> on_tensor;
   std::function<void(std::uint64_t)> on_version;
   std::function<void(std::uint64_t, const status&)> on_update_failed;
   std::uint64_t version = 0;
   std::uint64_t newest_failed = 0;  ///< the newest version that failed, and why
   std::string newest_failure;
-  std::optional<std::string> failure;
 
   void fail(const std::string& why) {
     std::lock_guard lock(mutex);
@@ -614,6 +704,8 @@ status rollout::join() {
     return failed(api_errc::invalid_argument,
                   "rollout: instance and rank below 1024, or give options.node_id");
   }
+  int device = -1;
+  if (auto st = member_device(tensors, "rollout", device); !st) return st;
   member_link link;
   if (auto st = link_to_coordinator(o, "rollout", link); !st) return st;
   const node_id id = o.node_id ? o.node_id : (1u << 20) + (o.instance << 10) + o.rank;
@@ -621,12 +713,18 @@ status rollout::join() {
       .checksums = o.checksums, .digests = o.digests, .make_broadcast = host_chain(chain_tag)};
   auto s = self->thread.start(
       link.scheme, id, std::move(link.settings),
-      [self, tensors, worker_opts, reach = link.coordinator, instance = o.instance,
-       rank = o.rank](node& host) -> status {
+      [self, tensors, worker_opts, reach = link.coordinator, instance = o.instance, rank = o.rank,
+       trace = o.trace_file](node& host) -> status {
         if (auto st = reach_coordinator(host, reach, "rollout"); !st) return st;
+        keep_trace(host, trace);
+        auto options = worker_opts;
+        if (auto* gpu = self->thread.gpu()) {  // device slots, and the instance's NCCL collective
+          options.memory = gpu->memory.get();
+          options.make_broadcast = gpu->make_broadcast;
+        }
         self->worker =
             std::make_unique<rollout_worker>(host, job_actor, address{coordinator_node, job_actor},
-                                             instance, rank, tensors, worker_opts);
+                                             instance, rank, tensors, options);
         auto& w = *self->worker;
         w.on_tensor = [self](std::uint64_t v, const tensor_spec& spec,
                              std::span<const std::byte> bytes) {
@@ -639,7 +737,8 @@ status rollout::join() {
           tensor t{.name = spec.name,
                    .dtype = std::string(dtype_name(spec.type)),
                    .shape = {spec.shape.begin(), spec.shape.end()},
-                   .data = const_cast<std::byte*>(bytes.data())};
+                   .data = const_cast<std::byte*>(bytes.data()),
+                   .device = self->thread.gpu() ? self->thread.gpu()->device : -1};
           if (bytes.size() != spec.nbytes) {  // a row range: the shape of the rows held here
             t.shape[0] = static_cast<std::int64_t>(bytes.size() / (spec.nbytes / spec.shape[0]));
           }
@@ -671,17 +770,22 @@ status rollout::join() {
           if (fn) fn(v);
         };
         w.on_failed = [self](const std::string& reason) { self->fail(reason); };
+        w.on_job_end = [self] { self->end(); };
         w.join();
         return {};
       },
-      [self](node& host) {
+      [self, trace = o.trace_file](node& host) {
         if (!self->worker) return;
-        if (!self->worker->failed()) {
-          self->worker->leave("closed");
+        if (!self->worker->failed() && !self->worker->stopped()) {  // not after the job's end
+          self->worker->leave(self->reason_to_leave());
           drain(host, std::chrono::milliseconds(200));
+        } else if (self->worker->stopped()) {
+          drain(host, std::chrono::milliseconds(100));  // the other members hear the end before our links close
         }
         self->worker.reset();
-      });
+        write_trace(host, trace);
+      },
+      device);
   if (!s) return s;
   std::lock_guard lock(self->mutex);
   self->joined = true;
@@ -702,20 +806,26 @@ status rollout::wait_version(std::uint64_t version, std::chrono::milliseconds ti
   return wait_for(
       s->mutex, s->changed, timeout,
       [&] {
-        return s->version >= version || s->newest_failed >= version || s->failure || s->closed;
+        return s->version >= version || s->newest_failed >= version || s->failure || s->closed || s->ended;
       },
       [&]() -> status {
         if (s->version >= version) return {};
         if (s->newest_failed >= version) return failed(api_errc::update_failed, s->newest_failure);
         if (s->failure) return failed(api_errc::job_failed, *s->failure);
+        if (s->ended) return failed(api_errc::closed, fmt::format("rollout: the job ended before version {}", version));
         return failed(api_errc::closed, "rollout closed");
       },
       fmt::format("rollout: waiting for version {}", version));
 }
 
-void rollout::close() {
+status rollout::wait_end(std::chrono::milliseconds timeout) const {
+  return impl_->wait_end(timeout, "rollout");
+}
+
+void rollout::close(const std::string& reason) {
   {
     std::lock_guard lock(impl_->mutex);
+    if (!impl_->closed) impl_->leave_reason = reason;
     impl_->closed = true;
     impl_->changed.notify_all();
   }

@@ -73,13 +73,13 @@ status load_secret(const std::string& scheme, const std::string& given, bool all
 
 status member_thread::start(const std::string& scheme, node_id self, link_settings settings,
                             std::function<status(node&)> setup,
-                            std::function<void(node&)> teardown) {
+                            std::function<void(node&)> teardown, int device) {
   std::promise<status> opened;
   auto result = opened.get_future();
   thread_ =
       std::thread([this, scheme, self, settings = std::move(settings), setup = std::move(setup),
-                   teardown = std::move(teardown), &opened]() mutable {
-        run(scheme, self, settings, std::move(setup), std::move(teardown), opened);
+                   teardown = std::move(teardown), device, &opened]() mutable {
+        run(scheme, self, settings, std::move(setup), std::move(teardown), device, opened);
       });
   auto s = result.get();
   if (!s) stop();
@@ -88,9 +88,16 @@ status member_thread::start(const std::string& scheme, node_id self, link_settin
 
 void member_thread::run(const std::string& scheme, node_id self, const link_settings& link,
                         std::function<status(node&)> setup, std::function<void(node&)> teardown,
-                        std::promise<status>& opened) {
+                        int device, std::promise<status>& opened) {
   event_loop loop;
-  real_environment env(loop);
+  std::unique_ptr<member_gpu> gpu;  // outlives the environment, which copies with it
+  if (device >= 0) {
+    std::string why;
+    gpu = open_member_gpu(loop, device, why);
+    if (!gpu) return opened.set_value(failed(api_errc::invalid_argument, why));
+  }
+  gpu_ = gpu.get();
+  real_environment env(loop, gpu ? gpu->copies.get() : nullptr);
   transport_settings settings;
   settings.secret = link.secret;
   settings.allow_unauthenticated = link.allow_unauthenticated;

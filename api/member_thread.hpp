@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "api/member_gpu.hpp"
 #include "ferry/ferry.hpp"
 #include "platform/real_environment.hpp"
 #include "runtime/event_loop.hpp"
@@ -55,11 +56,14 @@ class member_thread {
   member_thread(const member_thread&) = delete;
   member_thread& operator=(const member_thread&) = delete;
 
-  /// Starts the thread and opens the node there (`scheme` transport, id `self`); then runs
-  /// `setup` on it (it builds the actors). Once the loop stopped, `teardown` runs there before
-  /// the node goes (it unwinds the actors). Returns what opening and `setup` said.
+  /// Starts the thread and opens the node there (`scheme` transport, id `self`; with `device`,
+  /// that GPU: `gpu()`); then runs `setup` on it (it builds the actors). Once the loop stopped,
+  /// `teardown` runs there before the node goes (it unwinds the actors). Returns what opening
+  /// and `setup` said.
   status start(const std::string& scheme, node_id self, link_settings settings,
-               std::function<status(node&)> setup, std::function<void(node&)> teardown);
+               std::function<status(node&)> setup, std::function<void(node&)> teardown, int device = -1);
+  /// Loop thread: the GPU `start` opened, or null.
+  member_gpu* gpu() const { return gpu_; }
   /// Runs `fn` on the loop thread and waits for it; refused once stopped.
   status call(std::function<status()> fn);
   /// Runs `fn` on the loop thread without waiting.
@@ -70,13 +74,14 @@ class member_thread {
 
  private:
   void run(const std::string& scheme, node_id self, const link_settings& settings,
-           std::function<status(node&)> setup, std::function<void(node&)> teardown,
+           std::function<status(node&)> setup, std::function<void(node&)> teardown, int device,
            std::promise<status>& opened);
 
   std::thread thread_;
   event_loop* loop_ = nullptr;  ///< lives on the thread; set while it runs
   std::mutex mutex_;            ///< guards loop_ against stop
   bool stopping_ = false;       ///< loop thread only
+  member_gpu* gpu_ = nullptr;   ///< loop thread only
 };
 
 }  // namespace ferry::api

@@ -10,33 +10,14 @@
 #include "runtime/host_buffer.hpp"
 
 #if FERRY_HAS_CUDA
-#include "collectives/nccl/nccl_broadcast.hpp"
-#include "platform/cuda/cuda_copy_engine.hpp"
 #include "platform/cuda/cuda_device_memory.hpp"
 #include "platform/cuda/cuda_error.hpp"
 #endif
 
 namespace ferry::cli {
 
-std::vector<tensor_ref> gpu_context::allocate(std::vector<tensor_ref> tensors, std::string& why) {
-  for (auto& t : tensors) {
-    const auto bytes = t.held().bytes;
-    auto p = memory->allocate(bytes);
-    if (!p) {
-      why = "cannot allocate " + std::to_string(bytes) + " bytes for '" + t.spec.name + "' on GPU " +
-            std::to_string(device) + ": " + p.error().message();
-      return {};
-    }
-    allocations_.push_back(*p);
-    t.data = *p;
-    t.device = device;
-  }
-  return tensors;
-}
-
-gpu_context::~gpu_context() {
-  copies.reset();
-  for (auto* p : allocations_) memory->release(p);
+device_tensors::~device_tensors() {
+  for (auto* p : allocations_) memory_->release(p);
 }
 
 #if FERRY_HAS_CUDA
@@ -45,25 +26,21 @@ int visible_gpus() {
   return cuda_device_count();
 }
 
-std::unique_ptr<gpu_context> open_gpu(event_loop& loop, int device, std::string& why) {
-  const int count = cuda_device_count();
-  if (device < 0 || device >= count) {
-    why = "--device " + std::to_string(device) + ": this host has " + std::to_string(count) +
-          " CUDA devices";
-    return nullptr;
+std::vector<tensor_ref> device_tensors::allocate(std::vector<tensor_ref> tensors, std::string& why) {
+  if (!memory_) memory_ = std::make_unique<cuda_device_memory>(device_);
+  for (auto& t : tensors) {
+    const auto bytes = t.held().bytes;
+    auto p = memory_->allocate(bytes);
+    if (!p) {
+      why = "cannot allocate " + std::to_string(bytes) + " bytes for '" + t.spec.name + "' on GPU " +
+            std::to_string(device_) + ": " + p.error().message();
+      return {};
+    }
+    allocations_.push_back(*p);
+    t.data = *p;
+    t.device = device_;
   }
-  auto ctx = std::make_unique<gpu_context>();
-  ctx->device = device;
-  ctx->memory = std::make_unique<cuda_device_memory>(device);
-  auto copies = cuda_copy_engine::make(loop, device);
-  if (!copies) {
-    why = "cannot create the copy stream on GPU " + std::to_string(device) + ": " +
-          copies.error().message();
-    return nullptr;
-  }
-  ctx->copies = std::move(*copies);
-  ctx->make_broadcast = nccl_broadcast_factory(device);
-  return ctx;
+  return tensors;
 }
 
 std::error_code copy_blocking(void* dst, const void* src, std::size_t bytes) {
@@ -80,9 +57,9 @@ int visible_gpus() {
   return 0;
 }
 
-std::unique_ptr<gpu_context> open_gpu(event_loop&, int, std::string& why) {
+std::vector<tensor_ref> device_tensors::allocate(std::vector<tensor_ref>, std::string& why) {
   why = "this ferry was built without CUDA (FERRY_CUDA=OFF or no CUDA/NCCL found)";
-  return nullptr;
+  return {};
 }
 
 std::error_code copy_blocking(void*, const void*, std::size_t) {

@@ -1,37 +1,34 @@
 #pragma once
-/// The GPU side of `ferry node --device N`: the process's copy engine, device memory, NCCL
-/// broadcast factory, device tensors, and the final byte check. Without CUDA in the build,
-/// `open_gpu` says so and nothing else is reachable.
-#include <functional>
+/// The GPU side of `ferry node --device N`, as a program that embeds ferry has it: device memory
+/// for its tensors, blocking copies, and the final byte check (ferry's own GPU services are the
+/// API's, `api/member_gpu.hpp`). Without CUDA in the build, nothing here reaches a device.
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "actors/rollout_worker.hpp"
-#include "runtime/copy_engine.hpp"
+#include "actors/tensor.hpp"
 #include "runtime/device_memory.hpp"
 
 namespace ferry::cli {
 
-/// One process's GPU. Owning loop only.
-struct gpu_context {
-  int device = -1;
-  std::unique_ptr<device_memory> memory;
-  std::unique_ptr<copy_engine> copies;
-  broadcast_factory make_broadcast;
-  /// `tensors` placed on the device, one allocation of each one's part, released with the context.
+/// A node's tensors on a GPU, one allocation of each one's part, freed with this.
+class device_tensors {
+ public:
+  explicit device_tensors(int device) : device_(device) {}
+  ~device_tensors();
+  device_tensors(const device_tensors&) = delete;
+  device_tensors& operator=(const device_tensors&) = delete;
+  /// `tensors` placed on the device; empty with `why` when one cannot be.
   std::vector<tensor_ref> allocate(std::vector<tensor_ref> tensors, std::string& why);
-  ~gpu_context();
 
  private:
+  int device_;
+  std::unique_ptr<device_memory> memory_;
   std::vector<std::byte*> allocations_;
 };
 
 /// CUDA devices this process sees; 0 without CUDA in the build.
 int visible_gpus();
-
-/// Opens `device`; null with `why` when CUDA is absent from the build or the device unusable.
-std::unique_ptr<gpu_context> open_gpu(event_loop& loop, int device, std::string& why);
 
 /// Compares every byte of the device `tensors` with `fill_version(name, version)`; "" when all
 /// match, else what differs. Blocks the calling thread (end of a job only); uses `threads` threads.

@@ -27,6 +27,7 @@
 #include "cli/launch.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
+#include "ferry/ferry.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
@@ -201,63 +202,85 @@ struct node_flags {
   int device = -1;  ///< the GPU this process's tensors live on; -1: host memory
 };
 
+/// The coordinator's address as the public API names it: the transport's scheme, then its address.
+std::string coordinator_uri(const process_flags& f) {
+  if (f.job.transport == "fabric") return "fabric://" + f.fabric_provider + "/" + f.coordinator_address;
+  return f.job.transport + "://" + f.coordinator_address;
+}
+
+/// `t` as the public API takes it.
+ferry::tensor api_tensor(const tensor_ref& t) {
+  return {.name = t.spec.name,
+          .dtype = std::string(dtype_name(t.spec.type)),
+          .shape = {t.spec.shape.begin(), t.spec.shape.end()},
+          .data = t.data,
+          .device = t.device};
+}
+
+/// Registers what a worker holds: whole tensors, or a row range (tensor-parallel sharding).
+ferry::status register_share(ferry::rollout& rollout, const tensor_ref& t) {
+  const auto held = t.held();
+  if (held.bytes == t.spec.nbytes || t.spec.shape.empty()) return rollout.register_tensor(api_tensor(t));
+  const auto row_bytes = t.spec.nbytes / static_cast<std::uint64_t>(t.spec.shape[0]);
+  return rollout.register_rows(api_tensor(t), static_cast<std::int64_t>(held.offset / row_bytes),
+                               static_cast<std::int64_t>(held.bytes / row_bytes));
+}
+
+/// A `ferry node` is a program that embeds ferry through its public API, as a trainer or an
+/// inference engine would: it registers the synthetic model's tensors (host memory, or its GPU's)
+/// and publishes versions of them, or receives them, until the coordinator ends the job.
 int run_node(const node_flags& f) {
   transport_settings env;
   if (auto error = prepare_environment(f.common, env)) return std::fprintf(stderr, "ferry node: %s\n", error->c_str()), 2;
-  event_loop loop;
-  // SIGTERM or SIGINT: leave the job, which regroups without this node, rather than vanish; then
-  // exit 128 + the signal. Before it joined there is nothing to leave.
-  bool stopped = false, left = false, interrupted = false;
-  std::function<void()> leave;
-  std::stop_callback on_interrupt(interrupt_token(), [&] {
-    loop.post([&] {
-      interrupted = stopped = true;
-      if (!leave) return;
-      leave();
-      left = true;
-    });
-  });
-  // GPU mode: tensors on the device, the CUDA copy engine, pinned staging, an NCCL instance group.
-  std::unique_ptr<gpu_context> gpu;
-  if (f.device >= 0) {
-    std::string why;
-    gpu = open_gpu(loop, f.device, why);
-    if (!gpu) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 2;
-  }
-  real_environment environment(loop, gpu ? gpu->copies.get() : nullptr);
-  const trace_on_exit trace(environment, f.common.job.trace_path);
-  auto opened = make_transport(f.common.job.transport, environment, f.id, env);
-  if (!opened) return std::fprintf(stderr, "ferry node: cannot open the transport: %s\n", opened.error().message().c_str()), 1;
-  node host(environment, f.id, *opened, protocol());
-  if (auto ec = host.start()) return std::fprintf(stderr, "ferry node: %s\n", ec.message().c_str()), 1;
-  if (auto ec = host.transport().add_peer(coordinator_node, f.common.coordinator_address)) {
-    return std::fprintf(stderr, "ferry node: --coordinator '%s': %s\n", f.common.coordinator_address.c_str(),
-                        ec.message().c_str()), 2;
-  }
-  const address coordinator_address{coordinator_node, job_actor};
   const auto& job = f.common.job;
   const auto model = f.common.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(job.model_bytes);
-  device_memory* memory = gpu ? gpu->memory.get() : nullptr;
+  const ferry::member_options member{.coordinator = coordinator_uri(f.common),
+                                     .allow_unauthenticated = f.common.allow_unauthenticated,
+                                     .node_id = f.id,
+                                     .checksums = job.checksums,
+                                     .digests = job.verify,
+                                     .listen_host = f.common.bind_host,
+                                     .trace_file = job.trace_path};
+  std::unique_ptr<device_tensors> on_gpu;
+  if (f.device >= 0) {
+    if (f.device >= visible_gpus())
+      return std::fprintf(stderr, "ferry node: --device %d: this host has %d CUDA devices\n", f.device, visible_gpus()), 2;
+    on_gpu = std::make_unique<device_tensors>(f.device);
+  }
 
+  // SIGINT or SIGTERM: leave the job (closing the member), which regroups without this node,
+  // rather than vanish; then exit 128 + the signal. Every wait below is cut in short slices.
+  std::atomic<bool> interrupted{false};
+  std::stop_callback on_interrupt(interrupt_token(), [&] { interrupted = true; });
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(f.common.timeout_seconds));
   std::optional<std::string> failure;
-  auto watch_stop = [&](actor& a) {
-    a.on<job_stop>([&](const envelope_header&, const job_stop&) { stopped = true; });
+  // Runs `wait(slice)` until it answers, this node is interrupted (nullopt) or --timeout passes
+  // (a failure: the job is still on, or never began).
+  auto await = [&](auto wait) -> std::optional<ferry::status> {
+    while (!interrupted) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        failure = fmt::format("timed out after {} s without the job's end (coordinator {})", f.common.timeout_seconds,
+                              f.common.coordinator_address);
+        return std::nullopt;
+      }
+      if (auto s = wait(std::chrono::milliseconds(50)); s.code != ferry::api_errc::timed_out) return s;
+    }
+    return std::nullopt;
   };
-  // Called once `member` joined: from then on an interrupt makes it leave.
-  auto leave_on_signal = [&](auto& member) {
-    leave = [&member] { member.leave(interrupt_name()); };
-    if (!interrupted) return;
-    leave();
-    left = true;
+  // The job's end: the coordinator stops it once its versions are delivered.
+  auto until_the_end = [&](auto& member) {
+    if (auto s = await([&](auto slice) { return member.wait_end(slice); }); s && !*s) failure = s->message;
   };
-  // --timeout passed with the job still on (or never joined): a failure, not a finished job.
-  auto timed_out = [&] {
-    failure = fmt::format("timed out after {} s without the job's end (coordinator {})", f.common.timeout_seconds,
-                          f.common.coordinator_address);
-  };
-  // A member that left, or failed (telling the coordinator why), sent a last frame: let it go out.
-  auto let_leave_go_out = [&] {
-    if (left || failure) run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });
+  // A bad --coordinator is a usage error (exit 2); anything else fails the node.
+  auto joined = [&](const ferry::status& s) {
+    if (s.code == ferry::api_errc::invalid_argument) {
+      std::fprintf(stderr, "ferry node: --coordinator '%s': %s\n", f.common.coordinator_address.c_str(), s.message.c_str());
+      return std::optional<int>(2);
+    }
+    if (!s) failure = s.message;
+    return std::optional<int>();
   };
 
   if (f.role == "trainer") {
@@ -269,119 +292,80 @@ int run_node(const node_flags& f) {
       storage.emplace_back(s.nbytes);
       tensors.push_back({.spec = s, .data = storage.back().data()});
     }
-    if (gpu) {
-      std::string why;
-      tensors = gpu->allocate(tensors, why);
-      if (tensors.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
+    std::string why;
+    if (on_gpu && (tensors = on_gpu->allocate(tensors, why)).empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
+    ferry::trainer trainer({member, f.shard});
+    for (const auto& t : tensors) {
+      if (auto s = trainer.register_tensor(api_tensor(t)); !s) return std::fprintf(stderr, "ferry node: %s\n", s.message.c_str()), 2;
     }
-    trainer_shard shard(host, job_actor, coordinator_address, f.shard, tensors,
-                        {.checksums = job.checksums, .digests = job.verify, .memory = memory});
-    watch_stop(shard);
-    shard.on_failed = [&](const std::string& why) { failure = why; };
-    // The "training loop": produce version v, publish it, train on once offloaded; one version
-    // at a time, until --versions are delivered (a failed version is skipped, not retried, so one
-    // more is published in its place) and the coordinator stops the job.
+    if (auto usage = joined(trainer.join())) return *usage;
+    if (!failure) {
+      if (auto ready = await([&](auto slice) { return trainer.wait_ready(slice); }); ready && !*ready) failure = ready->message;
+    }
+    // The "training loop": produce version v, publish it, and once it is delivered the next; until
+    // --versions are delivered (a failed version is skipped, not retried: one more is published in
+    // its place) or the coordinator ends the job.
     std::uint64_t version = 0;
-    std::uint32_t delivered = 0;
-    bool publishing = false;
-    std::thread uploader;  // GPU mode: host bytes into the device tensors, off the loop
-    std::size_t fills = 0;  // GPU mode: fill tasks of the next version still on the pool
-    auto publish_next = [&] {
-      if (publishing || !shard.ready() || delivered >= job.versions) return;
-      publishing = true;
-      version = std::max(version + 1, shard.next_version());
-      auto publish = [&, v = version] {
-        std::string why;
-        if (!shard.publish(v, why)) failure = "publish refused: " + why;
-      };
-      if (!gpu) {
-        for (auto& t : tensors) fill_version({t.data, t.spec.nbytes}, t.spec.name, version);
-        return publish();
+    for (std::uint32_t delivered = 0; !failure && !interrupted && delivered < job.versions;) {
+      version = std::max(version + 1, trainer.next_version());
+      for (std::size_t i = 0; i < tensors.size(); ++i) fill_version(storage[i].span(), tensors[i].spec.name, version);
+      if (on_gpu) {
+        (void)select_device(f.device);
+        for (std::size_t i = 0; i < tensors.size() && !failure; ++i) {
+          if (auto ec = copy_blocking(tensors[i].data, storage[i].data(), tensors[i].spec.nbytes))
+            failure = "upload of '" + tensors[i].spec.name + "' failed: " + ec.message();
+        }
+        if (failure) break;
       }
-      // GPU: fill the host bytes on the pool, upload them on a thread of our own, then publish.
-      // A pageable upload blocks its thread for seconds: never the loop's (heartbeats must keep
-      // flowing), and never a pool thread's (CUDA state on a thread that outlives main crashes
-      // the process at exit); the uploader is joined before the tensors go away.
-      auto pending = std::make_shared<std::size_t>(tensors.size());
-      for (std::size_t i = 0; i < tensors.size(); ++i) {
-        ++fills;
-        environment.cpu().async_run(
-            tensors[i].spec.nbytes, [&, i, v = version] { fill_version(storage[i].span(), tensors[i].spec.name, v); },
-            [&, pending, publish] {
-              --fills;
-              if (--*pending > 0 || stopped) return;
-              if (uploader.joinable()) uploader.join();
-              uploader = std::thread([&, publish, device = f.device] {
-                std::string error;
-                (void)select_device(device);
-                for (std::size_t k = 0; k < tensors.size() && error.empty(); ++k) {
-                  if (auto ec = copy_blocking(tensors[k].data, storage[k].data(), tensors[k].spec.nbytes)) {
-                    error = "upload of '" + tensors[k].spec.name + "' failed: " + ec.message();
-                  }
-                }
-                loop.post([&, publish, error] {
-                  if (!error.empty()) failure = error;
-                  else if (!stopped) publish();
-                });
-              });
-            });
+      ferry::trainer::update update(nullptr);
+      if (auto s = trainer.publish(version, &update); !s) {
+        if (s.code != ferry::api_errc::closed) failure = "publish refused: " + s.message;
+        break;
       }
-    };
-    shard.on_ready = publish_next;
-    shard.on_delivered = [&](std::uint64_t v, bool) {
-      ++delivered;
-      if (v >= version) publishing = false;
-      publish_next();
-    };
-    shard.on_update_failed = [&](std::uint64_t v, const std::string& why) {
-      log::warn("trainer shard {}: version {} failed: {}; publishing again once the job regroups", f.shard, v, why);
-      if (v >= version) publishing = false;
-    };
-    shard.join();
-    leave_on_signal(shard);
-    if (!run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value() || shard.failed(); })) timed_out();
-    let_leave_go_out();
-    leave = nullptr;  // `shard` goes away below
-    // No upload may start, or read `storage`, once this block begins to unwind.
-    stopped = true;
-    run_with_timeout(loop, {.timeout_seconds = 60}, [&] { return fills == 0; });
-    if (uploader.joinable()) uploader.join();
+      const auto s = await([&](auto slice) { return update.wait_delivered(slice); });
+      if (!s || s->code == ferry::api_errc::closed) break;  // interrupted, timed out, or the job ended
+      if (s->code == ferry::api_errc::update_failed) {
+        const auto prefix = fmt::format("version {}: ", version);  // the API's message names the version
+        const auto reason = s->message.starts_with(prefix) ? s->message.substr(prefix.size()) : s->message;
+        log::warn("trainer shard {}: version {} failed: {}; publishing again once the job regroups", f.shard, version, reason);
+        continue;  // `publish` waits for the regrouped job
+      }
+      if (!*s) failure = s->message;
+      else ++delivered;
+    }
+    if (!failure && !interrupted) until_the_end(trainer);
+    if (interrupted) trainer.close(interrupt_name());
   } else {
     // A replacement (a rank past the instance size) holds the share of rank % size.
     auto destinations = rollout_share(model, job.shard_rollout, f.rank % job.workers_per_instance, job.workers_per_instance);
-    if (gpu) {
-      std::string why;
-      destinations = gpu->allocate(destinations, why);
-      if (destinations.empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
+    std::string why;
+    if (on_gpu && (destinations = on_gpu->allocate(destinations, why)).empty())
+      return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
+    ferry::rollout rollout({member, f.instance, f.rank});
+    for (const auto& t : destinations) {
+      if (auto s = register_share(rollout, t); !s) return std::fprintf(stderr, "ferry node: %s\n", s.message.c_str()), 2;
     }
-    const worker_options options{.checksums = job.checksums, .digests = job.verify, .memory = memory,
-                                 .make_broadcast = gpu ? gpu->make_broadcast : host_chain(chain_tag)};
-    rollout_worker worker(host, job_actor, coordinator_address, f.instance, f.rank, destinations, options);
-    watch_stop(worker);
-    worker.on_failed = [&](const std::string& why) { failure = why; };
-    worker.on_version = [&](std::uint64_t v) { log::debug("worker {}.{}: version {} applied", f.instance, f.rank, v); };
-    worker.join();
-    leave_on_signal(worker);
-    if (!run_with_timeout(loop, f.common, [&] { return stopped || failure.has_value(); })) timed_out();
-    let_leave_go_out();
-    leave = nullptr;  // `worker` goes away below
-    if (gpu && !failure && !interrupted) {
+    rollout.on_version([&](std::uint64_t v) { log::debug("worker {}.{}: version {} applied", f.instance, f.rank, v); });
+    if (auto usage = joined(rollout.join())) return *usage;
+    if (!failure) until_the_end(rollout);
+    if (interrupted) rollout.close(interrupt_name());
+    if (on_gpu && !failure && !interrupted) {
       // Every byte of the last version on this GPU, against what the trainers published.
-      if (worker.version() != job.versions) {
-        failure = fmt::format("holds version {} of {} at the end", worker.version(), job.versions);
-      } else if (auto error = check_device_tensors(destinations, worker.version()); !error.empty()) {
+      if (rollout.version() != job.versions) {
+        failure = fmt::format("holds version {} of {} at the end", rollout.version(), job.versions);
+      } else if (auto error = check_device_tensors(destinations, rollout.version()); !error.empty()) {
         failure = "GPU bytes differ: " + error;
       } else {
         std::uint64_t bytes = 0;
         for (const auto& t : destinations) bytes += t.held().bytes;
         log::info("worker {}.{}: every byte of version {} verified on GPU {} ({} bytes)", f.instance, f.rank,
-                  worker.version(), f.device, bytes);
+                  rollout.version(), f.device, bytes);
       }
     }
   }
-  if (interrupted) return interrupted_exit_code();
+  if (interrupted) return interrupted_exit_code();  // the member left as it closed
   if (failure) log::error("node {}: {}", f.id, *failure);
-  log::set_level(log::level::error);  // peers leaving after job_stop is the plan, not news
+  log::set_level(log::level::error);  // peers leaving after the job's end is the plan, not news
   return failure ? 1 : 0;
 }
 

@@ -65,7 +65,9 @@ struct status {
 
 /// A tensor as ferry sees it: where its bytes are and what they mean. `dtype` is one of u8, i8,
 /// i16, i32, i64, f16, bf16, f32, f64, fp8_e4m3, fp8_e5m2; `data` is host memory, or memory of
-/// CUDA device `device` (CUDA builds). ferry never frees it.
+/// CUDA device `device` (CUDA builds; every tensor of one member on the same device: its copies
+/// run on that GPU's streams, and rollouts of an instance on GPUs share it over NCCL). ferry never
+/// frees it.
 struct tensor {
   std::string name;
   std::string dtype;
@@ -89,6 +91,9 @@ struct member_options {
   /// opens on). Empty: over tcp and cma, the address this host reaches the coordinator from
   /// (another host's members can connect); over fabric, loopback.
   std::string listen_host;
+  /// Where this member writes its timeline when it closes (Chrome trace JSON, one track per
+  /// stage); empty: none.
+  std::string trace_file;
 };
 
 /// Runs a job: admits members, plans, and drives one update at a time.
@@ -157,13 +162,21 @@ class FERRY_API trainer {
 
   /// Before `join` only. The name must be unique; the size follows from dtype and shape.
   status register_tensor(const tensor& t);
-  /// Connects, registers the tensors, and waits until the coordinator admitted this shard.
+  /// Connects and registers the tensors.
   status join();
+  /// Until the coordinator admitted this shard and the job is ready for a version from it, the
+  /// job fails or ends, or the timeout.
+  status wait_ready(std::chrono::milliseconds timeout) const;
+  /// The lowest version the job takes next from this shard, as of its last readiness: a shard
+  /// that joins a running job (a replacement) continues from there. 1 before.
+  std::uint64_t next_version() const;
   /// Publishes `version` (newer than every version before) of the registered tensors; waits for
   /// the job to be ready first. Refused while the previous version is still offloading.
   status publish(std::uint64_t version, update* out = nullptr);
-  /// Leaves the job (idempotent).
-  void close();
+  /// Until the coordinator ends the job (success), the job fails, or the timeout.
+  status wait_end(std::chrono::milliseconds timeout) const;
+  /// Leaves the job (idempotent); `reason` is what the coordinator logs and regroups for.
+  void close(const std::string& reason = "closed");
 
  private:
   struct impl;
@@ -193,7 +206,8 @@ class FERRY_API rollout {
   /// and only their bytes are sent here. One range per tensor.
   status register_rows(const tensor& t, std::int64_t first_row, std::int64_t rows);
   /// A tensor of a version is complete here: its version, its name, dtype and shape, and its bytes
-  /// (`t.data`; valid during the call only). For a row range, `t.shape[0]` is its row count.
+  /// (`t.data`, on `t.device` when the rollout's tensors are; valid during the call only). For a row
+  /// range, `t.shape[0]` is its row count.
   void on_tensor(
       std::function<void(std::uint64_t version, const tensor& t, std::span<const std::byte>)> fn);
   /// Every tensor of a version is applied here. No later version lands here while `fn` runs (the
@@ -206,10 +220,12 @@ class FERRY_API rollout {
   /// The newest version applied here (0: none).
   std::uint64_t version() const;
   /// Waits until `version` (or a newer one) is applied here, it fails (update_failed), the job
-  /// fails, or `timeout` passes.
+  /// fails or ends, or `timeout` passes.
   status wait_version(std::uint64_t version, std::chrono::milliseconds timeout) const;
-  /// Leaves the job (idempotent).
-  void close();
+  /// Until the coordinator ends the job (success), the job fails, or the timeout.
+  status wait_end(std::chrono::milliseconds timeout) const;
+  /// Leaves the job (idempotent); `reason` is what the coordinator logs and regroups for.
+  void close(const std::string& reason = "closed");
 
  private:
   struct impl;
