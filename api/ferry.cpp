@@ -213,7 +213,7 @@ struct member_table {
 }  // namespace
 
 const char* version_string() noexcept {
-  return "0.1.0";
+  return "0.2.0";
 }
 
 status set_log_level(const std::string& level) {

@@ -87,9 +87,13 @@ ferry::tensor make_tensor(const char* name, const char* dtype, const int64_t* sh
 }
 
 ferry::member_options member(const ferry_member_options& o) {
-  return {.coordinator = o.coordinator ? o.coordinator : "",
-          .secret = o.secret ? o.secret : "",
-          .node_id = o.node_id};
+  ferry::member_options m{.coordinator = o.coordinator ? o.coordinator : "",
+                          .secret = o.secret ? o.secret : "",
+                          .node_id = o.node_id};
+  // A field added in a later minor version is read only from a struct that has it.
+  if (o.struct_size >= offsetof(ferry_member_options, listen_host) + sizeof(o.listen_host) && o.listen_host)
+    m.listen_host = o.listen_host;
+  return m;
 }
 
 bool sized(const ferry_member_options* o) {
@@ -236,6 +240,24 @@ ferry_status ferry_trainer_join(ferry_trainer* t) {
       [&] { return t ? to_status(t->object.join()) : refuse("ferry_trainer_join: NULL handle"); });
 }
 
+ferry_status ferry_trainer_wait_ready(ferry_trainer* t, int64_t timeout_ms) {
+  return guarded([&] {
+    if (!t) return refuse("ferry_trainer_wait_ready: NULL handle");
+    return to_status(t->object.wait_ready(ms(timeout_ms)));
+  });
+}
+
+uint64_t ferry_trainer_next_version(ferry_trainer* t) {
+  return t ? t->object.next_version() : 0;
+}
+
+ferry_status ferry_trainer_wait_end(ferry_trainer* t, int64_t timeout_ms) {
+  return guarded([&] {
+    if (!t) return refuse("ferry_trainer_wait_end: NULL handle");
+    return to_status(t->object.wait_end(ms(timeout_ms)));
+  });
+}
+
 ferry_status ferry_trainer_publish(ferry_trainer* t, uint64_t version) {
   return guarded([&] {
     if (!t) return refuse("ferry_trainer_publish: NULL handle");
@@ -323,6 +345,13 @@ ferry_status ferry_rollout_wait_version(ferry_rollout* r, uint64_t version, int6
   return guarded([&] {
     if (!r) return refuse("ferry_rollout_wait_version: NULL handle");
     return to_status(r->object.wait_version(version, ms(timeout_ms)));
+  });
+}
+
+ferry_status ferry_rollout_wait_end(ferry_rollout* r, int64_t timeout_ms) {
+  return guarded([&] {
+    if (!r) return refuse("ferry_rollout_wait_end: NULL handle");
+    return to_status(r->object.wait_end(ms(timeout_ms)));
   });
 }
 

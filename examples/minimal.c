@@ -51,8 +51,9 @@ int main(void) {
   CHECK(ferry_trainer_join(trainer));
   CHECK(ferry_rollout_join(rollout));
   for (int r = 0; r < 2; ++r) CHECK(ferry_rollout_join(sharded[r]));
+  CHECK(ferry_trainer_wait_ready(trainer, 30000));
 
-  for (uint64_t v = 1; v <= 2; ++v) {
+  for (uint64_t v = ferry_trainer_next_version(trainer); v <= 2; ++v) {
     for (int i = 0; i < N; ++i) sent[i] = (float)v + (float)i * 0.5f;
     CHECK(ferry_trainer_publish(trainer, v));
     CHECK(ferry_trainer_wait_delivered(trainer, v, 30000));
@@ -68,10 +69,16 @@ int main(void) {
   /* Bad input gets a status and a message, never a crash. */
   if (ferry_trainer_publish(trainer, 1) != FERRY_INVALID_ARGUMENT) return 1;
   printf("minimal: publishing an old version: %s\n", ferry_last_error());
-  for (int r = 0; r < 2; ++r) ferry_rollout_close(sharded[r]);
+  /* The coordinator ends the job; every member hears it. */
+  ferry_coordinator_close(coordinator);
+  CHECK(ferry_trainer_wait_end(trainer, 30000));
+  CHECK(ferry_rollout_wait_end(rollout, 30000));
+  for (int r = 0; r < 2; ++r) {
+    CHECK(ferry_rollout_wait_end(sharded[r], 30000));
+    ferry_rollout_close(sharded[r]);
+  }
   ferry_rollout_close(rollout);
   ferry_trainer_close(trainer);
-  ferry_coordinator_close(coordinator);
   printf("minimal: ferry %s, done\n", ferry_version());
   return 0;
 }

@@ -138,6 +138,17 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
   ASSERT_TRUE(nameless.register_tensor({.name = "w", .dtype = "f32", .shape = {4}}));
   s = nameless.join();
   EXPECT_NE(s.message.find("needs a name"), std::string::npos) << s.message;
+
+  // One member's tensors live on one device; a device tensor needs its pointer.
+  trainer split({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}});
+  ASSERT_TRUE(split.register_tensor({.name = "a", .dtype = "f32", .shape = {4}, .data = x.weight.data()}));
+  ASSERT_TRUE(split.register_tensor({.name = "b", .dtype = "f32", .shape = {4}, .data = x.weight.data(), .device = 1}));
+  s = split.join();
+  EXPECT_EQ(s.code, api_errc::invalid_argument);
+  EXPECT_NE(s.message.find("tensor 'a' is in host memory and tensor 'b' in device 1"), std::string::npos) << s.message;
+  rollout device_without_data({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}, 0, 0});
+  s = device_without_data.register_tensor({.name = "w", .dtype = "f32", .shape = {4}, .device = 0});
+  EXPECT_NE(s.message.find("null data"), std::string::npos) << s.message;
 }
 
 TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
@@ -161,6 +172,9 @@ TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
   }
   ASSERT_TRUE(t.join());
   for (auto& w : workers) ASSERT_TRUE(w->join());
+  ASSERT_TRUE(t.wait_ready(30s));
+  EXPECT_EQ(t.next_version(), 1u);
+  EXPECT_EQ(t.wait_end(10ms).code, api_errc::timed_out);
   for (std::uint64_t v = 1; v <= 2; ++v) {
     sent.fill(v);
     trainer::update u(nullptr);
@@ -172,6 +186,18 @@ TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
       EXPECT_TRUE(got[r] == sent) << "worker " << r << " differs at version " << v;
     }
   }
+  // The coordinator ends the job: every member's wait_end returns, a wait for a version that
+  // will not come says why, and nothing more is published.
+  coord.close();
+  const auto ended = t.wait_end(30s);
+  EXPECT_TRUE(ended) << ended.message;
+  for (auto& w : workers) {
+    EXPECT_TRUE(w->wait_end(30s));
+    const auto never = w->wait_version(3, 30s);
+    EXPECT_EQ(never.code, api_errc::closed);
+    EXPECT_NE(never.message.find("the job ended"), std::string::npos) << never.message;
+  }
+  EXPECT_EQ(t.publish(3).code, api_errc::closed);
 }
 
 TEST(api, a_rollout_whose_tensor_differs_from_the_trainers_fails_the_job_by_name) {

@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 #define FERRY_C_VERSION_MAJOR 0
-#define FERRY_C_VERSION_MINOR 1
+#define FERRY_C_VERSION_MINOR 2
 #define FERRY_C_VERSION_PATCH 0
 
 typedef enum ferry_status {
@@ -71,8 +71,11 @@ typedef struct ferry_member_options {
   uint32_t shard;          /* trainers */
   uint32_t instance;       /* rollouts */
   uint32_t rank;           /* rollouts */
+  /* Since 0.2: the local address other members reach this one at; NULL: over tcp and cma the
+   * address this host reaches the coordinator from. A struct of 0.1's size leaves it NULL. */
+  const char* listen_host;
 } ferry_member_options;
-#define FERRY_MEMBER_OPTIONS_INIT { sizeof(ferry_member_options), NULL, NULL, 0, 0, 0, 0 }
+#define FERRY_MEMBER_OPTIONS_INIT { sizeof(ferry_member_options), NULL, NULL, 0, 0, 0, 0, NULL }
 
 FERRY_C_API ferry_status ferry_coordinator_open(const ferry_coordinator_options* options, ferry_coordinator** out);
 /* Writes the address members pass (NUL-terminated) into `buffer`. */
@@ -86,6 +89,12 @@ FERRY_C_API ferry_status ferry_trainer_open(const ferry_member_options* options,
 FERRY_C_API ferry_status ferry_trainer_register_tensor(ferry_trainer* t, const char* name, const char* dtype,
                                                        const int64_t* shape, size_t ndim, void* data);
 FERRY_C_API ferry_status ferry_trainer_join(ferry_trainer* t);
+/* Until the coordinator admitted this shard and the job is ready for a version from it. */
+FERRY_C_API ferry_status ferry_trainer_wait_ready(ferry_trainer* t, int64_t timeout_ms);
+/* The lowest version the job takes next from this shard (a replacement continues from there). */
+FERRY_C_API uint64_t ferry_trainer_next_version(ferry_trainer* t);
+/* Until the coordinator ends the job (FERRY_OK), the job fails, or the timeout. */
+FERRY_C_API ferry_status ferry_trainer_wait_end(ferry_trainer* t, int64_t timeout_ms);
 FERRY_C_API ferry_status ferry_trainer_publish(ferry_trainer* t, uint64_t version);
 /* Until `version` is offloaded (its tensors may be written again) or delivered, or the timeout. */
 FERRY_C_API ferry_status ferry_trainer_wait_offloaded(ferry_trainer* t, uint64_t version, int64_t timeout_ms);
@@ -108,6 +117,8 @@ FERRY_C_API ferry_status ferry_rollout_join(ferry_rollout* r);
 /* The newest version applied here (0: none). */
 FERRY_C_API uint64_t ferry_rollout_version(ferry_rollout* r);
 FERRY_C_API ferry_status ferry_rollout_wait_version(ferry_rollout* r, uint64_t version, int64_t timeout_ms);
+/* Until the coordinator ends the job (FERRY_OK), the job fails, or the timeout. */
+FERRY_C_API ferry_status ferry_rollout_wait_end(ferry_rollout* r, int64_t timeout_ms);
 /* Readable (an eventfd counter) whenever a version is applied here. */
 FERRY_C_API int ferry_rollout_event_fd(ferry_rollout* r);
 FERRY_C_API void ferry_rollout_close(ferry_rollout* r);

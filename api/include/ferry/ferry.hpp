@@ -20,7 +20,7 @@
 #include <vector>
 
 #define FERRY_VERSION_MAJOR 0
-#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_MINOR 2
 #define FERRY_VERSION_PATCH 0
 
 #if defined(FERRY_BUILDING_LIBRARY)
