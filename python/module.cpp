@@ -230,14 +230,16 @@ class coordinator {
 
 ferry::member_options member_options(std::string coordinator, std::string secret,
                                      bool allow_unauthenticated, std::uint32_t node_id,
-                                     bool checksums, bool digests, double connect_timeout) {
+                                     bool checksums, bool digests, double connect_timeout,
+                                     std::string listen_host) {
   return {.coordinator = std::move(coordinator),
           .secret = std::move(secret),
           .allow_unauthenticated = allow_unauthenticated,
           .node_id = node_id,
           .checksums = checksums,
           .digests = digests,
-          .connect_timeout = seconds(connect_timeout)};
+          .connect_timeout = seconds(connect_timeout),
+          .listen_host = std::move(listen_host)};
 }
 
 class update {
@@ -479,18 +481,18 @@ PYBIND11_MODULE(_ferry, m) {
   py::class_<trainer>(m, "Trainer")
       .def(py::init([](std::string coordinator, std::uint32_t shard, std::string secret,
                        bool allow_unauthenticated, std::uint32_t node_id, bool checksums,
-                       bool digests, double connect_timeout) {
+                       bool digests, double connect_timeout, std::string listen_host) {
              ferry::trainer::options o;
              static_cast<ferry::member_options&>(o) =
                  member_options(std::move(coordinator), std::move(secret), allow_unauthenticated,
-                                node_id, checksums, digests, connect_timeout);
+                                node_id, checksums, digests, connect_timeout, std::move(listen_host));
              o.shard = shard;
              return std::make_unique<trainer>(std::move(o));
            }),
            py::kw_only(), py::arg("coordinator"), py::arg("shard") = 0, py::arg("secret") = "",
            py::arg("allow_unauthenticated") = false, py::arg("node_id") = 0,
            py::arg("checksums") = true, py::arg("digests") = true,
-           py::arg("connect_timeout") = 30.0)
+           py::arg("connect_timeout") = 30.0, py::arg("listen_host") = "")
       .def("register", &trainer::register_tensor, py::arg("name"), py::arg("tensor"))
       .def("register_raw", &trainer::register_raw, py::arg("name"), py::arg("pointer"),
            py::arg("nbytes"), py::arg("dtype") = "u8", py::arg("shape") = py::none(),
@@ -502,11 +504,11 @@ PYBIND11_MODULE(_ferry, m) {
   py::class_<rollout>(m, "Rollout")
       .def(py::init([](std::string coordinator, std::uint32_t instance, std::uint32_t rank,
                        std::string secret, bool allow_unauthenticated, std::uint32_t node_id,
-                       bool checksums, bool digests, double connect_timeout) {
+                       bool checksums, bool digests, double connect_timeout, std::string listen_host) {
              ferry::rollout::options o;
              static_cast<ferry::member_options&>(o) =
                  member_options(std::move(coordinator), std::move(secret), allow_unauthenticated,
-                                node_id, checksums, digests, connect_timeout);
+                                node_id, checksums, digests, connect_timeout, std::move(listen_host));
              o.instance = instance;
              o.rank = rank;
              return std::make_unique<rollout>(std::move(o));
@@ -514,7 +516,7 @@ PYBIND11_MODULE(_ferry, m) {
            py::kw_only(), py::arg("coordinator"), py::arg("instance") = 0, py::arg("rank") = 0,
            py::arg("secret") = "", py::arg("allow_unauthenticated") = false, py::arg("node_id") = 0,
            py::arg("checksums") = true, py::arg("digests") = true,
-           py::arg("connect_timeout") = 30.0)
+           py::arg("connect_timeout") = 30.0, py::arg("listen_host") = "")
       .def("register", &rollout::register_tensor, py::arg("name"), py::arg("tensor"))
       .def("register_rows", &rollout::register_rows, py::arg("name"), py::arg("tensor"),
            py::arg("first_row"), py::arg("shape"))

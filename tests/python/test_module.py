@@ -38,7 +38,8 @@ def test_versions_reach_a_registered_rollout_and_a_streaming_one_byte_for_byte(c
     for name, t in weights.items():
         trainer.register(name, torch.nn.Parameter(t, requires_grad=t.is_floating_point()) if name == "embed" else t)
     landing = {name: torch.zeros_like(t) for name, t in weights.items()}
-    registered = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=0, secret=SECRET)
+    registered = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=0, secret=SECRET,
+                                listen_host="127.0.0.1")  # where the trainer reaches it
     for name, t in landing.items():
         registered.register(name, t)
     streaming = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=1, secret=SECRET)
