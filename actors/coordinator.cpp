@@ -83,6 +83,12 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     suspect(m.node, "unreachable from node " + std::to_string(h.from.node) + " (" + m.why + ")");
   });
   handle<heartbeat>([this](const envelope_header& h, const heartbeat&) { answer_given_up(h.from.node); });
+  // A trainer shard cannot send a version it offloaded in a layout that changed since.
+  handle<update_failed>([this](const envelope_header& h, const update_failed& m) {
+    const auto shard = std::find_if(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who == h.from; });
+    if (shard == trainers_.end() || m.version <= delivered_ || !pending_.contains(m.version)) return;
+    fail_version(m.version, "trainer shard " + std::to_string(shard->first) + ": " + m.reason);
+  });
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) {
     lost(h.from.node, "left: " + m.reason);
     given_up_.erase(h.from.node);
@@ -252,10 +258,10 @@ void job_coordinator::lost(node_id node, const std::string& why) {
   }
 }
 
-void job_coordinator::fail_version(std::uint64_t version, const std::string& reason) {
+void job_coordinator::fail_version(std::uint64_t version, const std::string& reason, bool relaid) {
   if (!failed_versions_.insert(version).second) return;
   log::error("coordinator: update of version {} failed: {}", version, reason);
-  broadcast_all([&] { return update_failed{.version = version, .reason = reason}; });
+  broadcast_all([&] { return update_failed{.version = version, .reason = reason, .relaid = relaid}; });
   if (on_update_failed) on_update_failed(version, reason);
   if (active_ && active_->version == version && !active_->catch_up) {
     // Abandoned mid-update: a new epoch keeps its writes still in flight out of the next one's slots.
@@ -364,7 +370,7 @@ void job_coordinator::regroup(const std::string& reason) {
     const std::string reason = "the chunk layout changed (a trainer's table, or a part no worker had registered)";
     log::warn("coordinator: epoch {}: {}", epoch(), reason);
     active_.reset();
-    for (const auto v : std::vector(pending_.begin(), pending_.end())) fail_version(v, reason);
+    for (const auto v : std::vector(pending_.begin(), pending_.end())) fail_version(v, reason, true);
     for (auto& [shard, t] : trainers_) t.first_version = std::max(t.first_version, std::max(published_, delivered_) + 1);
   }
   layout_ = p->layout;

@@ -136,7 +136,8 @@ class job_coordinator final : public actor {
   void resume();
   void start_update(std::uint64_t version, bool catch_up);
   /// `version` cannot complete: everyone waiting for it hears why.
-  void fail_version(std::uint64_t version, const std::string& reason);
+  /// `relaid`: the chunk layout changed, and this regroup's plan follows.
+  void fail_version(std::uint64_t version, const std::string& reason, bool relaid = false);
   /// Fails every pending version some shard went past without publishing.
   void fail_skipped_versions();
   void check_complete();

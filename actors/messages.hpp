@@ -234,7 +234,10 @@ struct update_failed {
   static constexpr msg_kind kind{33};
   std::uint64_t version = 0;
   std::string reason;
-  MSGPACK_DEFINE_MAP(version, reason)
+  /// The chunk layout changed: a plan of the new layout follows, and a trainer publishes nothing
+  /// before it (a version offloaded in the old layout could never be sent).
+  bool relaid = false;
+  MSGPACK_DEFINE_MAP(version, reason, relaid)
 };
 
 /// Trainer or worker -> coordinator: still alive (any message counts; this one is sent when idle).

@@ -51,8 +51,14 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
   on<update_failed>([this](const envelope_header&, const update_failed& m) { version_failed(m); });
 }
 
+void trainer_shard::void_version(std::uint64_t version) {
+  // The coordinator fails it for everyone (this shard too), unless it did already.
+  send(coordinator_, update_failed{.version = version, .reason = "offloaded in a chunk layout that changed since"});
+}
+
 void trainer_shard::version_failed(const update_failed& m) {
   settled_ = std::max(settled_, m.version);
+  if (m.relaid) ready_ = false;  // the next version waits for the new layout's plan
   ++send_generation_;
   changed();
   if (on_update_failed) on_update_failed(m.version, m.reason);
@@ -183,9 +189,12 @@ void trainer_shard::run_publish(std::uint64_t version) {
     }
     const auto began = offload_meter_.begin();
     auto [ec] = await<std::error_code>([&](auto done) { host().env().copies().async_copy(std::move(pieces), std::move(done)); });
-    // A plan of another layout came meanwhile: this copy is void (the coordinator failed its version).
+    // A plan of another layout came meanwhile: this copy is void, and so is its version.
     const auto relaid = [&] { return plan_->job->layout != plan->job->layout; };
-    if (relaid()) return offload_meter_.end(began, version, id, c.bytes);
+    if (relaid()) {
+      offload_meter_.end(began, version, id, c.bytes);
+      return void_version(version);
+    }
     if (ec) {
       offload_meter_.end(began, version, id, c.bytes);
       return fail("offload of chunk " + std::to_string(id) + " failed: " + ec.message());
@@ -194,7 +203,10 @@ void trainer_shard::run_publish(std::uint64_t version) {
       const std::byte* bytes = copy.bytes.data() + c.shard_offset;
       std::uint64_t sum = 0;
       host().env().cpu().run(c.bytes, [&] { sum = XXH3_64bits(bytes, c.bytes); });
-      if (relaid()) return offload_meter_.end(began, version, id, c.bytes);
+      if (relaid()) {
+        offload_meter_.end(began, version, id, c.bytes);
+        return void_version(version);
+      }
       copy.checksums[id] = sum;
     }
     offload_meter_.end(began, version, id, c.bytes);
@@ -259,7 +271,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     }
     if (copy_of(version)->layout != plan->job->layout) {
       // Offloaded under an older plan whose chunk ids meant other bytes: never send them as these.
-      return fail("version " + std::to_string(version) + " was offloaded in another chunk layout than the plan's");
+      return void_version(version);
     }
     r->credits.acquire();
     if (!current() || r->free.empty()) break;

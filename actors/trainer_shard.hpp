@@ -108,6 +108,9 @@ class trainer_shard final : public job_member {
   void release_credits();
   /// `m.version` cannot complete: senders of it stop, and the owner hears why.
   void version_failed(const update_failed& m);
+  /// `version` was offloaded under a plan whose chunk layout has since changed: it can never be
+  /// sent; the coordinator is told.
+  void void_version(std::uint64_t version);
 
   std::uint32_t shard_;
   std::vector<tensor_ref> tensors_;

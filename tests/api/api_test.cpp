@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <array>
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <map>
 #include <mutex>
 
@@ -213,9 +216,10 @@ TEST(api, a_rollout_whose_tensor_differs_from_the_trainers_fails_the_job_by_name
   for (const auto& x : tensors) ASSERT_TRUE(r.register_tensor(x));
   ASSERT_TRUE(t.join());
   ASSERT_TRUE(r.join());
+  // The job fails at the plan, which may come before or after the publish.
   trainer::update u(nullptr);
-  ASSERT_TRUE(t.publish(1, &u));
-  const auto d = u.wait_delivered(30s);
+  auto d = t.publish(1, &u);
+  if (d) d = u.wait_delivered(30s);
   EXPECT_EQ(d.code, api_errc::job_failed) << d.message;
   EXPECT_NE(d.message.find("layer.bias"), std::string::npos) << d.message;
   const auto w = r.wait_version(1, 30s);
@@ -369,6 +373,73 @@ TEST(api, bad_shards_are_refused_before_any_byte_moves) {
     EXPECT_EQ(c.code, api_errc::job_failed) << c.message;
     EXPECT_NE(c.message.find(expect), std::string::npos) << c.message;
     EXPECT_EQ(a.version(), 0u);
+  }
+}
+
+/// A part no worker had registered joins a running job (an instance whose two workers split the
+/// weight's rows): chunk ids now mean other bytes, so the versions in flight fail. A trainer that
+/// publishes again at once must publish under the new layout: the job goes on, and every worker,
+/// old and new, ends with the last version's bytes.
+TEST(api, a_new_part_mid_job_changes_the_layout_and_the_trainer_goes_on_at_once) {
+  status ok;
+  coordinator coord(job({1}), ok);
+  ASSERT_TRUE(ok) << ok.message;
+  table sent, whole;
+  trainer t({{.coordinator = coord.address(), .secret = secret}});
+  for (const auto& x : sent.tensors()) ASSERT_TRUE(t.register_tensor(x));
+  rollout first({{.coordinator = coord.address(), .secret = secret}, 0, 0});
+  for (const auto& x : whole.tensors()) ASSERT_TRUE(first.register_tensor(x));
+  ASSERT_TRUE(t.join());
+  ASSERT_TRUE(first.join());
+
+  // The trainer publishes back to back; a failed version is followed at once by the next.
+  std::atomic<std::uint64_t> delivered{0};
+  std::atomic<bool> stop{false};
+  std::string trainer_error;
+  std::thread publisher([&] {
+    for (std::uint64_t v = 1; !stop; ++v) {
+      sent.fill(v);
+      trainer::update u(nullptr);
+      if (auto s = t.publish(v, &u); !s) return void(trainer_error = s.message);
+      const auto d = u.wait_delivered(30s);
+      if (d) delivered = v;
+      else if (d.code != api_errc::update_failed) return void(trainer_error = d.message);
+    }
+  });
+  auto wait_for_delivered = [&](std::uint64_t at_least) {
+    for (int i = 0; i < 3000 && delivered < at_least && trainer_error.empty(); ++i) std::this_thread::sleep_for(10ms);
+    return delivered >= at_least;
+  };
+  ASSERT_TRUE(wait_for_delivered(2)) << trainer_error;
+
+  // Instance 1: rows [0, 48) and [48, 96) of the weight on two workers, the bias on both.
+  constexpr std::int64_t half = 48;
+  std::array<std::vector<float>, 2> rows{std::vector<float>(half * 1024), std::vector<float>(half * 1024)};
+  std::array<std::vector<std::uint16_t>, 2> bias{std::vector<std::uint16_t>(3000), std::vector<std::uint16_t>(3000)};
+  std::vector<std::unique_ptr<rollout>> split;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    split.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address(), .secret = secret}, 1, r}));
+    ASSERT_TRUE(split[r]->register_rows({.name = "layer.weight", .dtype = "f32", .shape = {96, 1024}, .data = rows[r].data()},
+                                        r * half, half));
+    ASSERT_TRUE(split[r]->register_tensor({.name = "layer.bias", .dtype = "bf16", .shape = {3000}, .data = bias[r].data()}));
+    ASSERT_TRUE(split[r]->join());
+  }
+  const auto joined_at = delivered.load();
+  ASSERT_TRUE(wait_for_delivered(joined_at + 3)) << "no version delivered after the layout changed: " << trainer_error;
+  stop = true;
+  publisher.join();
+  ASSERT_TRUE(trainer_error.empty()) << trainer_error;
+
+  const auto last = delivered.load();
+  table want;
+  want.fill(last);
+  ASSERT_TRUE(first.wait_version(last, 30s));
+  EXPECT_TRUE(whole == want) << "the first worker differs from version " << last;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(split[r]->wait_version(last, 30s));
+    EXPECT_EQ(std::memcmp(rows[r].data(), want.weight.data() + r * half * 1024, rows[r].size() * sizeof(float)), 0)
+        << "worker 1." << r << "'s rows differ from version " << last;
+    EXPECT_EQ(bias[r], want.bias) << "worker 1." << r;
   }
 }
 
