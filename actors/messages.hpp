@@ -228,8 +228,9 @@ struct update_go {
   MSGPACK_DEFINE_MAP(version, routes)
 };
 
-/// Coordinator -> everyone: `version` cannot complete (a trainer shard died); no worker may
-/// report it complete. Publishing resumes once the shard rejoins.
+/// Coordinator -> everyone: `version` cannot complete (a trainer shard died, the chunk layout
+/// changed); no worker may report it complete. Publishing resumes once the shard rejoins.
+/// Trainer -> coordinator: this shard cannot send `version` (offloaded in a layout since changed).
 struct update_failed {
   static constexpr msg_kind kind{33};
   std::uint64_t version = 0;

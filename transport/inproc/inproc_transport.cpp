@@ -43,11 +43,9 @@ bool inproc_network::cut_between(node_id a, node_id b) const {
   return cut_.contains(a) || cut_.contains(b);
 }
 
-bool inproc_network::hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive) {
+void inproc_network::hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive) {
   std::lock_guard lock(mutex_);
-  if (!cut_.contains(from) && !cut_.contains(to)) return false;
   held_.push_back({from, to, std::move(arrive)});
-  return true;
 }
 
 void inproc_network::closed(node_id by, node_id peer) {
@@ -147,7 +145,11 @@ void inproc_transport::hand_over(node_id to, frame f, completion done) {
   }
   reached_.insert(to);
   auto arrive = [from = self_, f = std::move(f)](inproc_transport& at) { at.deliver_frame(from, f); };
-  if (!network_.hold(self_, to, arrive)) peer->loop_.post([peer, arrive] { arrive(*peer); });
+  if (network_.cut_between(self_, to)) {
+    network_.hold(self_, to, std::move(arrive));
+  } else {
+    peer->loop_.post([peer, arrive = std::move(arrive)] { arrive(*peer); });
+  }
   loop_.post([done = std::move(done)] { done({}); });
 }
 

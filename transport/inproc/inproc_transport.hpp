@@ -51,9 +51,8 @@ class inproc_network {
   void attach(node_id id, std::weak_ptr<inproc_transport> t);
   void detach(node_id id);
   bool cut_between(node_id a, node_id b) const;
-  /// Keeps `arrive` (run on `to`'s loop) until the link from `from` to `to` is mended, when it
-  /// is cut; false when it is not.
-  bool hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive);
+  /// Keeps `arrive` (run on `to`'s loop) until the cut link from `from` to `to` is mended.
+  void hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive);
   /// `by` closed its side of the link to `peer`.
   void closed(node_id by, node_id peer);
   mutable std::mutex mutex_;
