@@ -80,8 +80,8 @@ void signal_fd(int fd) {
 }
 
 ferry::tensor make_tensor(const char* name, const char* dtype, const int64_t* shape, size_t ndim,
-                          void* data) {
-  ferry::tensor t{.name = name, .dtype = dtype, .data = data};
+                          void* data, int device = -1) {
+  ferry::tensor t{.name = name, .dtype = dtype, .data = data, .device = device};
   t.shape.assign(shape, shape + ndim);
   return t;
 }
@@ -91,8 +91,11 @@ ferry::member_options member(const ferry_member_options& o) {
                           .secret = o.secret ? o.secret : "",
                           .node_id = o.node_id};
   // A field added in a later minor version is read only from a struct that has it.
-  if (o.struct_size >= offsetof(ferry_member_options, listen_host) + sizeof(o.listen_host) && o.listen_host)
+  const auto has = [&](std::size_t end) { return o.struct_size >= end; };
+  if (has(offsetof(ferry_member_options, listen_host) + sizeof(o.listen_host)) && o.listen_host)
     m.listen_host = o.listen_host;
+  if (has(offsetof(ferry_member_options, trace_file) + sizeof(o.trace_file)) && o.trace_file)
+    m.trace_file = o.trace_file;
   return m;
 }
 
@@ -235,6 +238,15 @@ ferry_status ferry_trainer_register_tensor(ferry_trainer* t, const char* name, c
   });
 }
 
+ferry_status ferry_trainer_register_device_tensor(ferry_trainer* t, const char* name, const char* dtype,
+                                                  const int64_t* shape, size_t ndim, void* data, int device) {
+  return guarded([&] {
+    if (!t || !name || !dtype || (ndim > 0 && !shape))
+      return refuse("ferry_trainer_register_device_tensor: a NULL argument");
+    return to_status(t->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
+  });
+}
+
 ferry_status ferry_trainer_join(ferry_trainer* t) {
   return guarded(
       [&] { return t ? to_status(t->object.join()) : refuse("ferry_trainer_join: NULL handle"); });
@@ -329,6 +341,15 @@ ferry_status ferry_rollout_register_rows(ferry_rollout* r, const char* name, con
       return refuse("ferry_rollout_register_rows: a NULL argument");
     return to_status(
         r->object.register_rows(make_tensor(name, dtype, shape, ndim, data), first_row, rows));
+  });
+}
+
+ferry_status ferry_rollout_register_device_tensor(ferry_rollout* r, const char* name, const char* dtype,
+                                                  const int64_t* shape, size_t ndim, void* data, int device) {
+  return guarded([&] {
+    if (!r || !name || !dtype || (ndim > 0 && !shape))
+      return refuse("ferry_rollout_register_device_tensor: a NULL argument");
+    return to_status(r->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
   });
 }
 

@@ -69,6 +69,13 @@ int main(void) {
   /* Bad input gets a status and a message, never a crash. */
   if (ferry_trainer_publish(trainer, 1) != FERRY_INVALID_ARGUMENT) return 1;
   printf("minimal: publishing an old version: %s\n", ferry_last_error());
+  ferry_trainer* split = NULL; /* one tensor in host memory, one on device 1: one device per member */
+  CHECK(ferry_trainer_open(&mo, &split));
+  CHECK(ferry_trainer_register_tensor(split, "a", "f32", shape, 1, sent));
+  CHECK(ferry_trainer_register_device_tensor(split, "b", "f32", shape, 1, sent, 1));
+  if (ferry_trainer_join(split) != FERRY_INVALID_ARGUMENT) return 1;
+  printf("minimal: tensors on two devices: %s\n", ferry_last_error());
+  ferry_trainer_close(split);
   /* The coordinator ends the job; every member hears it. */
   ferry_coordinator_close(coordinator);
   CHECK(ferry_trainer_wait_end(trainer, 30000));

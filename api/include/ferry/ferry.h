@@ -71,11 +71,13 @@ typedef struct ferry_member_options {
   uint32_t shard;          /* trainers */
   uint32_t instance;       /* rollouts */
   uint32_t rank;           /* rollouts */
-  /* Since 0.2: the local address other members reach this one at; NULL: over tcp and cma the
-   * address this host reaches the coordinator from. A struct of 0.1's size leaves it NULL. */
+  /* Since 0.2 (a struct of 0.1's size leaves them NULL): the local address other members reach
+   * this one at (NULL: over tcp and cma the address this host reaches the coordinator from), and
+   * where the member writes its timeline as it closes (Chrome trace JSON; NULL: none). */
   const char* listen_host;
+  const char* trace_file;
 } ferry_member_options;
-#define FERRY_MEMBER_OPTIONS_INIT { sizeof(ferry_member_options), NULL, NULL, 0, 0, 0, 0, NULL }
+#define FERRY_MEMBER_OPTIONS_INIT { sizeof(ferry_member_options), NULL, NULL, 0, 0, 0, 0, NULL, NULL }
 
 FERRY_C_API ferry_status ferry_coordinator_open(const ferry_coordinator_options* options, ferry_coordinator** out);
 /* Writes the address members pass (NUL-terminated) into `buffer`. */
@@ -88,6 +90,11 @@ FERRY_C_API ferry_status ferry_trainer_open(const ferry_member_options* options,
 /* Before join: a tensor of `ndim` dimensions whose bytes are at `data` (dtype: "f32", "bf16", ...). */
 FERRY_C_API ferry_status ferry_trainer_register_tensor(ferry_trainer* t, const char* name, const char* dtype,
                                                        const int64_t* shape, size_t ndim, void* data);
+/* Since 0.2: the same, for a tensor in the memory of CUDA device `device` (CUDA builds; every
+ * tensor of one member on one device). */
+FERRY_C_API ferry_status ferry_trainer_register_device_tensor(ferry_trainer* t, const char* name, const char* dtype,
+                                                              const int64_t* shape, size_t ndim, void* data,
+                                                              int device);
 FERRY_C_API ferry_status ferry_trainer_join(ferry_trainer* t);
 /* Until the coordinator admitted this shard and the job is ready for a version from it. */
 FERRY_C_API ferry_status ferry_trainer_wait_ready(ferry_trainer* t, int64_t timeout_ms);
@@ -113,6 +120,10 @@ FERRY_C_API ferry_status ferry_rollout_register_tensor(ferry_rollout* r, const c
 FERRY_C_API ferry_status ferry_rollout_register_rows(ferry_rollout* r, const char* name, const char* dtype,
                                                      const int64_t* shape, size_t ndim, int64_t first_row,
                                                      int64_t rows, void* data);
+/* Since 0.2: where the tensor lands in the memory of CUDA device `device` (CUDA builds). */
+FERRY_C_API ferry_status ferry_rollout_register_device_tensor(ferry_rollout* r, const char* name, const char* dtype,
+                                                              const int64_t* shape, size_t ndim, void* data,
+                                                              int device);
 FERRY_C_API ferry_status ferry_rollout_join(ferry_rollout* r);
 /* The newest version applied here (0: none). */
 FERRY_C_API uint64_t ferry_rollout_version(ferry_rollout* r);
