@@ -85,7 +85,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
   handle<heartbeat>([this](const envelope_header& h, const heartbeat&) { answer_given_up(h.from.node); });
   // A trainer shard cannot send a version it offloaded in a layout that changed since.
   handle<update_failed>([this](const envelope_header& h, const update_failed& m) {
-    const auto shard = std::find_if(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who == h.from; });
+    const auto shard = find_trainer(h.from);
     if (shard == trainers_.end() || m.version <= delivered_ || !pending_.contains(m.version)) return;
     fail_version(m.version, "trainer shard " + std::to_string(shard->first) + ": " + m.reason);
   });
@@ -97,8 +97,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     verdicts_.publish_started(m.version, this->host().clock().now());
     published_ = std::max(published_, m.version);
     if (m.version > delivered_) pending_.insert(m.version);
-    const auto shard = std::find_if(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who == h.from; });
-    if (shard != trainers_.end()) {
+    if (const auto shard = find_trainer(h.from); shard != trainers_.end()) {
       shard->second.last_published = std::max(shard->second.last_published, m.version);
       publishers_[m.version].insert(shard->first);
     }
@@ -403,6 +402,10 @@ std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const in
     routes.push_back({.instance = inst.id, .leader = leader, .slots = *w->slots, .stripe = s, .stripes = stripes});
   }
   return routes;
+}
+
+std::map<std::uint32_t, job_coordinator::trainer_entry>::iterator job_coordinator::find_trainer(const address& who) {
+  return std::find_if(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who == who; });
 }
 
 const job_coordinator::worker_entry* job_coordinator::find_worker(const address& who) const {

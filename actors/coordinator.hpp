@@ -156,6 +156,8 @@ class job_coordinator final : public actor {
   /// when it offered no slots.
   std::optional<leader_route> direct_route(std::uint32_t instance, const address& worker);
   const worker_entry* find_worker(const address& who) const;
+  /// The shard `who` registered as, or trainers_.end().
+  std::map<std::uint32_t, trainer_entry>::iterator find_trainer(const address& who);
 
   job_shape shape_;
   std::map<std::uint32_t, trainer_entry> trainers_;

@@ -21,12 +21,10 @@ job_member::job_member(node& host, actor_id id, address coordinator,
   });
   on<register_again>([this](const envelope_header&, const register_again& m) {
     // Heartbeats held up by the cut arrive together, each answered: register once.
-    if (stopped_ || failed_ || !registration_ || send_registration_) return;
+    if (stopped_ || failed_ || !send_registration_ || registering_) return;
     if (m.replaced) return fail("another process took this member's place while its link to the coordinator was cut");
     log::warn("{}: the coordinator had given it up (a cut link); registering again", name());
-    send_registration_ = registration_;
-    since_registration_ = {};
-    send_registration_();
+    register_now();
   });
 }
 
@@ -34,6 +32,12 @@ job_member::~job_member() {
   host().unwatch_peers(peer_watch_);
   host().clock().cancel(heartbeat_timer_);
   host().clock().cancel(grace_timer_);
+}
+
+void job_member::register_now() {
+  registering_ = true;
+  since_registration_ = {};
+  send_registration_();
 }
 
 void job_member::lost_coordinator(std::error_code why) {
@@ -72,7 +76,7 @@ void job_member::beat() {
     if (ec || stopped_ || failed_) return;
     send(coordinator_, heartbeat{});
     since_registration_ += heartbeat_interval_;
-    if (send_registration_ && since_registration_ >= registration_wait_) {
+    if (registering_ && since_registration_ >= registration_wait_) {
       send_registration_();
       since_registration_ = {};
       registration_wait_ = std::min(registration_wait_ * 2, std::chrono::milliseconds(8000));

@@ -40,14 +40,13 @@ class job_member : public actor {
   template <message M>
   void join_with(const M& registration) {
     start();
-    registration_ = [this, registration] { send(coordinator_, registration); };
-    send_registration_ = registration_;
-    send_registration_();
+    send_registration_ = [this, registration] { send(coordinator_, registration); };
+    register_now();
     beat();
   }
   /// The coordinator sent this member a plan: its registration arrived.
   void admitted() {
-    send_registration_ = nullptr;
+    registering_ = false;
     ++admissions_;
   }
   /// Fails this member once: logs, calls `failing()`, then `on_failed`.
@@ -88,14 +87,16 @@ class job_member : public actor {
   /// come back (heartbeats go on over a new link, and a coordinator that gave the member up asks
   /// it to register again): a plan within `coordinator_grace` says it is still in.
   void lost_coordinator(std::error_code why);
+  /// Sends the registration, and again every `registration_wait_` until a plan admits it.
+  void register_now();
   static constexpr std::chrono::seconds coordinator_grace{5};
 
   std::chrono::milliseconds heartbeat_interval_;
   std::uint64_t heartbeat_timer_ = 0;
   std::uint64_t peer_watch_ = 0;  ///< our watch of the node's lost peers
   std::uint64_t grace_timer_ = 0;  ///< while the link to the coordinator is down
-  std::function<void()> registration_;       ///< sends this member's registration
-  std::function<void()> send_registration_;  ///< until admitted
+  std::function<void()> send_registration_;  ///< set by join_with
+  bool registering_ = false;                 ///< registered, and not admitted yet
   std::uint64_t admissions_ = 0;
   std::chrono::milliseconds registration_wait_{1000}, since_registration_{0};
   boost::fibers::mutex state_mutex_;

@@ -34,6 +34,18 @@ void drain(node& host, std::chrono::milliseconds period) {
   host.clock().cancel(timer);
 }
 
+/// Loop thread: a closing member leaves the job saying `reason`, and its last frame gets time to
+/// go out; after the job's end it leaves nothing and only lingers, so that the other members hear
+/// the end before its links close.
+void depart(node& host, job_member& member, const std::string& reason) {
+  if (!member.failed() && !member.stopped()) {
+    member.leave(reason);
+    drain(host, std::chrono::milliseconds(200));
+  } else if (member.stopped()) {
+    drain(host, std::chrono::milliseconds(100));
+  }
+}
+
 /// Loop thread: a member with a trace file keeps its timeline, and writes it as it closes.
 void keep_trace(node& host, const std::string& file) {
   if (!file.empty()) host.env().trace().keep_records();
@@ -560,12 +572,7 @@ status trainer::join() {
       [self, trace = o.trace_file](node& host) {
         if (!self->shard) return;
         self->settle_all(failed(api_errc::closed, "trainer closed"));
-        if (!self->shard->failed() && !self->shard->stopped()) {  // not after the job's end
-          self->shard->leave(self->reason_to_leave());
-          drain(host, std::chrono::milliseconds(200));
-        } else if (self->shard->stopped()) {
-          drain(host, std::chrono::milliseconds(100));  // the other members hear the end before our links close
-        }
+        depart(host, *self->shard, self->reason_to_leave());
         self->shard.reset();
         write_trace(host, trace);
       },
@@ -776,12 +783,7 @@ status rollout::join() {
       },
       [self, trace = o.trace_file](node& host) {
         if (!self->worker) return;
-        if (!self->worker->failed() && !self->worker->stopped()) {  // not after the job's end
-          self->worker->leave(self->reason_to_leave());
-          drain(host, std::chrono::milliseconds(200));
-        } else if (self->worker->stopped()) {
-          drain(host, std::chrono::milliseconds(100));  // the other members hear the end before our links close
-        }
+        depart(host, *self->worker, self->reason_to_leave());
         self->worker.reset();
         write_trace(host, trace);
       },

@@ -119,6 +119,17 @@ ferry_status wait_update(ferry_trainer* t, uint64_t version, const char* what, W
     return to_status(wait(*u));
   });
 }
+
+/// Registers a tensor of `handle` (a trainer or a rollout), for the C function named `what`.
+template <class Handle>
+ferry_status register_tensor_of(Handle* handle, const char* what, const char* name, const char* dtype,
+                                const int64_t* shape, size_t ndim, void* data, int device) {
+  return guarded([&] {
+    if (!handle || !name || !dtype || (ndim > 0 && !shape))
+      return refuse((std::string(what) + ": a NULL argument").c_str());
+    return to_status(handle->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
+  });
+}
 }  // namespace
 
 extern "C" {
@@ -231,20 +242,12 @@ ferry_status ferry_trainer_open(const ferry_member_options* o, ferry_trainer** o
 
 ferry_status ferry_trainer_register_tensor(ferry_trainer* t, const char* name, const char* dtype,
                                            const int64_t* shape, size_t ndim, void* data) {
-  return guarded([&] {
-    if (!t || !name || !dtype || (ndim > 0 && !shape))
-      return refuse("ferry_trainer_register_tensor: a NULL argument");
-    return to_status(t->object.register_tensor(make_tensor(name, dtype, shape, ndim, data)));
-  });
+  return register_tensor_of(t, "ferry_trainer_register_tensor", name, dtype, shape, ndim, data, -1);
 }
 
 ferry_status ferry_trainer_register_device_tensor(ferry_trainer* t, const char* name, const char* dtype,
                                                   const int64_t* shape, size_t ndim, void* data, int device) {
-  return guarded([&] {
-    if (!t || !name || !dtype || (ndim > 0 && !shape))
-      return refuse("ferry_trainer_register_device_tensor: a NULL argument");
-    return to_status(t->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
-  });
+  return register_tensor_of(t, "ferry_trainer_register_device_tensor", name, dtype, shape, ndim, data, device);
 }
 
 ferry_status ferry_trainer_join(ferry_trainer* t) {
@@ -326,11 +329,7 @@ ferry_status ferry_rollout_open(const ferry_member_options* o, ferry_rollout** o
 
 ferry_status ferry_rollout_register_tensor(ferry_rollout* r, const char* name, const char* dtype,
                                            const int64_t* shape, size_t ndim, void* data) {
-  return guarded([&] {
-    if (!r || !name || !dtype || (ndim > 0 && !shape))
-      return refuse("ferry_rollout_register_tensor: a NULL argument");
-    return to_status(r->object.register_tensor(make_tensor(name, dtype, shape, ndim, data)));
-  });
+  return register_tensor_of(r, "ferry_rollout_register_tensor", name, dtype, shape, ndim, data, -1);
 }
 
 ferry_status ferry_rollout_register_rows(ferry_rollout* r, const char* name, const char* dtype,
@@ -346,11 +345,7 @@ ferry_status ferry_rollout_register_rows(ferry_rollout* r, const char* name, con
 
 ferry_status ferry_rollout_register_device_tensor(ferry_rollout* r, const char* name, const char* dtype,
                                                   const int64_t* shape, size_t ndim, void* data, int device) {
-  return guarded([&] {
-    if (!r || !name || !dtype || (ndim > 0 && !shape))
-      return refuse("ferry_rollout_register_device_tensor: a NULL argument");
-    return to_status(r->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
-  });
+  return register_tensor_of(r, "ferry_rollout_register_device_tensor", name, dtype, shape, ndim, data, device);
 }
 
 ferry_status ferry_rollout_join(ferry_rollout* r) {

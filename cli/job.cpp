@@ -234,7 +234,10 @@ int run_node(const node_flags& f) {
   if (auto error = prepare_environment(f.common, env)) return std::fprintf(stderr, "ferry node: %s\n", error->c_str()), 2;
   const auto& job = f.common.job;
   const auto model = f.common.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(job.model_bytes);
+  // The secret prepare_environment read and checked, passed on rather than read again.
   const ferry::member_options member{.coordinator = coordinator_uri(f.common),
+                                     .secret = std::string(reinterpret_cast<const char*>(env.secret.data()),
+                                                           env.secret.size()),
                                      .allow_unauthenticated = f.common.allow_unauthenticated,
                                      .node_id = f.id,
                                      .checksums = job.checksums,
