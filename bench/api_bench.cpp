@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_job.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -43,39 +45,31 @@ int fail(const char* what, const ferry::status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::uint64_t model_bytes = 256ull << 20, chunk_bytes = 4ull << 20;
-  std::uint32_t tensors = 64, depth = 2, workers = 2, versions = 9;
-  bool checks = false;
+  bench_job job;
   CLI::App app{"One job through ferry's public C++ API; per-version publish-to-delivered times"};
-  app.add_option("--model-bytes", model_bytes);
-  app.add_option("--tensors", tensors)->check(CLI::Range(1u, 100000u));
-  app.add_option("--chunk-bytes", chunk_bytes);
-  app.add_option("--depth", depth);
-  app.add_option("--workers", workers)->check(CLI::Range(1u, 64u));
-  app.add_option("--versions", versions)->check(CLI::Range(1u, 10000u));
-  app.add_flag("--checks", checks, "xxh3 chunk checksums and tensor digests on");
+  job.add_flags(app);
   CLI11_PARSE(app, argc, argv);
 
   const std::string secret = "api-bench-secret-of-enough-bytes";
   ferry::status ok;
   ferry::coordinator coordinator(
-      {.secret = secret, .instance_sizes = {workers}, .chunk_bytes = chunk_bytes, .depth = depth},
+      {.secret = secret, .instance_sizes = {job.workers}, .chunk_bytes = job.chunk_bytes, .depth = job.depth},
       ok);
   if (!ok) return fail("coordinator", ok);
   const ferry::member_options member{.coordinator = coordinator.address(),
                                      .secret = secret,
-                                     .checksums = checks,
-                                     .digests = checks};
+                                     .checksums = job.checks,
+                                     .digests = job.checks};
 
-  table sent(model_bytes, tensors);
+  table sent(job.model_bytes, job.tensors);
   ferry::trainer trainer({member});
   for (const auto& t : sent.view()) {
     if (auto s = trainer.register_tensor(t); !s) return fail("register", s);
   }
   std::vector<std::unique_ptr<table>> landing;
   std::vector<std::unique_ptr<ferry::rollout>> rollouts;
-  for (std::uint32_t rank = 0; rank < workers; ++rank) {
-    landing.push_back(std::make_unique<table>(model_bytes, tensors));
+  for (std::uint32_t rank = 0; rank < job.workers; ++rank) {
+    landing.push_back(std::make_unique<table>(job.model_bytes, job.tensors));
     rollouts.push_back(std::make_unique<ferry::rollout>(ferry::rollout::options{member, 0, rank}));
     for (const auto& t : landing.back()->view()) {
       if (auto s = rollouts.back()->register_tensor(t); !s) return fail("register", s);
@@ -87,8 +81,8 @@ int main(int argc, char** argv) {
   }
 
   std::printf("{\"model_bytes\": %llu, \"workers\": %u, \"per_version_s\": [",
-              (unsigned long long)model_bytes, workers);
-  for (std::uint64_t v = 1; v <= versions; ++v) {
+              (unsigned long long)job.model_bytes, job.workers);
+  for (std::uint64_t v = 1; v <= job.versions; ++v) {
     const auto start = std::chrono::steady_clock::now();
     ferry::trainer::update u(nullptr);
     if (auto s = trainer.publish(v, &u); !s) return fail("publish", s);

@@ -18,6 +18,7 @@
 #include "actors/rollout_worker.hpp"
 #include "actors/trainer_shard.hpp"
 #include "api/member_thread.hpp"
+#include "bench/bench_job.hpp"
 #include "collectives/host/chain_broadcast.hpp"
 
 namespace {
@@ -52,7 +53,8 @@ struct progress {
 std::vector<tensor_ref> refs(std::vector<std::vector<std::byte>>& table) {
   std::vector<tensor_ref> out;
   for (std::size_t i = 0; i < table.size(); ++i) {
-    out.push_back({.spec = make_tensor_spec("t" + std::to_string(i), dtype::u8, {static_cast<std::int64_t>(table[i].size())}),
+    out.push_back({.spec = make_tensor_spec("t" + std::to_string(i), dtype::u8,
+                                            {static_cast<std::int64_t>(table[i].size())}),
                    .data = table[i].data()});
   }
   return out;
@@ -66,33 +68,33 @@ int fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::uint64_t model_bytes = 256ull << 20, chunk_bytes = 4ull << 20;
-  std::uint32_t tensors = 64, depth = 2, workers = 2, versions = 9;
-  bool checks = false;
-  CLI::App app{"ferry_api_bench's job with the actors driven directly; per-version publish-to-delivered times"};
-  app.add_option("--model-bytes", model_bytes);
-  app.add_option("--tensors", tensors)->check(CLI::Range(1u, 100000u));
-  app.add_option("--chunk-bytes", chunk_bytes);
-  app.add_option("--depth", depth);
-  app.add_option("--workers", workers)->check(CLI::Range(1u, 64u));
-  app.add_option("--versions", versions)->check(CLI::Range(1u, 10000u));
-  app.add_flag("--checks", checks, "xxh3 chunk checksums and tensor digests on");
+  bench_job job;
+  CLI::App app{
+      "ferry_api_bench's job with the actors driven directly; per-version publish-to-delivered "
+      "times"};
+  job.add_flags(app);
   CLI11_PARSE(app, argc, argv);
 
   api::link_settings link;
-  for (char c : std::string("api-bench-secret-of-enough-bytes")) link.secret.push_back(static_cast<std::byte>(c));
+  for (char c : std::string("api-bench-secret-of-enough-bytes"))
+    link.secret.push_back(static_cast<std::byte>(c));
   progress state;
-  state.applied.assign(workers, 0);
+  state.applied.assign(job.workers, 0);
 
   api::member_thread coordinator_thread;
   std::unique_ptr<job_coordinator> coordinator;
   std::string coordinator_address;
-  const job_shape shape{.trainers = 1, .instance_sizes = {workers}, .chunk_bytes = chunk_bytes, .depth = depth};
+  const job_shape shape{.trainers = 1,
+                        .instance_sizes = {job.workers},
+                        .chunk_bytes = job.chunk_bytes,
+                        .depth = job.depth};
   if (auto s = coordinator_thread.start(
           "tcp", coordinator_node, link,
           [&](node& host) -> status {
             coordinator = std::make_unique<job_coordinator>(host, job_actor, shape);
-            coordinator->on_failed = [&](const std::string& why) { state.update([&] { state.failure = why; }); };
+            coordinator->on_failed = [&](const std::string& why) {
+              state.update([&] { state.failure = why; });
+            };
             coordinator->start();
             coordinator_address = host.transport().local_address();
             return {};
@@ -106,22 +108,29 @@ int main(int argc, char** argv) {
   }
   const address to_coordinator{coordinator_node, job_actor};
   auto reach = [&](node& host) -> status {
-    if (auto ec = host.transport().add_peer(coordinator_node, coordinator_address)) return {ec, ec.message()};
+    if (auto ec = host.transport().add_peer(coordinator_node, coordinator_address))
+      return {ec, ec.message()};
     return {};
   };
 
-  std::vector<std::vector<std::byte>> sent(tensors, std::vector<std::byte>(model_bytes / tensors, std::byte{1}));
+  std::vector<std::vector<std::byte>> sent(
+      job.tensors, std::vector<std::byte>(job.model_bytes / job.tensors, std::byte{1}));
   api::member_thread trainer_thread;
   std::unique_ptr<trainer_shard> shard;
   if (auto s = trainer_thread.start(
           "tcp", 1, link,
           [&](node& host) -> status {
             if (auto st = reach(host); !st) return st;
-            shard = std::make_unique<trainer_shard>(host, job_actor, to_coordinator, 0, refs(sent),
-                                                    trainer_options{.checksums = checks, .digests = checks});
+            shard = std::make_unique<trainer_shard>(
+                host, job_actor, to_coordinator, 0, refs(sent),
+                trainer_options{.checksums = job.checks, .digests = job.checks});
             shard->on_ready = [&] { state.update([&] { state.ready = true; }); };
-            shard->on_delivered = [&](std::uint64_t v, bool) { state.update([&] { state.delivered = v; }); };
-            shard->on_failed = [&](const std::string& why) { state.update([&] { state.failure = why; }); };
+            shard->on_delivered = [&](std::uint64_t v, bool) {
+              state.update([&] { state.delivered = v; });
+            };
+            shard->on_failed = [&](const std::string& why) {
+              state.update([&] { state.failure = why; });
+            };
             shard->join();
             return {};
           },
@@ -130,10 +139,12 @@ int main(int argc, char** argv) {
     return fail("trainer: " + s.message);
   }
 
-  std::vector<std::vector<std::vector<std::byte>>> landing(workers, std::vector<std::vector<std::byte>>(tensors, std::vector<std::byte>(model_bytes / tensors)));
+  std::vector<std::vector<std::vector<std::byte>>> landing(
+      job.workers, std::vector<std::vector<std::byte>>(
+                       job.tensors, std::vector<std::byte>(job.model_bytes / job.tensors)));
   std::vector<std::unique_ptr<api::member_thread>> rollout_threads;
-  std::vector<std::unique_ptr<rollout_worker>> rollouts(workers);
-  for (std::uint32_t rank = 0; rank < workers; ++rank) {
+  std::vector<std::unique_ptr<rollout_worker>> rollouts(job.workers);
+  for (std::uint32_t rank = 0; rank < job.workers; ++rank) {
     rollout_threads.push_back(std::make_unique<api::member_thread>());
     if (auto s = rollout_threads.back()->start(
             "tcp", (1u << 20) + rank, link,
@@ -142,9 +153,15 @@ int main(int argc, char** argv) {
               auto& w = rollouts[rank];
               w = std::make_unique<rollout_worker>(
                   host, job_actor, to_coordinator, 0, rank, refs(landing[rank]),
-                  worker_options{.checksums = checks, .digests = checks, .make_broadcast = host_chain(chain_tag)});
-              w->on_version = [&, rank](std::uint64_t v) { state.update([&] { state.applied[rank] = v; }); };
-              w->on_failed = [&](const std::string& why) { state.update([&] { state.failure = why; }); };
+                  worker_options{.checksums = job.checks,
+                                 .digests = job.checks,
+                                 .make_broadcast = host_chain(chain_tag)});
+              w->on_version = [&, rank](std::uint64_t v) {
+                state.update([&] { state.applied[rank] = v; });
+              };
+              w->on_failed = [&](const std::string& why) {
+                state.update([&] { state.failure = why; });
+              };
               w->join();
               return {};
             },
@@ -155,8 +172,9 @@ int main(int argc, char** argv) {
   }
   if (!state.wait([&] { return state.ready; })) return fail(state.failure);
 
-  std::printf("{\"model_bytes\": %llu, \"workers\": %u, \"per_version_s\": [", (unsigned long long)model_bytes, workers);
-  for (std::uint64_t v = 1; v <= versions; ++v) {
+  std::printf("{\"model_bytes\": %llu, \"workers\": %u, \"per_version_s\": [",
+              (unsigned long long)job.model_bytes, job.workers);
+  for (std::uint64_t v = 1; v <= job.versions; ++v) {
     const auto start = std::chrono::steady_clock::now();
     trainer_thread.post([&, v] {
       std::string why;
@@ -170,7 +188,8 @@ int main(int argc, char** argv) {
       return true;
     });
     if (!ok) return fail(state.failure);
-    std::printf("%s%.6f", v > 1 ? ", " : "", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::printf("%s%.6f", v > 1 ? ", " : "",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::printf("]}\n");
   for (auto& t : rollout_threads) t->stop();
