@@ -54,8 +54,10 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     if (auto it = workers_.find({m.instance, m.rank}); it != workers_.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     readmit(h.from);
-    workers_[{m.instance, m.rank}] = {.who = h.from, .transport_address = m.transport_address, .tensors = m.tensors,
-                                      .parts = m.parts, .on_device = m.on_device};
+    workers_[{m.instance, m.rank}] = {.who = h.from,
+                                      .transport_address = m.transport_address,
+                                      .table = intern({.tensors = m.tensors, .parts = m.parts}),
+                                      .on_device = m.on_device};
     if (started_) {
       const bool new_instance = !instances_seen_.contains(m.instance);
       regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")" +
@@ -295,6 +297,15 @@ bool job_coordinator::leads(const address& worker) const {
   });
 }
 
+std::shared_ptr<const job_coordinator::worker_table> job_coordinator::intern(worker_table table) {
+  std::erase_if(tables_, [](const auto& t) { return t.expired(); });
+  for (const auto& t : tables_)
+    if (auto live = t.lock(); live && *live == table) return live;
+  auto fresh = std::make_shared<const worker_table>(std::move(table));
+  tables_.push_back(fresh);
+  return fresh;
+}
+
 void job_coordinator::regroup(const std::string& reason) {
   if (failed_) return;
   if (!regroup_since_) {
@@ -327,14 +338,15 @@ void job_coordinator::regroup(const std::string& reason) {
     published.insert(published.end(), t.tensors.begin(), t.tensors.end());
   }
   std::string why;
+  std::map<const worker_table*, selection> checked;  // each distinct table once
   for (const auto& [key, w] : workers_) {
-    selection selected;
-    if (!check_worker_tensors(published, w.tensors, w.parts, selected, why)) {
+    const auto [it, fresh] = checked.try_emplace(w.table.get());
+    if (fresh && !check_worker_tensors(published, w.table->tensors, w.table->parts, it->second, why)) {
       return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
     }
-    if (selected.empty()) continue;
-    selections_.insert(selected);
-    in.selected.emplace(w.who, std::move(selected));
+    if (it->second.empty()) continue;
+    selections_.insert(it->second);
+    in.selected.emplace(w.who, it->second);
   }
   in.selections = selections_;
   // Every instance some worker registered in, declared or joined since; one whose workers all
@@ -427,10 +439,10 @@ bool job_coordinator::all_workers_ready() const {
   return std::all_of(workers_.begin(), workers_.end(), [](const auto& e) { return e.second.ready; });
 }
 
-void job_coordinator::send_plan(plan_ready message) {
+void job_coordinator::send_plan(const plan_ready& message) {
   if (distribution_) distribution_->cancelled = true;  // the older plan's members not reached yet never will be
   distribution_ = std::make_shared<plan_distribution>();
-  distribution_->message = std::move(message);
+  distribution_->message = encode_body(message);
   // Trainers first: each must hold the plan before its job_ready, which follows the workers' readiness.
   for (const auto& [rank, t] : trainers_) distribution_->to.push_back(t.who);
   for (const auto& [key, w] : workers_) distribution_->to.push_back(w.who);

@@ -86,11 +86,17 @@ class job_coordinator final : public actor {
     std::uint64_t first_version = 1;  ///< the oldest version its host copies can hold (it joined then)
     std::uint64_t last_published = 0;
   };
+  /// What a worker registered. Workers of one part register equal tables (Kimi-K2's 128
+  /// whole-model workers: 140k tensors each), which share one copy (`intern`).
+  struct worker_table {
+    std::vector<tensor_spec> tensors;
+    std::vector<byte_range> parts;  ///< parallel to `tensors`, or empty: whole tensors
+    friend bool operator==(const worker_table&, const worker_table&) = default;
+  };
   struct worker_entry {
     address who;
     std::string transport_address;
-    std::vector<tensor_spec> tensors;
-    std::vector<byte_range> parts;  ///< parallel to `tensors`, or empty: whole tensors
+    std::shared_ptr<const worker_table> table;
     bool on_device = false;
     bool ready = false;
     std::optional<region_desc> slots;
@@ -106,6 +112,8 @@ class job_coordinator final : public actor {
     std::uint64_t version = 0;
     bool catch_up = false;
   };
+
+  std::shared_ptr<const worker_table> intern(worker_table table);
 
   template <message M>
   void handle(std::function<void(const envelope_header&, const M&)> fn);
@@ -124,12 +132,12 @@ class job_coordinator final : public actor {
   /// The plan on its way to every member, a few frames at a time: a Kimi-K2 plan is tens of MB per
   /// member, hundreds of members at once would be gigabytes of frames.
   struct plan_distribution {
-    plan_ready message;
+    encoded_body message;  ///< encoded once for every member
     std::deque<address> to;  ///< not sent yet
     std::uint32_t in_flight = 0;
     bool cancelled = false;  ///< a newer plan replaced it, or the coordinator is gone
   };
-  void send_plan(plan_ready message);
+  void send_plan(const plan_ready& message);
   void send_more_plans(const std::shared_ptr<plan_distribution>& d);
   bool all_workers_ready() const;
   void plan_in_force();
@@ -181,6 +189,7 @@ class job_coordinator final : public actor {
   void readmit(const address& who);
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
+  std::vector<std::weak_ptr<const worker_table>> tables_;  ///< registered, for `intern`
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
   std::set<selection> selections_;       ///< every selection the job has seen: they fix the layout
   region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer

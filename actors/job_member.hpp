@@ -34,13 +34,14 @@ class job_member : public actor {
   /// Stops heart beating; a derived destructor has already ended its fibers.
   ~job_member() override;
 
-  /// Starts the mailbox, registers with `registration`, and heartbeats from then on. Until the
-  /// job admits this member (`admitted()`), the registration goes again after 1, 2, 4, 8, 8... s:
-  /// a coordinator not yet serving, or a link not yet up, drops it, and nothing else would tell.
-  template <message M>
-  void join_with(const M& registration) {
+  /// Starts the mailbox, registers with `make_registration()`, and heartbeats from then on. Until
+  /// the job admits this member (`admitted()`), the registration goes again after 1, 2, 4, 8, 8...
+  /// s: a coordinator not yet serving, or a link not yet up, drops it, and nothing else would
+  /// tell. It is made anew for each send: a member of a 140k-tensor table keeps no copy of it.
+  template <class Make>
+  void join_with(Make make_registration) {
     start();
-    send_registration_ = [this, registration] { send(coordinator_, registration); };
+    send_registration_ = [this, make_registration] { send(coordinator_, make_registration()); };
     register_now();
     beat();
   }

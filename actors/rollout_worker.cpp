@@ -66,13 +66,16 @@ rollout_worker::~rollout_worker() {
 }
 
 void rollout_worker::join() {
-  register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
-                    .on_device = on_device()};
-  for (const auto& t : tensors_) {
-    m.tensors.push_back(t.spec);
-    m.parts.push_back(t.held());
-  }
-  join_with(m);
+  join_with([this] {
+    register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
+                      .on_device = on_device()};
+    // A worker that took the trainers' table still takes it (registers none) when it registers again.
+    for (const auto& t : takes_trainers_table_ ? std::span<const tensor_ref>{} : std::span(tensors_)) {
+      m.tensors.push_back(t.spec);
+      m.parts.push_back(t.held());
+    }
+    return m;
+  });
 }
 
 std::string rollout_worker::name() const { return "worker " + std::to_string(instance_) + "." + std::to_string(rank_); }

@@ -82,9 +82,11 @@ void trainer_shard::release_host_copies() {
 }
 
 void trainer_shard::join() {
-  register_trainer m{.shard = shard_, .transport_address = host().transport().local_address()};
-  for (const auto& t : tensors_) m.tensors.push_back(t.spec);
-  join_with(m);
+  join_with([this] {
+    register_trainer m{.shard = shard_, .transport_address = host().transport().local_address()};
+    for (const auto& t : tensors_) m.tensors.push_back(t.spec);
+    return m;
+  });
 }
 
 void trainer_shard::release_credits() {

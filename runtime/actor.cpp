@@ -66,6 +66,10 @@ void actor::serve() {
   finished_ = true;
 }
 
+void actor::send(address to, const encoded_body& body, std::function<void(std::error_code)> sent) {
+  send_frame(to, encode(envelope_header{.from = self_, .to = to, .epoch = epoch_}, body), std::move(sent));
+}
+
 void actor::send_frame(address to, frame f, std::function<void(std::error_code)> sent) {
   host_.route(to, std::move(f), std::move(sent));
 }

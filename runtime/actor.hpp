@@ -40,6 +40,9 @@ class actor {
   template <message M>
   void send(address to, const M& body, std::function<void(std::error_code)> sent);
 
+  /// The same for a body encoded once for many recipients.
+  void send(address to, const encoded_body& body, std::function<void(std::error_code)> sent);
+
   /// Starts the mailbox fiber.
   void start();
   /// Closes the mailbox; queued messages are dropped and the fiber ends.

@@ -1,6 +1,8 @@
 #include "runtime/codec.hpp"
 
+#include <cstring>
 #include <limits>
+#include <optional>
 
 namespace ferry {
 namespace detail {
@@ -21,6 +23,31 @@ void finish_prefix(frame& f) {
 
 }  // namespace detail
 
+frame encode(envelope_header head, const encoded_body& body) {
+  head.kind = body.kind;
+  frame f(frame_prefix_bytes);
+  detail::frame_sink sink{f};
+  msgpack::packer<detail::frame_sink> packer(sink);
+  detail::pack_header(packer, head);
+  f.insert(f.end(), body.bytes.begin(), body.bytes.end());
+  detail::finish_prefix(f);
+  return f;
+}
+
+std::shared_ptr<const void> body_cache::find(msg_kind kind, std::span<const std::byte> body) {
+  std::lock_guard lock(mutex_);
+  for (const auto& e : recent_)
+    if (e.kind == kind && e.bytes.size() == body.size() && std::memcmp(e.bytes.data(), body.data(), body.size()) == 0)
+      return e.value;
+  return nullptr;
+}
+
+void body_cache::keep(msg_kind kind, std::span<const std::byte> body, std::shared_ptr<const void> value) {
+  std::lock_guard lock(mutex_);
+  recent_.push_front({.kind = kind, .bytes = {body.begin(), body.end()}, .value = std::move(value)});
+  if (recent_.size() > kept) recent_.pop_back();
+}
+
 namespace {
 
 template <class T>
@@ -35,6 +62,60 @@ bool read_address(const msgpack::object& o, address& out) {
          read_uint(o.via.array.ptr[1], out.actor);
 }
 
+/// The envelope's first five fields: protocol, kind, from, to, epoch.
+std::error_code read_header(const msgpack::object* f, envelope_header& head) {
+  if (!read_uint(f[0], head.protocol)) return errc::malformed_frame;
+  if (head.protocol != protocol_version) return errc::wrong_protocol;
+  if (!read_uint(f[1], head.kind) || !read_address(f[2], head.from) || !read_address(f[3], head.to) ||
+      !read_uint(f[4], head.epoch)) {
+    return errc::malformed_frame;
+  }
+  return {};
+}
+
+msgpack::unpack_limit caps_of(const codec_limits& limits, std::size_t depth) {
+  return {limits.max_array, limits.max_map, limits.max_str, limits.max_bin, limits.max_bin, depth};
+}
+
+/// A large payload whose body `shared` holds already, or decodes once and keeps. Only a payload
+/// this decodes cleanly comes back; anything else (nullopt) goes to the full decoder, which says
+/// what is wrong with it.
+std::optional<decoded_message> decode_large(std::span<const std::byte> payload, const message_registry& registry,
+                                            const codec_limits& limits, body_cache& shared) {
+  constexpr auto envelope = std::byte{0x96};  // msgpack's fixarray of six
+  if (payload.empty() || payload[0] != envelope || limits.max_depth < 2) return std::nullopt;
+  const auto* data = reinterpret_cast<const char*>(payload.data());
+  std::size_t offset = 1;
+  decoded_message m;
+  try {
+    const msgpack::unpack_limit header_caps(2, 0, 0, 0, 0, 2);
+    msgpack::object_handle items[5];
+    msgpack::object fields[5];
+    for (int i = 0; i < 5; ++i) {
+      items[i] = msgpack::unpack(data, payload.size(), offset, nullptr, nullptr, header_caps);
+      fields[i] = items[i].get();
+    }
+    if (read_header(fields, m.head)) return std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const auto* entry = registry.find(m.head.kind);
+  if (!entry) return std::nullopt;
+  const auto body = payload.subspan(offset);
+  if ((m.body = shared.find(m.head.kind, body))) return m;
+  try {
+    // One level less than the whole envelope allows, as the body sits inside it.
+    auto handle = msgpack::unpack(data, payload.size(), offset, nullptr, nullptr, caps_of(limits, limits.max_depth - 1));
+    if (offset != payload.size() || handle.get().type != msgpack::type::MAP) return std::nullopt;
+    m.body = entry->convert(handle.get());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (!m.body) return std::nullopt;
+  shared.keep(m.head.kind, body, m.body);
+  return m;
+}
+
 }  // namespace
 
 result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const codec_limits& limits) {
@@ -47,15 +128,16 @@ result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const cod
 }
 
 result<decoded_message> decode_payload(std::span<const std::byte> payload, const message_registry& registry,
-                                       const codec_limits& limits) {
+                                       const codec_limits& limits, body_cache* shared) {
   if (payload.size() > limits.max_frame_bytes) return fail(errc::oversize_frame);
-  decoded_message m;
+  if (shared && payload.size() >= body_cache::min_bytes) {
+    if (auto m = decode_large(payload, registry, limits, *shared)) return std::move(*m);
+  }
+  msgpack::object_handle handle;
   std::size_t offset = 0;
   try {
-    const msgpack::unpack_limit caps(limits.max_array, limits.max_map, limits.max_str, limits.max_bin,
-                                     limits.max_bin, limits.max_depth);
-    m.handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size(), offset, nullptr,
-                               nullptr, caps);
+    handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size(), offset, nullptr, nullptr,
+                             caps_of(limits, limits.max_depth));
   } catch (const msgpack::insufficient_bytes&) {
     return fail(errc::truncated_frame);
   } catch (const std::exception&) {  // parse errors and every size/depth limit
@@ -63,19 +145,14 @@ result<decoded_message> decode_payload(std::span<const std::byte> payload, const
   }
   if (offset != payload.size()) return fail(errc::malformed_frame);
 
-  const msgpack::object& root = m.handle.get();
+  const msgpack::object& root = handle.get();
   if (root.type != msgpack::type::ARRAY || root.via.array.size != 6) return fail(errc::malformed_frame);
   const msgpack::object* f = root.via.array.ptr;
-  if (!read_uint(f[0], m.head.protocol)) return fail(errc::malformed_frame);
-  if (m.head.protocol != protocol_version) return fail(errc::wrong_protocol);
-  if (!read_uint(f[1], m.head.kind) || !read_address(f[2], m.head.from) || !read_address(f[3], m.head.to) ||
-      !read_uint(f[4], m.head.epoch)) {
-    return fail(errc::malformed_frame);
-  }
+  decoded_message m;
+  if (auto ec = read_header(f, m.head)) return fail(ec);
   const auto* entry = registry.find(m.head.kind);
   if (!entry) return fail(errc::unknown_kind);
-  m.body = f[5];
-  if (m.body.type != msgpack::type::MAP || !entry->accepts(m.body)) return fail(errc::malformed_body);
+  if (f[5].type != msgpack::type::MAP || !(m.body = entry->convert(f[5]))) return fail(errc::malformed_body);
   return m;
 }
 

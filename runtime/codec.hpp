@@ -4,7 +4,11 @@
 /// Decoding is strict; see docs/wire-format.md.
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "runtime/errc.hpp"
@@ -26,17 +30,39 @@ struct codec_limits {
   std::size_t max_bin = 16u << 20;
 };
 
-/// A decoded, validated message; owns the memory its body points into.
+/// A decoded, validated message: its body converted to the kind's struct once, when the frame was
+/// checked, and shared by whoever holds the message.
 struct decoded_message {
   envelope_header head;
-  msgpack::object_handle handle;
-  msgpack::object body;
+  std::shared_ptr<const void> body;
 
-  /// The body as `M`; the registry already checked that it converts.
+  /// The body as `M`, which must be the struct of `head.kind`.
   template <message M>
-  M as() const {
-    return body.as<M>();
+  const M& as() const {
+    if (head.kind != M::kind || !body) throw std::logic_error("decoded_message::as: not a message of this kind");
+    return *static_cast<const M*>(body.get());
   }
+};
+
+/// Bodies of large frames decoded once for every node of a process that receives the same bytes:
+/// a simulation's hundreds of members each get the same plan. It keeps the last few, compared
+/// byte for byte. Thread-safe.
+class body_cache {
+ public:
+  /// Smaller frames decode faster than they compare.
+  static constexpr std::size_t min_bytes = 1u << 20;
+  std::shared_ptr<const void> find(msg_kind kind, std::span<const std::byte> body);
+  void keep(msg_kind kind, std::span<const std::byte> body, std::shared_ptr<const void> value);
+
+ private:
+  struct entry {
+    msg_kind kind = 0;
+    std::vector<std::byte> bytes;
+    std::shared_ptr<const void> value;
+  };
+  static constexpr std::size_t kept = 2;
+  std::mutex mutex_;
+  std::deque<entry> recent_;
 };
 
 namespace detail {
@@ -65,13 +91,32 @@ frame encode(envelope_header head, const M& body) {
   return f;
 }
 
+/// A body encoded once for many recipients (the plan, sent to every member).
+struct encoded_body {
+  msg_kind kind = 0;
+  std::vector<std::byte> bytes;
+};
+
+template <message M>
+encoded_body encode_body(const M& body) {
+  encoded_body out{.kind = M::kind};
+  detail::frame_sink sink{out.bytes};
+  msgpack::packer<detail::frame_sink> packer(sink);
+  packer.pack(body);
+  return out;
+}
+
+/// A frame of an already encoded body under `head` (whose kind is set from the body).
+frame encode(envelope_header head, const encoded_body& body);
+
 /// Reads a length prefix; `oversize_frame` if it announces more than the cap, `truncated_frame`
 /// if fewer than 4 bytes are given.
 result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const codec_limits& limits);
 
-/// Decodes one envelope payload (without its prefix) and checks its body against `registry`.
+/// Decodes one envelope payload (without its prefix) and checks its body against `registry`. With
+/// `shared`, a large body equal to one decoded recently is not decoded again.
 result<decoded_message> decode_payload(std::span<const std::byte> payload, const message_registry& registry,
-                                       const codec_limits& limits);
+                                       const codec_limits& limits, body_cache* shared = nullptr);
 
 /// Decodes one whole frame (prefix + payload); trailing bytes are `malformed_frame`.
 result<decoded_message> decode_frame(std::span<const std::byte> bytes, const message_registry& registry,

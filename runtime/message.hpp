@@ -12,7 +12,7 @@ using actor_id = std::uint32_t;
 using msg_kind = std::uint16_t;
 
 /// The wire protocol version carried by every envelope.
-inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t protocol_version = 3;
 
 struct address {
   node_id node = 0;

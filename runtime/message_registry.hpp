@@ -2,6 +2,7 @@
 /// The message kinds a node understands, each with its strict body check.
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -13,21 +14,25 @@ class message_registry {
  public:
   struct entry {
     std::string name;
-    /// True when the body converts to the kind's struct (and passes its `valid()`, if it has one).
-    std::function<bool(const msgpack::object&)> accepts;
+    /// The body as the kind's struct (type-erased), or null when it does not convert or fails
+    /// its `valid()`.
+    std::function<std::shared_ptr<const void>(const msgpack::object&)> convert;
+    bool accepts(const msgpack::object& body) const { return convert(body) != nullptr; }
   };
 
   /// Registers `M` under `M::kind`; registering another type under a used kind throws. A
   /// message with `bool valid() const` is accepted only when it holds.
   template <message M>
   void add(std::string_view name) {
-    add_entry(M::kind, entry{std::string(name), [](const msgpack::object& body) {
+    add_entry(M::kind, entry{std::string(name), [](const msgpack::object& body) -> std::shared_ptr<const void> {
                                try {
-                                 const auto m = body.as<M>();
-                                 if constexpr (requires { m.valid(); }) return m.valid();
-                                 return true;
+                                 auto m = std::make_shared<const M>(body.as<M>());
+                                 if constexpr (requires { m->valid(); }) {
+                                   if (!m->valid()) return nullptr;
+                                 }
+                                 return m;
                                } catch (const std::exception&) {
-                                 return false;
+                                 return nullptr;
                                }
                              }});
   }

@@ -73,7 +73,7 @@ void node::forget_writes(std::uint8_t tag) { write_handlers_.erase(tag); }
 
 void node::receive(node_id from, std::span<const std::byte> payload) {
   ++stats_.frames_in;
-  auto m = decode_payload(payload, registry_, limits_);
+  auto m = decode_payload(payload, registry_, limits_, env_.shared_bodies());
   if (!m) return reject(from, m.error());
   if (m->head.from.node != from) return reject(from, errc::forged_sender);
   if (m->head.to.node != id_) return reject(from, errc::unknown_peer);

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "runtime/clock.hpp"
+#include "runtime/codec.hpp"
 #include "runtime/copy_engine.hpp"
 #include "runtime/environment.hpp"
 #include "runtime/event_loop.hpp"
@@ -37,6 +38,7 @@ class virtual_environment final : public environment {
     return trace_;
   }
   bool is_virtual() const override { return true; }
+  body_cache* shared_bodies() override { return &bodies_; }
 
  private:
   class inline_executor final : public executor {
@@ -70,6 +72,7 @@ class virtual_environment final : public environment {
   host_copy_engine copies_;
   no_platform platform_;
   class trace trace_;
+  body_cache bodies_;
 };
 
 }  // namespace ferry

@@ -25,8 +25,11 @@ cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
     copy_threads_.push_back(net.add_resource(fmt::format("node{} copy threads", n),
                                              hw.copy_threads * hw.copy_thread_rate));
   }
-  fabric_ = net.add_resource(
-      "switch fabric", hw.nodes * hw.nics_per_node * hw.nic_rate / hw.fabric_oversubscription);
+  // A non-blocking fabric carries every NIC at full rate: it never binds, and leaving it out of
+  // the paths keeps transfers on different NICs independent (and their rates cheaper to share).
+  if (hw.fabric_oversubscription > 1)
+    fabric_ = net.add_resource(
+        "switch fabric", hw.nodes * hw.nics_per_node * hw.nic_rate / hw.fabric_oversubscription);
 }
 
 unsigned cluster::socket_of(unsigned gpu) const {
@@ -65,12 +68,13 @@ route cluster::network(unsigned from, unsigned to) const {
           {memory_[socket_of(from)]}, {memory_[socket_of(to)]}, {copy_threads_[node_of(from)]}};
     return r;
   }
-  return {.path = {{memory_[socket_of(from)]},
+  route r{.path = {{memory_[socket_of(from)]},
                    {nic_tx_[nic_of(from)]},
-                   {fabric_},
                    {nic_rx_[nic_of(to)]},
                    {memory_[socket_of(to)]}},
           .latency = hw_.nic_latency};
+  if (fabric_) r.path.push_back({*fabric_});
+  return r;
 }
 
 route cluster::nvlink(unsigned from, unsigned to) const {

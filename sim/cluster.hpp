@@ -1,6 +1,7 @@
 #pragma once
 /// A cluster's hardware as resources of a flow network, and the routes a chunk takes through
 /// them: offload (D2H), upload (H2D), host copies, the network between nodes, NVLink.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,7 @@ class cluster {
   std::vector<resource_id> memory_;                                      // per socket
   std::vector<resource_id> nic_tx_, nic_rx_;                             // per NIC
   std::vector<resource_id> copy_threads_;                                // per node
-  resource_id fabric_ = 0;
+  std::optional<resource_id> fabric_;  ///< only when oversubscribed
 };
 
 /// Why `hw` cannot describe a cluster, naming the field; empty when it can.

@@ -3,10 +3,12 @@
 /// a NIC, a socket's memory, a fabric), transfers that cross a path of them, rates shared max-min
 /// fairly and recomputed whenever a transfer starts or ends. Far cheaper than packets and right
 /// for the large, long transfers a weight update is made of.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,9 +38,12 @@ struct hop {
   double weight = 1;
 };
 
+/// The most resources one transfer crosses.
+inline constexpr std::size_t max_hops = 8;
+
 struct transfer_spec {
   std::uint64_t bytes = 0;
-  std::vector<hop> path;
+  std::vector<hop> path;  ///< at most max_hops
   /// Fixed cost of the operation, added after its last byte moved.
   clock::duration latency{};
   /// A cap of its own (one copy thread's speed, one NCCL channel's); infinity when none.
@@ -69,7 +74,7 @@ class flow_network {
 
   /// The rate a transfer in flight has now (bytes/s), after any pending recomputation; 0 once done.
   double rate_of(std::uint64_t transfer);
-  std::size_t in_flight() const { return flows_.size() - free_.size(); }
+  std::size_t in_flight() const { return live_.size(); }
   /// Brings every resource's carried bytes and busy time up to now.
   void settle();
 
@@ -82,9 +87,11 @@ class flow_network {
     double remaining = 0;
     double rate = 0;
     double max_rate = 0;
-    std::vector<hop> path;
+    std::uint32_t hops = 0;
+    std::array<hop, max_hops> path{};  ///< inline: hundreds of thousands start and end
     ferry::clock::duration latency{};
     std::function<void()> done;
+    std::span<const hop> route() const { return {path.data(), hops}; }
   };
 
   void advance();
@@ -97,6 +104,7 @@ class flow_network {
   std::vector<resource> resources_;
   std::vector<flow> flows_;
   std::vector<std::uint32_t> free_;
+  std::vector<std::uint32_t> live_;  ///< slots of transfers in flight, in the order they started
   ferry::clock::time_point last_{};
   std::uint64_t next_id_ = 1;
   std::uint64_t started_ = 0;
@@ -106,10 +114,14 @@ class flow_network {
   bool recompute_pending_ = false;
   bool timer_armed_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  // Scratch for the max-min computation, kept to avoid allocating per event.
-  std::vector<double> capacity_left_;
-  std::vector<double> unfixed_weight_;
-  std::vector<std::uint32_t> touched_;
+  // Scratch for the max-min computation, per resource unless said, kept to avoid allocating per
+  // event.
+  std::vector<double> capacity_left_, unfixed_weight_;
+  std::vector<double> load_;  ///< weighted bytes/s crossing it at the current rates
+  std::vector<std::uint32_t> first_, count_;  ///< its flows in `members_`
+  std::vector<std::uint32_t> members_;        ///< flow slots, grouped by resource
+  std::vector<std::uint32_t> touched_;        ///< resources some transfer crosses
+  std::vector<char> fixed_;                   ///< per flow slot
 };
 
 }  // namespace ferry::sim

@@ -33,7 +33,10 @@ def proof(secret, role, nonce_c, nonce_s, id_c, id_s):
     return hmac.new(secret, label + nonce_c + nonce_s + struct.pack(">II", id_c, id_s), hashlib.sha256).digest()
 
 
-def envelope(kind, body, sender=(900, 1), to=(0, 1), protocol=2, epoch=0):
+PROTOCOL = 3  # runtime/message.hpp protocol_version
+
+
+def envelope(kind, body, sender=(900, 1), to=(0, 1), protocol=PROTOCOL, epoch=0):
     """One msgpack envelope (no length prefix): [protocol, kind, from, to, epoch, body]."""
     return msgpack.packb([protocol, kind, list(sender), list(to), epoch, body], use_bin_type=True)
 

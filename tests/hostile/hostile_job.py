@@ -104,7 +104,7 @@ def pre_job_attacks(host, port, secret):
 
 def nested(depth, me):
     """An envelope whose body is `depth` arrays, one inside the other (msgpack 0x91 each)."""
-    head = w.msgpack.packb([2, 1, [me, 1], [0, 1], 0, 0])[:-1]  # the 6-array without its body
+    head = w.msgpack.packb([w.PROTOCOL, 1, [me, 1], [0, 1], 0, 0])[:-1]  # the 6-array without its body
     return head + b"\x91" * depth + b"\x00"
 
 
@@ -117,8 +117,8 @@ def bad_envelopes(me):
     good = w.envelope(1, ping, sender=(me, 1))
     return [
         (MALFORMED, w.msgpack.packb(["one", 1, [me, 1], [0, 1], 0, ping])),
-        (MALFORMED, w.msgpack.packb([2, -1, [me, 1], [0, 1], 0, ping])),
-        (MALFORMED, w.msgpack.packb([2, 70000, [me, 1], [0, 1], 0, ping])),
+        (MALFORMED, w.msgpack.packb([w.PROTOCOL, -1, [me, 1], [0, 1], 0, ping])),
+        (MALFORMED, w.msgpack.packb([w.PROTOCOL, 70000, [me, 1], [0, 1], 0, ping])),
         (MALFORMED, nested(5000, me)),
         (MALFORMED, b"\xdd\xff\xff\xff\xff" + b"\x00" * 16),  # array of 2^32-1 elements
         # A str announcing 2 GiB: msgpack-c waits for its bytes before it checks the size cap.
