@@ -119,6 +119,9 @@ int run_one(const sim_flags& f) {
     c.on_version = [](std::uint64_t v, double s) {
       fmt::print(stderr, "  version {} delivered in {:.4f} s\n", v, s);
     };
+    c.on_progress = [](double virtual_seconds, std::uint64_t transfers) {
+      fmt::print(stderr, "  ... {:.4f} s of virtual time, {} transfers\n", virtual_seconds, transfers);
+    };
   }
   const auto r = run_sim(c);
   if (r.interrupted) {

@@ -489,7 +489,14 @@ sim_result sim_job::run() {
   for (const auto& e : config_.events) schedule(e);
 
   const auto limit = clock::time_point(to_duration(config_.virtual_limit_seconds));
+  auto next_progress = wall_start + config_.progress_every;
+  std::uint32_t turns = 0;
   loop_.run_until([&] {
+    if (config_.on_progress && ++turns % 4096 == 0 && std::chrono::steady_clock::now() >= next_progress) {
+      next_progress = std::chrono::steady_clock::now() + config_.progress_every;
+      config_.on_progress(std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count(),
+                          net_.transfers_started());
+    }
     return failure_ || env_.clock().now() > limit || config_.stop.stop_requested() || settled();
   });
   if (!failure_ && config_.stop.stop_requested() && !settled()) {

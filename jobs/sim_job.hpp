@@ -2,6 +2,7 @@
 /// `ferry sim`'s job: the real coordinator, trainer shards and rollout workers on virtual time,
 /// with bulk writes, copies and CPU work modelled on a cluster's resources (sim/): no bytes move,
 /// payloads are sizes, checksums and applies are costs. Thousands of actors in one process.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <stop_token>
@@ -47,6 +48,10 @@ struct sim_config {
   std::string trace_path;
   /// Progress: each version as it is delivered (virtual seconds it took).
   std::function<void(std::uint64_t version, double seconds)> on_version;
+  /// Progress of a long run, about every `progress_every` of wall time: the virtual moment reached
+  /// and the transfers started so far.
+  std::function<void(double virtual_seconds, std::uint64_t transfers)> on_progress;
+  std::chrono::milliseconds progress_every{2000};
   /// A stop requested here (from any thread) ends the run where it stands: `interrupted`.
   std::stop_token stop;
 };
