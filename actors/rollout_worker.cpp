@@ -18,19 +18,29 @@ rollout_worker::mapped_copy::~mapped_copy() {
 
 rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
                                std::uint32_t rank, std::vector<tensor_ref> tensors, worker_options options)
+    : rollout_worker(host, id, coordinator, instance, rank,
+                     std::make_shared<const std::vector<tensor_ref>>(std::move(tensors)), std::move(options)) {}
+
+rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
+                               std::uint32_t rank, std::shared_ptr<const std::vector<tensor_ref>> tensors,
+                               worker_options options)
     : job_member(host, id, coordinator, options.heartbeat_interval),
       instance_(instance),
       rank_(rank),
       tensors_(std::move(tensors)),
-      takes_trainers_table_(tensors_.empty()),
+      takes_trainers_table_(tensors_->empty()),
       options_(std::move(options)),
       upload_meter_(host.env(), host.id(), stage::upload),
       broadcast_meter_(host.env(), host.id(), stage::broadcast),
       apply_meter_(host.env(), host.id(), stage::apply) {
-  for (auto& t : tensors_) {
-    if (t.data) continue;
-    owned_.push_back(host.env().platform().host_memory(t.held().bytes));
-    t.data = owned_.back().data();
+  if (std::any_of(tensors_->begin(), tensors_->end(), [](const tensor_ref& t) { return !t.data; })) {
+    auto own = *tensors_;
+    for (auto& t : own) {
+      if (t.data) continue;
+      owned_.push_back(host.env().platform().host_memory(t.held().bytes));
+      t.data = owned_.back().data();
+    }
+    tensors_ = std::make_shared<const std::vector<tensor_ref>>(std::move(own));
   }
   on<plan_ready>([this](const envelope_header&, const plan_ready& m) {
     admitted();
@@ -70,7 +80,7 @@ void rollout_worker::join() {
     register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
                       .on_device = on_device()};
     // A worker that took the trainers' table still takes it (registers none) when it registers again.
-    for (const auto& t : takes_trainers_table_ ? std::span<const tensor_ref>{} : std::span(tensors_)) {
+    for (const auto& t : takes_trainers_table_ ? std::span<const tensor_ref>{} : std::span(*tensors_)) {
       m.tensors.push_back(t.spec);
       m.parts.push_back(t.held());
     }
@@ -105,18 +115,20 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     for (std::uint32_t i = 0; plan_ && i < plan_->job->depth; ++i) gen_->credits->release();
   }
   const bool was_leader = leader_;
-  if (takes_trainers_table_ && tensors_.empty()) {
+  if (takes_trainers_table_ && tensors_->empty()) {
+    std::vector<tensor_ref> own;
     for (const auto& spec : m.plan.tensors) {
       owned_.push_back(host().env().platform().host_memory(spec.nbytes));
-      tensors_.push_back({.spec = spec, .data = owned_.back().data()});
+      own.push_back({.spec = spec, .data = owned_.back().data()});
     }
+    tensors_ = std::make_shared<const std::vector<tensor_ref>>(std::move(own));
   }
   if (plan_ && plan_->job->layout != m.plan.layout) {
     // Chunk ids mean other bytes now: what arrived of a version not complete here is sent again.
     std::erase_if(progress_, [this](const auto& p) { return p.first > complete_version_; });
   }
   auto next = std::make_shared<worker_plan>(worker_plan{.job = share_plan(m.plan)});
-  if (auto why = next->derive(tensors_, self(), *it); !why.empty()) {
+  if (auto why = next->derive(*tensors_, self(), *it); !why.empty()) {
     return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " " + why);
   }
   plan_ = std::move(next);
@@ -534,7 +546,7 @@ void rollout_worker::apply(const worker_plan& plan, std::uint64_t version, std::
   std::vector<copy_piece> pieces;
   for (const auto& p : plan.job->chunks[chunk].pieces) {
     // Every piece lies in this worker's part of its tensor: the plan cut the segments there.
-    const auto& t = tensors_[plan.local_of[p.tensor]];
+    const auto& t = (*tensors_)[plan.local_of[p.tensor]];
     pieces.push_back({t.data + (p.tensor_offset - t.held().offset), bytes.data() + p.chunk_offset, p.bytes});
   }
   const auto began = apply_meter_.begin();
@@ -557,7 +569,7 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
   if (p.applied[chunk]) return;  // sent again after a regroup: same bytes, counted once
   p.applied[chunk] = true;
   for (const auto& piece : plan_->job->chunks[chunk].pieces) {
-    const auto& t = tensors_[plan_->local_of[piece.tensor]];
+    const auto& t = (*tensors_)[plan_->local_of[piece.tensor]];
     auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
     if (got == t.held().bytes && on_tensor) on_tensor(version, t.spec, std::span<const std::byte>(t.data, got));
   }
@@ -586,7 +598,7 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
     --in_flight_;
     changed();
   };
-  if (std::any_of(tensors_.begin(), tensors_.end(), [](const tensor_ref& t) { return t.device >= 0; })) {
+  if (std::any_of(tensors_->begin(), tensors_->end(), [](const tensor_ref& t) { return t.device >= 0; })) {
     // Device tensors are hashed from host bytes: each is copied into a pinned bounce buffer first.
     host().loop().spawn([this, report, finish] {
       digest_through_host(*report);
@@ -595,13 +607,13 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
     return;
   }
   std::uint64_t held_bytes = 0;
-  for (const auto& t : tensors_) held_bytes += t.held().bytes;
+  for (const auto& t : *tensors_) held_bytes += t.held().bytes;
   host().env().cpu().async_run(
       held_bytes,
       [this, report, plan = plan_] {
         for (const auto i : plan->heard_segments) {
           const auto& s = plan->job->segments[i];
-          const auto& t = tensors_[plan->local_of[s.tensor]];
+          const auto& t = (*tensors_)[plan->local_of[s.tensor]];
           const auto h = XXH3_128bits(t.data + (s.offset - t.held().offset), s.bytes);
           report->digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
         }
@@ -621,7 +633,7 @@ void rollout_worker::digest_through_host(version_complete& report) {
   }
   for (const auto i : plan->heard_segments) {
     const auto& s = plan->job->segments[i];
-    const auto& t = tensors_[plan->local_of[s.tensor]];
+    const auto& t = (*tensors_)[plan->local_of[s.tensor]];
     std::byte* at = t.data + (s.offset - t.held().offset);
     const std::byte* bytes = at;
     if (t.device >= 0) {

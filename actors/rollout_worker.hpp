@@ -42,6 +42,10 @@ class rollout_worker final : public job_member {
   /// Copies, CPU work and the platform go through `host`'s environment.
   rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
                  std::vector<tensor_ref> tensors, worker_options options);
+  /// The same with a table other workers hold too: a simulation's 128 whole-model workers of
+  /// Kimi-K2 (140k tensors, 25 MB each as a table) keep one.
+  rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
+                 std::shared_ptr<const std::vector<tensor_ref>> tensors, worker_options options);
   ~rollout_worker() override;
 
   /// Registers with the coordinator.
@@ -49,7 +53,7 @@ class rollout_worker final : public job_member {
 
   bool is_leader() const { return leader_; }
   std::uint64_t version() const { return complete_version_; }
-  const std::vector<tensor_ref>& tensors() const { return tensors_; }
+  const std::vector<tensor_ref>& tensors() const { return *tensors_; }
 
   /// A tensor of `version` is complete here: its spec and bytes.
   std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)> on_tensor;
@@ -154,7 +158,7 @@ class rollout_worker final : public job_member {
 
   std::uint32_t instance_;
   std::uint32_t rank_;
-  std::vector<tensor_ref> tensors_;
+  std::shared_ptr<const std::vector<tensor_ref>> tensors_;
   bool takes_trainers_table_ = false;  ///< registered no table: holds whatever the trainers publish
   std::vector<host_buffer> owned_;
   host_buffer digest_bounce_;  ///< device tensors: host bytes to hash, the largest tensor's size

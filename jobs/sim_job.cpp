@@ -274,6 +274,7 @@ class sim_job {
   node& add_node(unsigned gpu, bool trainer);
   void add_trainer(std::uint32_t shard);
   void add_worker(std::uint32_t instance, std::uint32_t rank);
+  std::shared_ptr<const std::vector<tensor_ref>> share_of(std::uint32_t rank, int device);
   void publish_next(member& t);
   std::unique_ptr<broadcast_group> make_group(actor& owner, const std::vector<address>& members,
                                               std::uint32_t epoch);
@@ -292,6 +293,7 @@ class sim_job {
   std::vector<unsigned> gpu_of_;  ///< per node id
   std::vector<bool> is_worker_;   ///< per node id
   std::vector<std::unique_ptr<member>> members_;
+  std::map<std::uint32_t, std::shared_ptr<const std::vector<tensor_ref>>> shares_;  ///< by rank in an instance
   std::map<std::pair<std::uint32_t, std::vector<address>>, std::weak_ptr<sim_group>> groups_;
   std::unique_ptr<member> coordinator_member_;
   std::unique_ptr<job_coordinator> coordinator_;
@@ -365,15 +367,8 @@ void sim_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
   auto& m = *members_.back();
   m.instance = instance;
   m.rank = rank;
-  // A replacement (a rank past the instance size) holds the share of rank % size.
-  auto destinations = rollout_share(config_.model, config_.shard_rollout, rank % config_.instance_size,
-                                    config_.instance_size);
-  for (auto& t : destinations) {
-    t.data = sim_device_memory::take(t.held().bytes);
-    t.device = m.memory->device();
-  }
   m.worker = std::make_unique<rollout_worker>(
-      host, 1, coordinator_->self(), instance, rank, destinations,
+      host, 1, coordinator_->self(), instance, rank, share_of(rank, m.memory->device()),
       worker_options{
           .checksums = config_.checksums,
           .digests = false,
@@ -385,6 +380,23 @@ void sim_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
     if (m.alive) failure_ = fmt::format("worker {}.{} failed: {}", m.instance, m.rank, why);
   };
   m.worker->join();
+}
+
+std::shared_ptr<const std::vector<tensor_ref>> sim_job::share_of(std::uint32_t rank, int device) {
+  // A replacement (a rank past the instance size) holds the share of rank % size. Workers of one
+  // share hold one table (its addresses are sizes no one touches): a whole-model Kimi-K2 table is
+  // 25 MB, times 128 workers.
+  auto& table = shares_[rank % config_.instance_size];
+  if (!table) {
+    auto destinations =
+        rollout_share(config_.model, config_.shard_rollout, rank % config_.instance_size, config_.instance_size);
+    for (auto& t : destinations) {
+      t.data = sim_device_memory::take(t.held().bytes);
+      t.device = device;
+    }
+    table = std::make_shared<const std::vector<tensor_ref>>(std::move(destinations));
+  }
+  return table;
 }
 
 std::unique_ptr<broadcast_group> sim_job::make_group(actor& owner,

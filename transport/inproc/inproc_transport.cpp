@@ -157,7 +157,7 @@ void inproc_transport::send_queued(node_id to) {
   auto& queue = outbox_[to];
   while (!queue.empty()) {
     if (modelled(queue.front().first) && open_ && network_.find(to)) {
-      network_.model_(self_, to, queue.front().first.size(), [self = weak_from_this(), to] {
+      network_.model_frame(self_, to, queue.front().first.size(), [self = weak_from_this(), to] {
         if (auto t = self.lock()) t->landed(to);
       });
       return;
@@ -166,6 +166,34 @@ void inproc_transport::send_queued(node_id to) {
     queue.pop_front();
     hand_over(to, std::move(f), std::move(done));
   }
+}
+
+void inproc_network::model_frame(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
+  std::function<void()> start;
+  {
+    std::lock_guard lock(mutex_);
+    auto& waiting = frames_to_[to];
+    waiting.push_back([this, from, to, bytes, landed = std::move(landed)] {
+      model_(from, to, bytes, [this, to, landed] {
+        landed();
+        start_next_frame(to);
+      });
+    });
+    if (waiting.size() == 1) start = waiting.front();
+  }
+  if (start) start();
+}
+
+void inproc_network::start_next_frame(node_id to) {
+  std::function<void()> next;
+  {
+    std::lock_guard lock(mutex_);
+    auto& waiting = frames_to_[to];
+    waiting.pop_front();
+    if (waiting.empty()) return;
+    next = waiting.front();
+  }
+  next();
 }
 
 void inproc_transport::landed(node_id to) {

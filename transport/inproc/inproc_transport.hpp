@@ -44,6 +44,9 @@ class inproc_network {
   /// Frames of at least `bytes` cross the model too: a Kimi-K2 plan is tens of MB, so sending it
   /// to hundreds of members takes time, and each copy is decoded as it lands rather than all at
   /// once. Smaller frames (control messages) arrive at once, but never ahead of a modelled one.
+  /// A node takes such frames one at a time: 128 workers' registrations of 140k tensors each land
+  /// at the coordinator one after another, each decoded and handled before the next, rather than
+  /// all together when the model shares its link among them.
   void model_frames_from(std::uint64_t bytes) { frame_threshold_ = bytes; }
 
  private:
@@ -64,8 +67,12 @@ class inproc_network {
   };
   std::vector<held> held_;  ///< in the order sent
   std::set<std::pair<node_id, node_id>> broken_;  ///< links closed by one side while cut, (low, high)
+  /// Sends a modelled frame to `to` across the model once the frames before it to `to` landed.
+  void model_frame(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed);
+  void start_next_frame(node_id to);
   bulk_model model_;
   std::uint64_t frame_threshold_ = UINT64_MAX;
+  std::map<node_id, std::deque<std::function<void()>>> frames_to_;  ///< modelled frames, the first in flight
 };
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
