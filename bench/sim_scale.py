@@ -12,8 +12,9 @@ import sys
 SIZES = [(32, 2), (64, 4), (128, 4), (256, 8)]
 
 ferry = sys.argv[1] if len(sys.argv) > 1 else "build/cli/ferry"
-print("| scenario | GPUs | actors | predicted s | bound s | transfers | wall s | transfers/s | peak RSS MiB |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| scenario | GPUs | actors | predicted s | bound s | transfers | chunk-stage events | wall s | events/s | "
+      "peak RSS MiB |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for scenario in ["kimi-k2-ep16", "kimi-k2"]:
     for trainers, instances in SIZES:
         out = subprocess.run([ferry, "sim", f"examples/sim/{scenario}.toml", "--json",
@@ -22,5 +23,5 @@ for scenario in ["kimi-k2-ep16", "kimi-k2"]:
         r = json.loads(out)
         assert r["delivered"], r["error"]
         print(f"| {scenario} | {trainers + 16 * instances} | {r['actors']} | {r['predicted_seconds']:.3f} | "
-              f"{r['bound_seconds']:.3f} | {r['transfers']} | {r['wall_seconds']:.1f} | "
+              f"{r['bound_seconds']:.3f} | {r['transfers']} | {r['chunk_stage_events']} | {r['wall_seconds']:.1f} | "
               f"{r['events_per_second']:.0f} | {r['peak_rss_mib']:.0f} |", flush=True)

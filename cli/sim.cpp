@@ -61,7 +61,8 @@ nlohmann::json to_json(const sim_result& r) {
           {"wall_seconds", r.wall_seconds},
           {"actors", r.actors},
           {"transfers", r.transfers},
-          {"events_per_second", r.wall_seconds > 0 ? r.transfers / r.wall_seconds : 0},
+          {"chunk_stage_events", r.trace_events},
+          {"events_per_second", r.wall_seconds > 0 ? r.trace_events / r.wall_seconds : 0},
           {"peak_rss_mib", peak_rss_mib()},
           {"kills", r.kills},
           {"regroups", r.regroups},
@@ -100,9 +101,10 @@ void print_report(const sim_config& c, const sim_result& r) {
                100 * u.utilisation, u.bytes / 1e9, u.bound_seconds);
   }
   fmt::print(
-      "{} actors, {} transfers in {:.2f} s of wall time ({:.0f} events/s), peak RSS {:.0f} MiB\n",
-      r.actors, r.transfers, r.wall_seconds, r.wall_seconds > 0 ? r.transfers / r.wall_seconds : 0,
-      peak_rss_mib());
+      "{} actors, {} chunk-stage events and {} transfers in {:.2f} s of wall time ({:.0f} events/s), "
+      "peak RSS {:.0f} MiB\n",
+      r.actors, r.trace_events, r.transfers, r.wall_seconds,
+      r.wall_seconds > 0 ? r.trace_events / r.wall_seconds : 0, peak_rss_mib());
 }
 
 int run_one(const sim_flags& f) {
