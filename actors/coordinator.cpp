@@ -20,7 +20,7 @@ double ms_between(clock::time_point from, clock::time_point to) {
 template <message M>
 void job_coordinator::handle(std::function<void(const envelope_header&, const M&)> fn) {
   on<M>([this, fn = std::move(fn)](const envelope_header& h, const M& m) {
-    last_seen_[h.from.node] = host().clock().now();
+    members_.last_seen[h.from.node] = host().clock().now();
     if (!stopping_) fn(h, m);
   });
 }
@@ -31,15 +31,15 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
       return fail_job("trainer shard " + std::to_string(m.shard) + " (node " + std::to_string(h.from.node) + "): " + why);
     }
-    if (auto it = trainers_.find(m.shard); it != trainers_.end() && it->second.who == h.from) return;  // sent again
+    if (auto it = members_.trainers.find(m.shard); it != members_.trainers.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     readmit(h.from);
-    const bool replacing = trainers_.contains(m.shard);
-    trainers_[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? std::max(published_, delivered_) + 1 : 1};
+    const bool replacing = members_.trainers.contains(m.shard);
+    members_.trainers[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? std::max(published_, delivered_) + 1 : 1};
     if (started_) {
       regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") + " (node " +
               std::to_string(h.from.node) + ")");
-    } else if (all_declared_registered()) {
+    } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
       regroup("job start");
     }
   });
@@ -51,24 +51,24 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
       return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
     }
-    if (auto it = workers_.find({m.instance, m.rank}); it != workers_.end() && it->second.who == h.from) return;  // sent again
+    if (auto it = members_.workers.find({m.instance, m.rank}); it != members_.workers.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     readmit(h.from);
-    workers_[{m.instance, m.rank}] = {.who = h.from,
+    members_.workers[{m.instance, m.rank}] = {.who = h.from,
                                       .transport_address = m.transport_address,
-                                      .table = intern({.tensors = m.tensors, .parts = m.parts}),
+                                      .table = members_.intern({.tensors = m.tensors, .parts = m.parts}),
                                       .on_device = m.on_device};
     if (started_) {
       const bool new_instance = !instances_seen_.contains(m.instance);
       regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")" +
               (new_instance ? ", a new instance" : ""));
-    } else if (all_declared_registered()) {
+    } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
       regroup("job start");
     }
   });
   handle<worker_ready>([this](const envelope_header& h, const worker_ready& m) {
-    auto it = workers_.find({m.instance, m.rank});
-    if (it == workers_.end() || h.epoch != epoch() || it->second.who != h.from) return;
+    auto it = members_.workers.find({m.instance, m.rank});
+    if (it == members_.workers.end() || h.epoch != epoch() || it->second.who != h.from) return;
     if (std::string why; m.slots.length > 0 && !regions_.offer(h.from.node, h.epoch, m.slots, shape_.limits, why)) {
       return fail_job("worker " + worker_name(m.instance, m.rank) + ": " + why);
     }
@@ -79,7 +79,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     w.complete_version = std::max(w.complete_version, m.complete_version);
     w.partial_version = m.partial_version;
     w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
-    if (all_workers_ready()) plan_in_force();
+    if (members_.all_workers_ready()) plan_in_force();
   });
   handle<peer_unreachable>([this](const envelope_header& h, const peer_unreachable& m) {
     suspect(m.node, "unreachable from node " + std::to_string(h.from.node) + " (" + m.why + ")");
@@ -87,19 +87,19 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
   handle<heartbeat>([this](const envelope_header& h, const heartbeat&) { answer_given_up(h.from.node); });
   // A trainer shard cannot send a version it offloaded in a layout that changed since.
   handle<update_failed>([this](const envelope_header& h, const update_failed& m) {
-    const auto shard = find_trainer(h.from);
-    if (shard == trainers_.end() || m.version <= delivered_ || !pending_.contains(m.version)) return;
+    const auto shard = members_.find_trainer(h.from);
+    if (shard == members_.trainers.end() || m.version <= delivered_ || !pending_.contains(m.version)) return;
     fail_version(m.version, "trainer shard " + std::to_string(shard->first) + ": " + m.reason);
   });
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) {
     lost(h.from.node, "left: " + m.reason);
-    given_up_.erase(h.from.node);
+    members_.given_up.erase(h.from.node);
   });
   handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
     verdicts_.publish_started(m.version, this->host().clock().now());
     published_ = std::max(published_, m.version);
     if (m.version > delivered_) pending_.insert(m.version);
-    if (const auto shard = find_trainer(h.from); shard != trainers_.end()) {
+    if (const auto shard = members_.find_trainer(h.from); shard != members_.trainers.end()) {
       shard->second.last_published = std::max(shard->second.last_published, m.version);
       publishers_[m.version].insert(shard->first);
     }
@@ -113,8 +113,8 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     check_complete();
   });
   handle<version_complete>([this](const envelope_header& h, const version_complete& m) {
-    auto it = workers_.find({m.instance, m.rank});
-    if (it == workers_.end() || it->second.who != h.from) return;
+    auto it = members_.workers.find({m.instance, m.rank});
+    if (it == members_.workers.end() || it->second.who != h.from) return;
     it->second.complete_version = std::max(it->second.complete_version, m.version);
     verdicts_.worker_finished(m);
     check_complete();
@@ -134,15 +134,6 @@ job_coordinator::~job_coordinator() {
   host().on_peer_lost({});
 }
 
-bool job_coordinator::all_declared_registered() const {
-  if (trainers_.size() != shape_.trainers) return false;
-  for (std::uint32_t i = 0; i < shape_.instance_sizes.size(); ++i) {
-    const auto first = workers_.lower_bound({i, 0}), end = workers_.lower_bound({i + 1, 0});
-    if (static_cast<std::uint32_t>(std::distance(first, end)) < shape_.instance_sizes[i]) return false;
-  }
-  return true;
-}
-
 void job_coordinator::add_peer(address who, const std::string& transport_address) {
   if (auto ec = host().transport().add_peer(who.node, transport_address)) {
     log::warn("coordinator: cannot reach node {} at '{}': {}", who.node, transport_address, ec.message());
@@ -151,35 +142,22 @@ void job_coordinator::add_peer(address who, const std::string& transport_address
 
 template <class F>
 void job_coordinator::broadcast_all(F make) {
-  for (const auto& [rank, t] : trainers_) send(t.who, make());
-  for (const auto& [key, w] : workers_) send(w.who, make());
+  members_.for_each([&](const address& who) { send(who, make()); });
 }
 
 void job_coordinator::watch_heartbeats() {
   heartbeat_timer_ = host().clock().async_wait(shape_.heartbeat_timeout / 4, [this](std::error_code ec) {
     if (ec || stopping_) return;
-    const auto now = host().clock().now();
-    std::vector<node_id> silent;
-    auto check = [&](const address& who) {
-      auto it = last_seen_.find(who.node);
-      if (it != last_seen_.end() && now - it->second > shape_.heartbeat_timeout) silent.push_back(who.node);
-    };
-    for (const auto& [s, t] : trainers_) check(t.who);
-    for (const auto& [k, w] : workers_) check(w.who);
+    const auto silent = members_.silent(host().clock().now(), shape_.heartbeat_timeout);
     for (auto n : silent) lost(n, "no heartbeat for " + std::to_string(shape_.heartbeat_timeout.count()) + " ms");
     watch_heartbeats();
   });
 }
 
-bool job_coordinator::is_member(node_id node) const {
-  return std::any_of(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who.node == node; }) ||
-         std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) { return w.second.who.node == node; });
-}
-
 void job_coordinator::suspect(node_id node, const std::string& why, bool checked_again) {
-  if (stopping_ || failed_ || !is_member(node) || (!checked_again && suspect_checks_.contains(node))) return;
+  if (stopping_ || failed_ || !members_.is_member(node) || (!checked_again && suspect_checks_.contains(node))) return;
   const auto enough = std::chrono::duration_cast<clock::duration>(shape_.heartbeat_timeout / 4);
-  const auto silent = host().clock().now() - last_seen_[node];
+  const auto silent = host().clock().now() - members_.last_seen[node];
   if (silent >= enough) {
     return lost(node, "reported " + why + ", and silent for " +
                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) + " ms");
@@ -193,36 +171,34 @@ void job_coordinator::suspect(node_id node, const std::string& why, bool checked
 }
 
 void job_coordinator::answer_given_up(node_id node) {
-  auto it = given_up_.find(node);
-  if (it == given_up_.end()) return;
+  auto it = members_.given_up.find(node);
+  if (it == members_.given_up.end()) return;
   const auto& g = it->second;
   bool replaced = false;
-  if (g.shard) replaced = trainers_.contains(*g.shard);
-  if (g.worker) replaced = workers_.contains(*g.worker);
+  if (g.shard) replaced = members_.trainers.contains(*g.shard);
+  if (g.worker) replaced = members_.workers.contains(*g.worker);
   add_peer(g.who, g.transport_address);
   send(g.who, register_again{.replaced = replaced});
-  if (replaced) given_up_.erase(it);
+  if (replaced) members_.given_up.erase(it);
 }
 
 void job_coordinator::readmit(const address& who) {
-  auto it = given_up_.find(who.node);
-  if (it == given_up_.end()) return;
+  auto it = members_.given_up.find(who.node);
+  if (it == members_.given_up.end()) return;
   for (const auto v : failed_versions_) {
     if (v > it->second.delivered) send(who, update_failed{.version = v, .reason = "failed while this member was cut off"});
   }
-  given_up_.erase(it);
+  members_.given_up.erase(it);
 }
 
 void job_coordinator::lost(node_id node, const std::string& why) {
   if (stopping_ || failed_) return;
-  // Bounded: a member given up long ago and never heard from again is forgotten first.
-  if (given_up_.size() >= 1024) given_up_.erase(given_up_.begin());
-  for (auto it = trainers_.begin(); it != trainers_.end(); ++it) {
+  for (auto it = members_.trainers.begin(); it != members_.trainers.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto shard = it->first;
-    given_up_[node] = {.who = it->second.who, .transport_address = it->second.transport_address, .shard = shard,
-                       .worker = {}, .delivered = delivered_};
-    trainers_.erase(it);
+    members_.give_up(node, {.who = it->second.who, .transport_address = it->second.transport_address, .shard = shard,
+                            .worker = {}, .delivered = delivered_});
+    members_.trainers.erase(it);
     host().transport().remove_peer(node);
     const auto reason = "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
     if (active_) {
@@ -238,14 +214,14 @@ void job_coordinator::lost(node_id node, const std::string& why) {
     for (const auto v : pending_) fail_version(v, reason);
     return regroup(reason);
   }
-  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+  for (auto it = members_.workers.begin(); it != members_.workers.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto [instance, rank] = it->first;
-    given_up_[node] = {.who = it->second.who, .transport_address = it->second.transport_address, .shard = {},
-                       .worker = it->first, .delivered = delivered_};
+    members_.give_up(node, {.who = it->second.who, .transport_address = it->second.transport_address, .shard = {},
+                            .worker = it->first, .delivered = delivered_});
     if (active_ && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
     const bool held_active = active_ && it->second.complete_version >= active_->version;
-    workers_.erase(it);
+    members_.workers.erase(it);
     host().transport().remove_peer(node);
     // A worker that leaves holding the update takes nothing from it: if every other worker holds it
     // too (or none is left), it is delivered, even mid-regroup (a job's last workers may all leave
@@ -273,7 +249,7 @@ void job_coordinator::fail_version(std::uint64_t version, const std::string& rea
 
 void job_coordinator::fail_skipped_versions() {
   for (const auto v : pending_) {
-    for (const auto& [shard, t] : trainers_) {
+    for (const auto& [shard, t] : members_.trainers) {
       if (t.last_published > v && !publishers_[v].contains(shard)) {
         fail_version(v, "trainer shard " + std::to_string(shard) + " published version " +
                             std::to_string(t.last_published) + " without it");
@@ -297,15 +273,6 @@ bool job_coordinator::leads(const address& worker) const {
   });
 }
 
-std::shared_ptr<const job_coordinator::worker_table> job_coordinator::intern(worker_table table) {
-  std::erase_if(tables_, [](const auto& t) { return t.expired(); });
-  for (const auto& t : tables_)
-    if (auto live = t.lock(); live && *live == table) return live;
-  auto fresh = std::make_shared<const worker_table>(std::move(table));
-  tables_.push_back(fresh);
-  return fresh;
-}
-
 void job_coordinator::regroup(const std::string& reason) {
   if (failed_) return;
   if (!regroup_since_) {
@@ -318,9 +285,9 @@ void job_coordinator::regroup(const std::string& reason) {
   set_epoch(epoch() + 1);
   if (distribution_) distribution_->cancelled = true;  // the old plan must not go out stamped with the new epoch
   log::info("coordinator: epoch {}: {}", epoch(), reason);
-  if (trainers_.size() < shape_.trainers) {
+  if (members_.trainers.size() < shape_.trainers) {
     log::warn("coordinator: waiting for {} trainer shard(s) to rejoin before publishing again",
-              shape_.trainers - trainers_.size());
+              shape_.trainers - members_.trainers.size());
     return;
   }
 
@@ -332,14 +299,14 @@ void job_coordinator::regroup(const std::string& reason) {
                  .limits = shape_.limits,
                  .shared_host_copies = shape_.shared_host_copies};
   std::vector<tensor_spec> published;
-  for (const auto& [rank, t] : trainers_) {
+  for (const auto& [rank, t] : members_.trainers) {
     in.shards.push_back(t.who);
     in.shard_tensors.push_back(t.tensors);
     published.insert(published.end(), t.tensors.begin(), t.tensors.end());
   }
   std::string why;
-  std::map<const worker_table*, selection> checked;  // each distinct table once
-  for (const auto& [key, w] : workers_) {
+  std::map<const job_membership::worker_table*, selection> checked;  // each distinct table once
+  for (const auto& [key, w] : members_.workers) {
     const auto [it, fresh] = checked.try_emplace(w.table.get());
     if (fresh && !check_worker_tensors(published, w.table->tensors, w.table->parts, it->second, why)) {
       return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
@@ -351,13 +318,13 @@ void job_coordinator::regroup(const std::string& reason) {
   in.selections = selections_;
   // Every instance some worker registered in, declared or joined since; one whose workers all
   // left has none and drops out of the plan.
-  for (auto first = workers_.begin(); first != workers_.end();) {
+  for (auto first = members_.workers.begin(); first != members_.workers.end();) {
     const std::uint32_t i = first->first.first;
-    const auto end = workers_.lower_bound({i + 1, 0});
+    const auto end = members_.workers.lower_bound({i + 1, 0});
     instance_plan inst{.id = i};
     for (auto w = first; w != end; ++w) inst.workers.push_back(w->second.who);
     first = end;
-    const bool on_devices = std::all_of(workers_.begin(), workers_.end(),
+    const bool on_devices = std::all_of(members_.workers.begin(), members_.workers.end(),
                                         [&](const auto& e) { return e.first.first != i || e.second.on_device; });
     std::optional<address> first_leader;
     for (std::size_t o = 0; plan_ && o < plan_->instances.size(); ++o) {
@@ -378,25 +345,25 @@ void job_coordinator::regroup(const std::string& reason) {
   if (layout_ && *layout_ != p->layout) {
     // Chunk ids now mean other bytes: what is in flight, and the trainers' host copies, were laid
     // out for the old ones. Those versions fail; late joiners wait for the next version.
-    const std::string reason = "the chunk layout changed (a trainer's table, or a part no worker had registered)";
-    log::warn("coordinator: epoch {}: {}", epoch(), reason);
+    const std::string relaid = "the chunk layout changed (a trainer's table, or a part no worker had registered)";
+    log::warn("coordinator: epoch {}: {}", epoch(), relaid);
     active_.reset();
-    for (const auto v : std::vector(pending_.begin(), pending_.end())) fail_version(v, reason, true);
-    for (auto& [shard, t] : trainers_) t.first_version = std::max(t.first_version, std::max(published_, delivered_) + 1);
+    for (const auto v : std::vector(pending_.begin(), pending_.end())) fail_version(v, relaid, true);
+    for (auto& [shard, t] : members_.trainers) t.first_version = std::max(t.first_version, std::max(published_, delivered_) + 1);
   }
   layout_ = p->layout;
   plan_ = std::move(*p);
   started_ = true;
   std::vector<peer_entry> peers;
-  for (const auto& [rank, t] : trainers_) peers.push_back({t.who.node, t.transport_address});
-  for (auto& [key, w] : workers_) {
+  for (const auto& [rank, t] : members_.trainers) peers.push_back({t.who.node, t.transport_address});
+  for (auto& [key, w] : members_.workers) {
     peers.push_back({w.who.node, w.transport_address});
     w.ready = false;
   }
   log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} instance(s), {} worker(s), "
             "{} leader(s) in instance {}",
             epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
-            plan_->instances.size(), workers_.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id);
+            plan_->instances.size(), members_.workers.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id);
   send_plan(plan_ready{.plan = *plan_, .peers = peers});
 }
 
@@ -405,7 +372,7 @@ std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const in
   const auto stripes = static_cast<std::uint32_t>(inst.leaders.size());
   for (std::uint32_t s = 0; s < stripes; ++s) {
     const auto leader = inst.workers.at(inst.leaders[s]);
-    const auto* w = find_worker(leader);
+    const auto* w = members_.find_worker(leader);
     if (!w || !w->slots) {
       fail_job("leader " + std::to_string(leader.node) + " of instance " + std::to_string(inst.id) +
                " offered no receive slots");
@@ -416,17 +383,8 @@ std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const in
   return routes;
 }
 
-std::map<std::uint32_t, job_coordinator::trainer_entry>::iterator job_coordinator::find_trainer(const address& who) {
-  return std::find_if(trainers_.begin(), trainers_.end(), [&](const auto& t) { return t.second.who == who; });
-}
-
-const job_coordinator::worker_entry* job_coordinator::find_worker(const address& who) const {
-  const auto w = std::find_if(workers_.begin(), workers_.end(), [&](const auto& e) { return e.second.who == who; });
-  return w == workers_.end() ? nullptr : &w->second;
-}
-
 std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance, const address& worker) {
-  const auto* w = find_worker(worker);
+  const auto* w = members_.find_worker(worker);
   if (!w || !w->slots) {
     fail_job("worker " + std::to_string(worker.node) + " of instance " + std::to_string(instance) +
              " offered no slots for the chunks sent to it directly");
@@ -435,17 +393,13 @@ std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance
   return leader_route{.instance = instance, .leader = worker, .slots = *w->slots, .first_slot = w->direct_slot};
 }
 
-bool job_coordinator::all_workers_ready() const {
-  return std::all_of(workers_.begin(), workers_.end(), [](const auto& e) { return e.second.ready; });
-}
-
 void job_coordinator::send_plan(const plan_ready& message) {
   if (distribution_) distribution_->cancelled = true;  // the older plan's members not reached yet never will be
   distribution_ = std::make_shared<plan_distribution>();
   distribution_->message = encode_body(message);
   // Trainers first: each must hold the plan before its job_ready, which follows the workers' readiness.
-  for (const auto& [rank, t] : trainers_) distribution_->to.push_back(t.who);
-  for (const auto& [key, w] : workers_) distribution_->to.push_back(w.who);
+  for (const auto& [rank, t] : members_.trainers) distribution_->to.push_back(t.who);
+  for (const auto& [key, w] : members_.workers) distribution_->to.push_back(w.who);
   send_more_plans(distribution_);
 }
 
@@ -460,7 +414,7 @@ void job_coordinator::send_more_plans(const std::shared_ptr<plan_distribution>& 
       if (!d->cancelled) send_more_plans(d);
     });
   }
-  if (!d->cancelled && d->to.empty() && all_workers_ready()) plan_in_force();
+  if (!d->cancelled && d->to.empty() && members_.all_workers_ready()) plan_in_force();
 }
 
 void job_coordinator::plan_in_force() {
@@ -472,7 +426,7 @@ void job_coordinator::plan_in_force() {
     ready.routes.insert(ready.routes.end(), routes->begin(), routes->end());
   }
   in_force_ = true;
-  for (const auto& [rank, t] : trainers_) send(t.who, ready);
+  for (const auto& [rank, t] : members_.trainers) send(t.who, ready);
   if (regroup_since_) {
     const regroup_report r{.epoch = epoch(),
                            .milliseconds = ms_between(*regroup_since_, host().clock().now()),
@@ -498,10 +452,10 @@ void job_coordinator::resume() {
   if (!in_force_ || failed_ || active_) return;
   // A late joiner first catches up with the delivered version, from the trainers' host copy;
   // unless a shard rejoined since, with no copy of it: then the next update brings it every chunk.
-  const bool copies_hold_delivered = std::all_of(trainers_.begin(), trainers_.end(),
+  const bool copies_hold_delivered = std::all_of(members_.trainers.begin(), members_.trainers.end(),
                                                  [&](const auto& t) { return t.second.first_version <= delivered_; });
   if (delivered_ > 0 && copies_hold_delivered) {
-    for (const auto& [key, w] : workers_) {
+    for (const auto& [key, w] : members_.workers) {
       if (w.complete_version < delivered_) return start_update(delivered_, true);
     }
   }
@@ -517,7 +471,7 @@ void job_coordinator::start_update(std::uint64_t version, bool catch_up) {
     // Only what some member lacks travels (again): a chunk the whole instance hears to each of
     // its leaders, any other to each member that hears it.
     std::vector<const worker_entry*> members;
-    for (const auto& w : inst.workers) members.push_back(find_worker(w));
+    for (const auto& w : inst.workers) members.push_back(members_.find_worker(w));
     std::map<std::uint32_t, std::vector<std::uint32_t>> hearers;  // audience -> ranks
     std::vector<std::uint32_t> through_leaders;
     std::vector<std::vector<std::uint32_t>> direct(members.size());
@@ -548,7 +502,7 @@ void job_coordinator::start_update(std::uint64_t version, bool catch_up) {
   }
   log::debug("coordinator: epoch {}: {} version {} to {} instance(s)", epoch(), catch_up ? "catch-up of" : "update",
              version, go.routes.size());
-  for (const auto& [rank, t] : trainers_) send(t.who, go);
+  for (const auto& [rank, t] : members_.trainers) send(t.who, go);
   if (on_update) on_update(version, catch_up, leader_nodes());
   check_complete();
 }
@@ -562,15 +516,15 @@ void job_coordinator::check_complete() {
 
 bool job_coordinator::holds_everywhere(std::uint64_t version) const {
   if (!active_->catch_up && !verdicts_.shards_in(version, shape_.trainers)) return false;  // digests, busy times to come
-  return std::all_of(workers_.begin(), workers_.end(),
+  return std::all_of(members_.workers.begin(), members_.workers.end(),
                      [&](const auto& w) { return w.second.complete_version >= version; });
 }
 
 void job_coordinator::complete_active() {
   const auto version = active_->version;
   const bool match = verdicts_.digests_match(version, *plan_, [this](std::uint32_t instance, std::uint32_t rank) {
-    const auto it = workers_.find({instance, rank});
-    return it == workers_.end() ? std::optional<address>() : it->second.who;
+    const auto it = members_.workers.find({instance, rank});
+    return it == members_.workers.end() ? std::optional<address>() : it->second.who;
   });
   const bool catch_up = active_->catch_up;
   active_.reset();
@@ -580,9 +534,9 @@ void job_coordinator::complete_active() {
     delivered_ = version;
     pending_.erase(pending_.begin(), pending_.upper_bound(version));
     publishers_.erase(publishers_.begin(), publishers_.upper_bound(version));
-    const auto report = verdicts_.deliver(version, *plan_, static_cast<std::uint32_t>(workers_.size()), match,
+    const auto report = verdicts_.deliver(version, *plan_, static_cast<std::uint32_t>(members_.workers.size()), match,
                                           host().clock().now());
-    for (const auto& [rank, t] : trainers_) send(t.who, version_delivered{.version = version, .verified = match});
+    for (const auto& [rank, t] : members_.trainers) send(t.who, version_delivered{.version = version, .verified = match});
     if (on_delivered) on_delivered(report);
   }
   resume();

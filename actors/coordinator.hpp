@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 
+#include "actors/membership.hpp"
 #include "actors/messages.hpp"
 #include "actors/verdict.hpp"
 #include "runtime/actor.hpp"
@@ -78,42 +79,12 @@ class job_coordinator final : public actor {
   std::uint32_t digest_mismatches() const { return verdicts_.mismatches(); }
 
  private:
-  using worker_key = std::pair<std::uint32_t, std::uint32_t>;  ///< instance, rank
-  struct trainer_entry {
-    address who;
-    std::string transport_address;
-    std::vector<tensor_spec> tensors;
-    std::uint64_t first_version = 1;  ///< the oldest version its host copies can hold (it joined then)
-    std::uint64_t last_published = 0;
-  };
-  /// What a worker registered. Workers of one part register equal tables (Kimi-K2's 128
-  /// whole-model workers: 140k tensors each), which share one copy (`intern`).
-  struct worker_table {
-    std::vector<tensor_spec> tensors;
-    std::vector<byte_range> parts;  ///< parallel to `tensors`, or empty: whole tensors
-    friend bool operator==(const worker_table&, const worker_table&) = default;
-  };
-  struct worker_entry {
-    address who;
-    std::string transport_address;
-    std::shared_ptr<const worker_table> table;
-    bool on_device = false;
-    bool ready = false;
-    std::optional<region_desc> slots;
-    std::uint32_t direct_slot = 0;  ///< the first of the slots for chunks sent to it alone
-    std::uint64_t complete_version = 0;
-    std::uint64_t partial_version = 0;
-    std::set<std::uint32_t> partial_chunks;
-    bool holds(std::uint64_t version, std::uint32_t chunk) const {
-      return complete_version >= version || (partial_version == version && partial_chunks.contains(chunk));
-    }
-  };
+  using worker_key = job_membership::worker_key;
+  using worker_entry = job_membership::worker_entry;
   struct update {
     std::uint64_t version = 0;
     bool catch_up = false;
   };
-
-  std::shared_ptr<const worker_table> intern(worker_table table);
 
   template <message M>
   void handle(std::function<void(const envelope_header&, const M&)> fn);
@@ -123,7 +94,6 @@ class job_coordinator final : public actor {
   /// heartbeat timeout too (10 heartbeats; a loaded host can delay a live one's for a second),
   /// checked once more if it is not yet (a live one goes on heartbeating and is left alone).
   void suspect(node_id node, const std::string& why, bool checked_again = false);
-  bool is_member(node_id node) const;
   void lost(node_id node, const std::string& why);
   /// Whether `worker` is a leader of its instance in the current plan.
   bool leads(const address& worker) const;
@@ -139,7 +109,6 @@ class job_coordinator final : public actor {
   };
   void send_plan(const plan_ready& message);
   void send_more_plans(const std::shared_ptr<plan_distribution>& d);
-  bool all_workers_ready() const;
   void plan_in_force();
   void resume();
   void start_update(std::uint64_t version, bool catch_up);
@@ -156,40 +125,22 @@ class job_coordinator final : public actor {
   void fail_job(const std::string& reason);
   template <class F>
   void broadcast_all(F make);
-  /// Whether every trainer shard and every worker of the declared instances registered.
-  bool all_declared_registered() const;
   /// Where the trainers write for each leader of `inst`; fails the job when one offered no slots.
   std::optional<std::vector<leader_route>> leader_routes(const instance_plan& inst);
   /// Where the trainers write the chunks `worker` alone (of its instance) hears; fails the job
   /// when it offered no slots.
   std::optional<leader_route> direct_route(std::uint32_t instance, const address& worker);
-  const worker_entry* find_worker(const address& who) const;
-  /// The shard `who` registered as, or trainers_.end().
-  std::map<std::uint32_t, trainer_entry>::iterator find_trainer(const address& who);
 
   job_shape shape_;
-  std::map<std::uint32_t, trainer_entry> trainers_;
-  std::map<worker_key, worker_entry> workers_;
-  std::map<node_id, clock::time_point> last_seen_;
+  job_membership members_;
   std::set<std::uint32_t> instances_seen_;  ///< every instance id a plan has had
   std::map<node_id, std::uint64_t> suspect_checks_;  ///< members to look at again: their timers
-  /// Members declared lost (silent, or their link dropped), not left: one that heartbeats again
-  /// (its link was cut and came back) is asked to register again, unless its place was taken.
-  struct given_up {
-    address who;
-    std::string transport_address;
-    std::optional<std::uint32_t> shard;
-    std::optional<worker_key> worker;
-    std::uint64_t delivered = 0;  ///< the job's delivered version when it was given up
-  };
-  std::map<node_id, given_up> given_up_;
   void answer_given_up(node_id node);
   /// `who` registered again after it was given up: it hears of the versions that failed meanwhile
   /// (a trainer waits for the fate of what it published).
   void readmit(const address& who);
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
-  std::vector<std::weak_ptr<const worker_table>> tables_;  ///< registered, for `intern`
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
   std::set<selection> selections_;       ///< every selection the job has seen: they fix the layout
   region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer
