@@ -8,8 +8,8 @@ namespace ferry {
 job_member::job_member(node& host, actor_id id, address coordinator,
                        std::chrono::milliseconds heartbeat_interval)
     : actor(host, id), coordinator_(coordinator), heartbeat_interval_(heartbeat_interval) {
-  on<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
-  on<job_stop>([this](const envelope_header&, const job_stop&) {
+  on_coordinator<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
+  on_coordinator<job_stop>([this](const envelope_header&, const job_stop&) {
     const bool failed_before = failed_;
     stop_member();
     if (on_job_end && !failed_before) on_job_end();
@@ -19,7 +19,7 @@ job_member::job_member(node& host, actor_id id, address coordinator,
     if (peer == coordinator_.node) return lost_coordinator(why);
     send(coordinator_, peer_unreachable{.node = peer, .why = why.message()});
   });
-  on<register_again>([this](const envelope_header&, const register_again& m) {
+  on_coordinator<register_again>([this](const envelope_header&, const register_again& m) {
     // Heartbeats held up by the cut arrive together, each answered: register once.
     if (stopped_ || failed_ || !send_registration_ || registering_) return;
     if (m.replaced) return fail("another process took this member's place while its link to the coordinator was cut");
@@ -32,6 +32,12 @@ job_member::~job_member() {
   host().unwatch_peers(peer_watch_);
   host().clock().cancel(heartbeat_timer_);
   host().clock().cancel(grace_timer_);
+}
+
+void job_member::dropped_not_from_coordinator(const envelope_header& h, msg_kind kind) {
+  log::warn("{}: dropped a message of kind {} from node {}: only the coordinator (node {}) sends it", name(), kind,
+            h.from.node, coordinator_.node);
+  note("order not from the coordinator");
 }
 
 void job_member::register_now() {

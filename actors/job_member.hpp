@@ -45,6 +45,16 @@ class job_member : public actor {
     register_now();
     beat();
   }
+  /// Registers the handler of a message only the coordinator sends (a plan, an order, a verdict).
+  /// From any other node, authenticated or not, it is dropped: another member must not stop,
+  /// fail or replan this one.
+  template <message M>
+  void on_coordinator(std::function<void(const envelope_header&, const M&)> handler) {
+    on<M>([this, handler = std::move(handler)](const envelope_header& h, const M& m) {
+      if (h.from != coordinator_) return dropped_not_from_coordinator(h, M::kind);
+      handler(h, m);
+    });
+  }
   /// The coordinator sent this member a plan: its registration arrived.
   void admitted() {
     registering_ = false;
@@ -88,6 +98,7 @@ class job_member : public actor {
   /// come back (heartbeats go on over a new link, and a coordinator that gave the member up asks
   /// it to register again): a plan within `coordinator_grace` says it is still in.
   void lost_coordinator(std::error_code why);
+  void dropped_not_from_coordinator(const envelope_header& h, msg_kind kind);
   /// Sends the registration, and again every `registration_wait_` until a plan admits it.
   void register_now();
   static constexpr std::chrono::seconds coordinator_grace{5};

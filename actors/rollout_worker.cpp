@@ -42,7 +42,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
     }
     tensors_ = std::make_shared<const std::vector<tensor_ref>>(std::move(own));
   }
-  on<plan_ready>([this](const envelope_header&, const plan_ready& m) {
+  on_coordinator<plan_ready>([this](const envelope_header&, const plan_ready& m) {
     admitted();
     adopt_plan(m);
   });
@@ -54,7 +54,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
     gen_->announcements.push_back(m);
     changed();
   });
-  on<update_failed>([this](const envelope_header&, const update_failed& m) {
+  on_coordinator<update_failed>([this](const envelope_header&, const update_failed& m) {
     // The version cannot complete anywhere; what arrived of it must not count later.
     log::warn("worker {}.{}: update of version {} failed: {}", instance_, rank_, m.version, m.reason);
     progress_.erase(m.version);

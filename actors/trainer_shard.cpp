@@ -17,18 +17,18 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
       options_(options),
       offload_meter_(host.env(), host.id(), stage::offload),
       send_meter_(host.env(), host.id(), stage::send) {
-  on<plan_ready>([this](const envelope_header&, const plan_ready& m) {
+  on_coordinator<plan_ready>([this](const envelope_header&, const plan_ready& m) {
     admitted();
     adopt_plan(m);
   });
-  on<job_ready>([this](const envelope_header& h, const job_ready& m) {
+  on_coordinator<job_ready>([this](const envelope_header& h, const job_ready& m) {
     if (h.epoch != epoch()) return;
     ready_ = true;
     next_version_ = std::max(next_version_, m.next_version);
     changed();
     if (on_ready) on_ready();
   });
-  on<update_go>([this](const envelope_header& h, const update_go& m) {
+  on_coordinator<update_go>([this](const envelope_header& h, const update_go& m) {
     if (h.epoch == epoch()) start_sending(m);
   });
   on<slot_free>([this](const envelope_header& h, const slot_free& m) {
@@ -41,14 +41,14 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
       }
     }
   });
-  on<version_delivered>([this](const envelope_header&, const version_delivered& m) {
+  on_coordinator<version_delivered>([this](const envelope_header&, const version_delivered& m) {
     delivered_ = std::max(delivered_, m.version);
     settled_ = std::max(settled_, m.version);
     next_version_ = std::max(next_version_, m.version + 1);
     changed();
     if (on_delivered) on_delivered(m.version, m.verified);
   });
-  on<update_failed>([this](const envelope_header&, const update_failed& m) { version_failed(m); });
+  on_coordinator<update_failed>([this](const envelope_header&, const update_failed& m) { version_failed(m); });
 }
 
 void trainer_shard::void_version(std::uint64_t version) {

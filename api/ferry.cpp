@@ -532,10 +532,10 @@ status trainer::join() {
        trace = o.trace_file](node& host) -> status {
         if (auto st = reach_coordinator(host, reach, "trainer"); !st) return st;
         keep_trace(host, trace);
-        auto options = shard_options;
-        if (auto* gpu = self->thread.gpu()) options.memory = gpu->memory.get();
+        auto on_host = shard_options;
+        if (auto* gpu = self->thread.gpu()) on_host.memory = gpu->memory.get();
         self->shard = std::make_unique<trainer_shard>(
-            host, job_actor, address{coordinator_node, job_actor}, shard, tensors, options);
+            host, job_actor, address{coordinator_node, job_actor}, shard, tensors, on_host);
         auto& t = *self->shard;
         t.on_ready = [self] {
           {
@@ -724,14 +724,14 @@ status rollout::join() {
        trace = o.trace_file](node& host) -> status {
         if (auto st = reach_coordinator(host, reach, "rollout"); !st) return st;
         keep_trace(host, trace);
-        auto options = worker_opts;
+        auto on_host = worker_opts;
         if (auto* gpu = self->thread.gpu()) {  // device slots, and the instance's NCCL collective
-          options.memory = gpu->memory.get();
-          options.make_broadcast = gpu->make_broadcast;
+          on_host.memory = gpu->memory.get();
+          on_host.make_broadcast = gpu->make_broadcast;
         }
         self->worker =
             std::make_unique<rollout_worker>(host, job_actor, address{coordinator_node, job_actor},
-                                             instance, rank, tensors, options);
+                                             instance, rank, tensors, on_host);
         auto& w = *self->worker;
         w.on_tensor = [self](std::uint64_t v, const tensor_spec& spec,
                              std::span<const std::byte> bytes) {

@@ -71,9 +71,22 @@ const std::vector<kind_check>& kind_checks() {
   return checks;
 }
 
-/// Feeds `body` to every kind's body decoders.
-void every_body_decoder(const envelope_header& head, const msgpack::object& body) {
-  for (auto check : kind_checks()) check(head, body);
+/// Feeds the body an envelope carries (its sixth element), valid envelope or not, to every
+/// kind's body decoders.
+void every_body_decoder(const envelope_header& head, std::span<const std::byte> payload, const codec_limits& limits) {
+  msgpack::object_handle handle;
+  try {
+    std::size_t offset = 0;
+    const msgpack::unpack_limit caps(limits.max_array, limits.max_map, limits.max_str, limits.max_bin, limits.max_bin,
+                                     limits.max_depth);
+    handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size(), offset, nullptr, nullptr,
+                             caps);
+  } catch (const std::exception&) {
+    return;
+  }
+  const auto& root = handle.get();
+  if (root.type != msgpack::type::ARRAY || root.via.array.size != 6) return;
+  for (auto check : kind_checks()) check(head, root.via.array.ptr[5]);
 }
 
 }  // namespace
@@ -87,29 +100,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (auto m = decode_frame(bytes, registry, limits)) {
     if (registry.find(m->head.kind) == nullptr)
       broken("an unregistered kind decoded", m->head.kind);
-    every_body_decoder(m->head, m->body);
+    every_body_decoder(m->head, bytes.subspan(frame_prefix_bytes), limits);
   }
-  // The payload path (tcp strips the prefix), whatever the prefix says.
+  // The payload path (tcp strips the prefix), whatever the prefix says. Rejected envelopes may
+  // still carry a body: every body decoder must survive it too.
   if (size >= frame_prefix_bytes) {
     const auto payload = bytes.subspan(frame_prefix_bytes);
-    auto m = decode_payload(payload, registry, limits);
-    if (m) {
-      every_body_decoder(m->head, m->body);
-    } else {
-      // Rejected envelopes may still carry a body: every body decoder must survive it too.
-      try {
-        std::size_t offset = 0;
-        const msgpack::unpack_limit caps(limits.max_array, limits.max_map, limits.max_str,
-                                         limits.max_bin, limits.max_bin, limits.max_depth);
-        auto handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size(),
-                                      offset, nullptr, nullptr, caps);
-        const auto& root = handle.get();
-        if (root.type == msgpack::type::ARRAY && root.via.array.size == 7) {
-          every_body_decoder(fuzz::sample_header(), root.via.array.ptr[6]);
-        }
-      } catch (const std::exception&) {
-      }
-    }
+    const auto m = decode_payload(payload, registry, limits);
+    every_body_decoder(m ? m->head : fuzz::sample_header(), payload, limits);
   }
   return 0;
 }

@@ -1,0 +1,69 @@
+/// A job member takes its plan, its orders and its verdicts from the coordinator only: another
+/// member of the job, authenticated like any, cannot stop, fail or replan it.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/rollout_worker.hpp"
+#include "actors/trainer_shard.hpp"
+#include "collectives/host/chain_broadcast.hpp"
+#include "runtime/node.hpp"
+#include "runtime/virtual_environment.hpp"
+#include "transport/inproc/inproc_transport.hpp"
+
+namespace ferry {
+namespace {
+
+TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
+  event_loop loop;
+  virtual_environment env{loop};
+  inproc_network network;
+  node hub{env, 0, inproc_transport::make(env, network, 0), protocol()};
+  node trainer_node{env, 1, inproc_transport::make(env, network, 1), protocol()};
+  node worker_node{env, 2, inproc_transport::make(env, network, 2), protocol()};
+  node rogue_node{env, 3, inproc_transport::make(env, network, 3), protocol()};
+  for (auto* n : {&hub, &trainer_node, &worker_node, &rogue_node}) ASSERT_FALSE(n->start());
+  for (node_id id : {1, 2, 3}) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
+  for (node_id id : {1, 2}) ASSERT_FALSE(rogue_node.transport().add_peer(id, std::to_string(id)));
+
+  job_coordinator coordinator(hub, 1, job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 4096});
+  std::uint64_t delivered = 0;
+  coordinator.on_delivered = [&](const version_report& r) { delivered = r.version; };
+  coordinator.start();
+  std::vector<std::byte> weights(10000), received(10000);
+  for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 7 + 1);
+  const auto spec = make_tensor_spec("w", dtype::u8, {10000});
+  trainer_shard trainer(trainer_node, 1, {0, 1}, 0, {{.spec = spec, .data = weights.data()}});
+  rollout_worker worker(worker_node, 1, {0, 1}, 0, 0, std::vector<tensor_ref>{{.spec = spec, .data = received.data()}},
+                        worker_options{.make_broadcast = host_chain(chain_tag)});
+  trainer.join();
+  worker.join();
+  const auto before = [&](std::chrono::seconds limit) { return env.clock().now() < clock::time_point(limit); };
+  loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
+  ASSERT_TRUE(trainer.ready());
+
+  // Node 3 is a member of the job's network, not its coordinator: every order it gives is dropped.
+  actor rogue(rogue_node, 1);
+  rogue.start();
+  for (const address to : {address{1, 1}, address{2, 1}}) {
+    rogue.send(to, job_stop{.reason = "a rogue says stop"});
+    rogue.send(to, job_failed{.reason = "a rogue says fail"});
+    rogue.send(to, register_again{.replaced = true});
+    rogue.send(to, update_failed{.version = 1, .reason = "a rogue says version 1 failed"});
+  }
+  rogue.send({1, 1}, version_delivered{.version = 1, .verified = false});
+  std::string why;
+  ASSERT_TRUE(trainer.publish(1, why)) << why;
+  loop.run_until([&] { return delivered == 1 || !before(std::chrono::seconds(120)); });
+
+  EXPECT_EQ(delivered, 1u);
+  EXPECT_EQ(received, weights);
+  EXPECT_FALSE(trainer.failed() || trainer.stopped());
+  EXPECT_FALSE(worker.failed() || worker.stopped());
+  EXPECT_EQ(env.trace().instants().at("order not from the coordinator"), 9u);
+  coordinator.stop_job();
+}
+
+}  // namespace
+}  // namespace ferry
