@@ -55,9 +55,9 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     add_peer(h.from, m.transport_address);
     readmit(h.from);
     members_.workers[{m.instance, m.rank}] = {.who = h.from,
-                                      .transport_address = m.transport_address,
-                                      .table = members_.intern({.tensors = m.tensors, .parts = m.parts}),
-                                      .on_device = m.on_device};
+                                              .transport_address = m.transport_address,
+                                              .table = members_.intern(m.tensors, m.parts),
+                                              .on_device = m.on_device};
     if (started_) {
       const bool new_instance = !instances_seen_.contains(m.instance);
       regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")" +
@@ -398,8 +398,7 @@ void job_coordinator::send_plan(const plan_ready& message) {
   distribution_ = std::make_shared<plan_distribution>();
   distribution_->message = encode_body(message);
   // Trainers first: each must hold the plan before its job_ready, which follows the workers' readiness.
-  for (const auto& [rank, t] : members_.trainers) distribution_->to.push_back(t.who);
-  for (const auto& [key, w] : members_.workers) distribution_->to.push_back(w.who);
+  members_.for_each([&](const address& who) { distribution_->to.push_back(who); });
   send_more_plans(distribution_);
 }
 

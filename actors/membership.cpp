@@ -4,11 +4,12 @@
 
 namespace ferry {
 
-std::shared_ptr<const job_membership::worker_table> job_membership::intern(worker_table table) {
+std::shared_ptr<const job_membership::worker_table> job_membership::intern(const std::vector<tensor_spec>& tensors,
+                                                                           const std::vector<byte_range>& parts) {
   std::erase_if(tables_, [](const auto& t) { return t.expired(); });
   for (const auto& t : tables_)
-    if (auto live = t.lock(); live && *live == table) return live;
-  auto fresh = std::make_shared<const worker_table>(std::move(table));
+    if (auto live = t.lock(); live && live->tensors == tensors && live->parts == parts) return live;
+  auto fresh = std::make_shared<const worker_table>(worker_table{.tensors = tensors, .parts = parts});
   tables_.push_back(fresh);
   return fresh;
 }

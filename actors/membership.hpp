@@ -30,7 +30,6 @@ class job_membership {
   struct worker_table {
     std::vector<tensor_spec> tensors;
     std::vector<byte_range> parts;  ///< parallel to `tensors`, or empty: whole tensors
-    friend bool operator==(const worker_table&, const worker_table&) = default;
   };
   struct worker_entry {
     address who;
@@ -62,8 +61,10 @@ class job_membership {
   std::map<node_id, clock::time_point> last_seen;
   std::map<node_id, given_up_entry> given_up;
 
-  /// The shared copy of a table equal to `table`, or `table` itself, now shared.
-  std::shared_ptr<const worker_table> intern(worker_table table);
+  /// The shared copy of the table equal to `tensors` and `parts`; a copy of them, shared from now
+  /// on, when no table is equal.
+  std::shared_ptr<const worker_table> intern(const std::vector<tensor_spec>& tensors,
+                                             const std::vector<byte_range>& parts);
   /// The shard `who` registered as, or trainers.end().
   std::map<std::uint32_t, trainer_entry>::iterator find_trainer(const address& who);
   const worker_entry* find_worker(const address& who) const;

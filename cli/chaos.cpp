@@ -198,8 +198,8 @@ std::optional<int> process_chaos::start() {
   const auto address_file = (dir_ / "coordinator").string();
   auto coordinator_args = with_common(job_args(self_, "coordinator", job_));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
-  const auto [pid, events_fd] = spawn_reading(coordinator_args);
-  coordinator_pid_ = pid;
+  const auto [coordinator, events_fd] = spawn_reading(coordinator_args);
+  coordinator_pid_ = coordinator;
   events_.emplace(events_fd, interrupt_fd());
   address_ = coordinator_pid_ > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
   if (interrupt_signal()) {

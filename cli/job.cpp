@@ -273,8 +273,8 @@ int run_node(const node_flags& f) {
     return std::nullopt;
   };
   // The job's end: the coordinator stops it once its versions are delivered.
-  auto until_the_end = [&](auto& member) {
-    if (auto s = await([&](auto slice) { return member.wait_end(slice); }); s && !*s) failure = s->message;
+  auto until_the_end = [&](auto& joined_member) {
+    if (auto s = await([&](auto slice) { return joined_member.wait_end(slice); }); s && !*s) failure = s->message;
   };
   // A bad --coordinator is a usage error (exit 2); anything else fails the node.
   auto joined = [&](const ferry::status& s) {

@@ -33,6 +33,11 @@ double peak_rss_mib() {
   return u.ru_maxrss / 1024.0;
 }
 
+/// Chunk-stage events (the timeline's records) per second of wall time.
+double events_per_second(const sim_result& r) {
+  return r.wall_seconds > 0 ? r.trace_events / r.wall_seconds : 0;
+}
+
 nlohmann::json to_json(const sim_result& r) {
   nlohmann::json resources = nlohmann::json::array();
   for (const auto& u : r.resources) {
@@ -62,7 +67,7 @@ nlohmann::json to_json(const sim_result& r) {
           {"actors", r.actors},
           {"transfers", r.transfers},
           {"chunk_stage_events", r.trace_events},
-          {"events_per_second", r.wall_seconds > 0 ? r.trace_events / r.wall_seconds : 0},
+          {"events_per_second", events_per_second(r)},
           {"peak_rss_mib", peak_rss_mib()},
           {"kills", r.kills},
           {"regroups", r.regroups},
@@ -103,8 +108,7 @@ void print_report(const sim_config& c, const sim_result& r) {
   fmt::print(
       "{} actors, {} chunk-stage events and {} transfers in {:.2f} s of wall time ({:.0f} events/s), "
       "peak RSS {:.0f} MiB\n",
-      r.actors, r.trace_events, r.transfers, r.wall_seconds,
-      r.wall_seconds > 0 ? r.trace_events / r.wall_seconds : 0, peak_rss_mib());
+      r.actors, r.trace_events, r.transfers, r.wall_seconds, events_per_second(r), peak_rss_mib());
 }
 
 int run_one(const sim_flags& f) {

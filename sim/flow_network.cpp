@@ -144,9 +144,9 @@ void flow_network::recompute() {
   });
 
   auto next_capped = capped.begin();
-  std::vector<std::uint32_t> saturated, fixing;
+  std::vector<std::uint32_t> fixing;
   while (unfixed > 0) {
-    double level = INFINITY;
+    double level = std::numeric_limits<double>::infinity();
     for (const auto r : touched_)
       if (unfixed_weight_[r] > no_weight) level = std::min(level, capacity_left_[r] / unfixed_weight_[r]);
     while (next_capped != capped.end() && fixed_[*next_capped]) ++next_capped;
