@@ -32,7 +32,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       options_(std::move(options)),
       upload_meter_(host.env(), host.id(), stage::upload),
       broadcast_meter_(host.env(), host.id(), stage::broadcast),
-      apply_meter_(host.env(), host.id(), stage::apply) {
+      apply_(host.env(), host.id()) {
   if (std::any_of(tensors_->begin(), tensors_->end(), [](const tensor_ref& t) { return !t.data; })) {
     auto own = *tensors_;
     for (auto& t : own) {
@@ -340,9 +340,7 @@ std::shared_ptr<const rollout_worker::mapped_copy> rollout_worker::map_source(co
 
 bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected) {
   if (!options_.checksums || expected == 0) return true;
-  std::uint64_t actual = 0;
-  host().env().cpu().run(bytes.size(), [&] { actual = XXH3_64bits(bytes.data(), bytes.size()); });
-  return actual == expected;
+  return chunk_checksum(host().env(), bytes) == expected;
 }
 
 std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared_ptr<generation>& g) {
@@ -543,19 +541,11 @@ buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t byte
 
 void rollout_worker::apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk,
                            std::span<const std::byte> bytes, std::function<void()> done) {
-  std::vector<copy_piece> pieces;
-  for (const auto& p : plan.job->chunks[chunk].pieces) {
-    // Every piece lies in this worker's part of its tensor: the plan cut the segments there.
-    const auto& t = (*tensors_)[plan.local_of[p.tensor]];
-    pieces.push_back({t.data + (p.tensor_offset - t.held().offset), bytes.data() + p.chunk_offset, p.bytes});
-  }
-  const auto began = apply_meter_.begin();
-  host().env().copies().async_copy(std::move(pieces), [this, version, chunk, began, bytes = bytes.size(),
-                                                       done = std::move(done)](std::error_code ec) {
-    apply_meter_.end(began, version, chunk, bytes);
-    if (ec) fail("apply of chunk " + std::to_string(chunk) + " failed: " + ec.message());
-    done();
-  });
+  apply_.run(plan.job->chunks[chunk], {*tensors_, plan.local_of}, bytes, version,
+             [this, chunk, done = std::move(done)](std::error_code ec) {
+               if (ec) fail("apply of chunk " + std::to_string(chunk) + " failed: " + ec.message());
+               done();
+             });
 }
 
 void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk) {
@@ -580,10 +570,10 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
   std::erase_if(progress_, [&](const auto& e) { return e.first <= version; });
   version_complete m{.instance = instance_, .rank = rank_, .version = version,
                      .busy = {.upload = upload_meter_.seconds(), .broadcast = broadcast_meter_.seconds(),
-                              .apply = apply_meter_.seconds()}};
+                              .apply = apply_.meter().seconds()}};
   upload_meter_.reset();
   broadcast_meter_.reset();
-  apply_meter_.reset();
+  apply_.meter().reset();
   if (!options_.digests) {
     send(coordinator_, m);
     if (on_version) on_version(version);

@@ -12,7 +12,7 @@
 
 #include "actors/job_member.hpp"
 #include "actors/messages.hpp"
-#include "actors/stage_meter.hpp"
+#include "actors/stages.hpp"
 #include "actors/trainer_shard.hpp"
 #include "collectives/broadcast.hpp"
 #include "runtime/await.hpp"
@@ -178,7 +178,8 @@ class rollout_worker final : public job_member {
 
   std::map<std::uint64_t, version_progress> progress_;
   std::uint64_t complete_version_ = 0;
-  stage_meter upload_meter_, broadcast_meter_, apply_meter_;
+  stage_meter upload_meter_, broadcast_meter_;
+  apply_stage apply_;
   int in_flight_ = 0;
 };
 

@@ -15,8 +15,8 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
       shard_(shard),
       tensors_(std::move(tensors)),
       options_(options),
-      offload_meter_(host.env(), host.id(), stage::offload),
-      send_meter_(host.env(), host.id(), stage::send) {
+      offload_(host.env(), host.id(), options.checksums),
+      send_(host.env(), host.id(), host.transport()) {
   on_coordinator<plan_ready>([this](const envelope_header&, const plan_ready& m) {
     admitted();
     adopt_plan(m);
@@ -178,40 +178,18 @@ void trainer_shard::run_publish(std::uint64_t version) {
   copy.version = version;
   copy.layout = plan->job->layout;
   copy.offloaded = 0;
-  offload_meter_.reset();
+  offload_.meter().reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
   // OFFLOAD: tensors into the host copy, chunk by chunk in send order; senders follow behind.
+  const tensor_placement from{tensors_, plan->local_of};
   for (auto id : plan->my_chunks) {
-    const auto& c = plan->job->chunks[id];
-    std::vector<copy_piece> pieces;
-    for (const auto& p : c.pieces) {
-      const auto& t = tensors_[plan->local_of[p.tensor]];
-      pieces.push_back({copy.bytes.data() + c.shard_offset + p.chunk_offset, t.data + p.tensor_offset, p.bytes});
-    }
-    const auto began = offload_meter_.begin();
-    auto [ec] = await<std::error_code>([&](auto done) { host().env().copies().async_copy(std::move(pieces), std::move(done)); });
-    // A plan of another layout came meanwhile: this copy is void, and so is its version.
-    const auto relaid = [&] { return plan_->job->layout != plan->job->layout; };
-    if (relaid()) {
-      offload_meter_.end(began, version, id, c.bytes);
-      return void_version(version);
-    }
-    if (ec) {
-      offload_meter_.end(began, version, id, c.bytes);
-      return fail("offload of chunk " + std::to_string(id) + " failed: " + ec.message());
-    }
-    if (options_.checksums) {
-      const std::byte* bytes = copy.bytes.data() + c.shard_offset;
-      std::uint64_t sum = 0;
-      host().env().cpu().run(c.bytes, [&] { sum = XXH3_64bits(bytes, c.bytes); });
-      if (relaid()) {
-        offload_meter_.end(began, version, id, c.bytes);
-        return void_version(version);
-      }
-      copy.checksums[id] = sum;
-    }
-    offload_meter_.end(began, version, id, c.bytes);
+    // A plan of another layout may come meanwhile: this copy is then void, and so is its version.
+    const auto done = offload_.run(plan->job->chunks[id], from, copy.bytes, version,
+                                   [&] { return plan_->job->layout == plan->job->layout; });
+    if (done.abandoned) return void_version(version);
+    if (done.error) return fail("offload of chunk " + std::to_string(id) + " failed: " + done.error.message());
+    copy.checksums[id] = done.checksum;
     ++copy.offloaded;
     changed();
     if (stopped_ || failed_) return;
@@ -220,7 +198,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   send(coordinator_, shard_offloaded{.shard = shard_, .version = version, .seconds = stall});
   if (on_offloaded) on_offloaded(version, stall);
 
-  shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_meter_.seconds()}};
+  shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_.meter().seconds()}};
   if (options_.digests) {
     host().env().cpu().run(plan->job->shard_bytes[shard_], [&] {
       for (std::uint32_t i = 0; i < plan->job->segments.size(); ++i) {
@@ -236,7 +214,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
 
 void trainer_shard::start_sending(const update_go& go) {
   const auto generation = ++send_generation_;
-  send_meter_.reset();
+  send_.meter().reset();
   release_credits();
   routes_.clear();
   changed();
@@ -287,7 +265,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     chunk_sent sent{.version = version, .chunk = id, .slot = slot, .checksum = copy->checksums[id],
                     .chunk_checksum = copy->checksums[id]};
     if (r->stripes > 1 && options_.checksums) {
-      host().env().cpu().run(part.bytes, [&] { sent.checksum = XXH3_64bits(bytes, part.bytes); });
+      sent.checksum = chunk_checksum(host().env(), {bytes, part.bytes});
       if (!current()) break;
     }
     if (plan->job->shared_host_copies) {  // the leader reads the stripe in place
@@ -299,38 +277,35 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
       continue;
     }
     ++r->in_flight;
-    const auto began = send_meter_.begin();
     // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
-    host().transport().async_write(
-        std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->job->chunk_bytes + part.offset,
-        make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)),
-        [this, r, sent, generation, began, bytes = part.bytes](std::error_code ec) {
-          send_meter_.end(began, sent.version, sent.chunk, bytes);
-          --r->in_flight;
-          changed();
-          if (generation != send_generation_) return;
-          if (ec == errc::not_same_host) {
-            // No regroup mends that: the job is set up wrong.
-            const auto why = fmt::format("cannot write to node {} with same-host copies: {}; use tcp or fabric",
-                                         r->leader.node, ec.message());
-            send(coordinator_, participant_error{.reason = why});
-            return fail(why);
-          }
-          if (ec) {
-            // A dead leader is the coordinator's to detect; the regroup resends what is missing.
-            log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, sent.chunk, r->leader.node,
-                      ec.message());
-            return;
-          }
-          send(r->leader, sent);
-        });
+    send_.write(std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->job->chunk_bytes + part.offset,
+                make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)), version, id,
+                [this, r, sent, generation](std::error_code ec) {
+                  --r->in_flight;
+                  changed();
+                  if (generation != send_generation_) return;
+                  if (ec == errc::not_same_host) {
+                    // No regroup mends that: the job is set up wrong.
+                    const auto why = fmt::format("cannot write to node {} with same-host copies: {}; use tcp or fabric",
+                                                 r->leader.node, ec.message());
+                    send(coordinator_, participant_error{.reason = why});
+                    return fail(why);
+                  }
+                  if (ec) {
+                    // A dead leader is the coordinator's to detect; the regroup resends what is missing.
+                    log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, sent.chunk, r->leader.node,
+                              ec.message());
+                    return;
+                  }
+                  send(r->leader, sent);
+                });
   }
   wait_even_if_stopped([&] { return r->in_flight == 0; });
   // The last route of this update to finish reports the send stage's busy time.
   const bool all_sent = std::all_of(routes_.begin(), routes_.end(),
                                     [](const auto& x) { return x->chunks.empty() && x->in_flight == 0; });
   if (current() && all_sent && r->chunks.empty()) {
-    send(coordinator_, shard_sent{.shard = shard_, .version = version, .send_seconds = send_meter_.seconds()});
+    send(coordinator_, shard_sent{.shard = shard_, .version = version, .send_seconds = send_.meter().seconds()});
   }
 }
 

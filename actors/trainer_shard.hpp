@@ -11,7 +11,7 @@
 
 #include "actors/job_member.hpp"
 #include "actors/messages.hpp"
-#include "actors/stage_meter.hpp"
+#include "actors/stages.hpp"
 #include "runtime/await.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
@@ -131,7 +131,8 @@ class trainer_shard final : public job_member {
   std::uint64_t settled_ = 0;  ///< newest version delivered or failed
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
   std::vector<std::shared_ptr<route>> routes_;
-  stage_meter offload_meter_, send_meter_;
+  offload_stage offload_;
+  send_stage send_;
 };
 
 }  // namespace ferry

@@ -12,6 +12,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/plan.hpp"
+#include "actors/stages.hpp"
 #include "actors/synthetic_model.hpp"
 #include "collectives/host/chain_broadcast.hpp"
 #include "platform/real_environment.hpp"
@@ -60,23 +61,18 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-/// Where each plan tensor lives in a contiguous buffer of one owner (a shard or a worker).
-std::vector<std::uint64_t> layout(const plan& p, const std::vector<tensor_spec>& owned,
-                                  std::uint64_t& total) {
-  std::vector<std::uint64_t> offset_of_owned;
-  std::vector<std::string_view> names;
-  total = 0;
+/// One owner's tensors (a shard's or a worker's) back to back in `into`, as the stages see them.
+std::vector<tensor_ref> place(const std::vector<tensor_spec>& owned, host_buffer& into) {
+  std::uint64_t total = 0;
+  for (const auto& t : owned) total += (t.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+  into = host_buffer(total);
+  std::vector<tensor_ref> refs;
+  std::uint64_t at = 0;
   for (const auto& t : owned) {
-    offset_of_owned.push_back(total);
-    names.push_back(t.name);
-    total += (t.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+    refs.push_back({.spec = t, .data = into.data() + at});
+    at += (t.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
   }
-  std::vector<std::uint64_t> at(p.tensors.size(), 0);
-  const auto owned_index = p.indices_in(names);
-  for (std::size_t i = 0; i < at.size(); ++i) {
-    if (owned_index[i] >= 0) at[i] = offset_of_owned[owned_index[i]];
-  }
-  return at;
+  return refs;
 }
 
 /// One measurement session: nodes, memory and chains for one shape, on the calling thread.
@@ -132,7 +128,8 @@ class session {
   std::vector<std::unique_ptr<node>> nodes_;
 
   std::vector<host_buffer> trainer_tensors_;  ///< per shard, tensors laid out back to back
-  std::vector<std::vector<std::uint64_t>> trainer_at_;
+  std::vector<std::vector<tensor_ref>> trainer_refs_;
+  std::vector<std::vector<int>> trainer_local_of_;  ///< per shard: plan tensor -> its tensor_ref
   std::vector<host_buffer> host_copies_;  ///< per shard, its packed stream
   std::vector<region_desc> host_regions_;
   std::vector<host_buffer> leader_slots_;  ///< per instance: `trainers * depth` receive slots
@@ -140,10 +137,15 @@ class session {
   std::vector<host_buffer> worker_slots_;  ///< per worker: `depth` broadcast / apply slots
   std::vector<region_desc> worker_regions_;
   std::vector<host_buffer> worker_tensors_;  ///< per worker, every tensor back to back
-  std::vector<std::uint64_t> worker_at_;
+  std::vector<std::vector<tensor_ref>> worker_refs_;
+  std::vector<int> worker_local_of_;  ///< plan tensor -> its tensor_ref, every worker alike
   std::vector<host_buffer> warmup_;
   std::vector<region_desc> warmup_regions_;
 
+  // The actors' own stages: per shard, and per worker.
+  std::vector<std::unique_ptr<offload_stage>> offload_stages_;
+  std::vector<std::unique_ptr<send_stage>> send_stages_;
+  std::vector<std::unique_ptr<apply_stage>> apply_stages_;
   std::vector<std::unique_ptr<actor>> members_;  ///< instance 0's chain members
   std::vector<std::unique_ptr<chain_broadcast>> chains_;
   std::uint32_t chain_epoch_ = 1;
@@ -199,24 +201,25 @@ bool session::prepare(std::string& why) {
   };
   const auto slot_bytes = std::size_t{shape_.depth} * shape_.chunk_bytes;
   for (std::uint32_t s = 0; s < shape_.trainers; ++s) {
-    std::uint64_t bytes = 0;
-    trainer_at_.push_back(layout(*plan_, shards[s], bytes));
-    trainer_tensors_.emplace_back(bytes);
+    trainer_refs_.push_back(place(shards[s], trainer_tensors_.emplace_back()));
+    trainer_local_of_.push_back(plan_->indices_in(names_of(trainer_refs_.back())));
     host_copies_.emplace_back(plan_->shard_bytes[s]);
     if (!registered(trainer_node(s), host_copies_.back(), host_regions_)) return false;
+    offload_stages_.push_back(std::make_unique<offload_stage>(env_, trainer_node(s).id(), shape_.checksums));
+    send_stages_.push_back(std::make_unique<send_stage>(env_, trainer_node(s).id(), trainer_node(s).transport()));
   }
   for (std::uint32_t i = 0; i < shape_.instances; ++i) {
     leader_slots_.emplace_back(shape_.trainers * slot_bytes);
     if (!registered(worker_node(i, 0), leader_slots_.back(), leader_regions_)) return false;
   }
-  std::uint64_t worker_bytes = 0;
-  worker_at_ = layout(*plan_, model, worker_bytes);
   for (std::uint32_t w = 0; w < worker_count(); ++w) {
+    node& n = *nodes_[shape_.trainers + w];
     worker_slots_.emplace_back(slot_bytes);
-    if (!registered(*nodes_[shape_.trainers + w], worker_slots_.back(), worker_regions_))
-      return false;
-    worker_tensors_.emplace_back(worker_bytes);
+    if (!registered(n, worker_slots_.back(), worker_regions_)) return false;
+    worker_refs_.push_back(place(model, worker_tensors_.emplace_back()));
+    apply_stages_.push_back(std::make_unique<apply_stage>(env_, n.id()));
   }
+  worker_local_of_ = plan_->indices_in(names_of(worker_refs_.front()));
   for (auto& n : nodes_) {
     warmup_.emplace_back(tensor_alignment * node_count);
     if (!registered(*n, warmup_.back(), warmup_regions_)) return false;
@@ -274,18 +277,11 @@ double session::offload() {
   const auto start = clock_type::now();
   for (std::uint32_t s = 0; s < shape_.trainers; ++s) {
     loop_.spawn([this, s, &pending] {
+      const tensor_placement from{trainer_refs_[s], trainer_local_of_[s]};
       for (auto id : plan_->chunks_of(s)) {
         if (stopping_) break;
-        const auto& c = plan_->chunks[id];
-        std::vector<copy_piece> pieces;
-        for (const auto& p : c.pieces) {
-          pieces.push_back({host_copies_[s].data() + c.shard_offset + p.chunk_offset,
-                            trainer_tensors_[s].data() + trainer_at_[s][p.tensor] + p.tensor_offset,
-                            p.bytes});
-        }
-        auto [ec] = await<std::error_code>(
-            [&](auto done) { env_.copies().async_copy(std::move(pieces), std::move(done)); });
-        if (ec) error_ = "offload copy failed: " + ec.message();
+        const auto done = offload_stages_[s]->run(plan_->chunks[id], from, host_copies_[s].span(), 0, [] { return true; });
+        if (done.error) error_ = "offload copy failed: " + done.error.message();
       }
       --pending;
     });
@@ -320,9 +316,9 @@ double session::send() {
               const auto slot = slots.front();
               slots.pop_front();
               const auto& c = plan_->chunks[id];
-              trainer_node(s).transport().async_write(
+              send_stages_[s]->write(
                   {host_copies_[s].data() + c.shard_offset, c.bytes}, leader_regions_[i],
-                  std::uint64_t{slot} * shape_.chunk_bytes, make_imm(send_tag, slot),
+                  std::uint64_t{slot} * shape_.chunk_bytes, make_imm(send_tag, slot), 0, id,
                   [this, slot, credit, &slots, &pending](std::error_code ec) {
                     if (ec) error_ = "send write failed: " + ec.message();
                     slots.push_back(slot);
@@ -398,19 +394,14 @@ double session::apply() {
         }
         const auto slot = slots.front();
         slots.pop_front();
-        const std::byte* source = worker_slots_[w].data() + std::size_t{slot} * shape_.chunk_bytes;
-        std::vector<copy_piece> pieces;
-        for (const auto& p : c.pieces) {
-          pieces.push_back({worker_tensors_[w].data() + worker_at_[p.tensor] + p.tensor_offset,
-                            source + p.chunk_offset, p.bytes});
-        }
-        env_.copies().async_copy(std::move(pieces),
-                           [this, slot, credit, &slots, &pending](std::error_code ec) {
-                             if (ec) error_ = "apply copy failed: " + ec.message();
-                             slots.push_back(slot);
-                             credit->release();
-                             --pending;
-                           });
+        const std::span<const std::byte> source(worker_slots_[w].data() + std::size_t{slot} * shape_.chunk_bytes, c.bytes);
+        apply_stages_[w]->run(c, {worker_refs_[w], worker_local_of_}, source, 0,
+                              [this, slot, credit, &slots, &pending](std::error_code ec) {
+                                if (ec) error_ = "apply copy failed: " + ec.message();
+                                slots.push_back(slot);
+                                credit->release();
+                                --pending;
+                              });
       }
     });
   }

@@ -1,7 +1,8 @@
 #pragma once
 /// Each stage of a weight update measured alone, for the bound a pipelined update is judged
-/// against: the same chunk table, copy pool, transport and window as a job, but one stage at a
-/// time, so the whole update can be compared with its slowest stage in the same run.
+/// against: the actors' own stage objects (actors/stages.hpp) and chain, on the same chunk table,
+/// copy pool, transport and window as a job, but one stage at a time, so the whole update can be
+/// compared with its slowest stage in the same run.
 #include <cstdint>
 #include <stop_token>
 #include <string>
@@ -19,6 +20,7 @@ struct stage_shape {
   std::uint64_t chunk_bytes = 16ull << 20;
   std::uint32_t depth = 2;
   std::string transport = "inproc";
+  bool checksums = false;  ///< xxh3 of each offloaded chunk: off, as in ferry bench's jobs
 };
 
 /// Wall seconds of each stage alone, for one version of the model.

@@ -1,0 +1,58 @@
+#include "actors/stages.hpp"
+
+#include <xxhash.h>
+
+#include "runtime/await.hpp"
+#include "runtime/copy_engine.hpp"
+
+namespace ferry {
+
+std::uint64_t chunk_checksum(environment& env, std::span<const std::byte> bytes) {
+  std::uint64_t sum = 0;
+  env.cpu().run(bytes.size(), [&] { sum = XXH3_64bits(bytes.data(), bytes.size()); });
+  return sum;
+}
+
+offload_stage::outcome offload_stage::run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream,
+                                          std::uint64_t version, const std::function<bool()>& wanted) {
+  std::vector<copy_piece> pieces;
+  std::byte* const at = stream.data() + c.shard_offset;
+  for (const auto& p : c.pieces) pieces.push_back({at + p.chunk_offset, from.at(p.tensor, p.tensor_offset), p.bytes});
+  const auto began = meter_.begin();
+  outcome out;
+  auto [ec] = await<std::error_code>([&](auto done) { env_.copies().async_copy(std::move(pieces), std::move(done)); });
+  if (!wanted()) {
+    out.abandoned = true;
+  } else if (ec) {
+    out.error = ec;
+  } else if (checksums_) {
+    out.checksum = chunk_checksum(env_, {at, c.bytes});
+    out.abandoned = !wanted();
+  }
+  meter_.end(began, version, c.id, c.bytes);
+  return out;
+}
+
+void send_stage::write(std::span<const std::byte> bytes, const region_desc& to, std::uint64_t offset, write_imm imm,
+                       std::uint64_t version, std::uint32_t chunk, std::function<void(std::error_code)> done) {
+  const auto began = meter_.begin();
+  wire_.async_write(bytes, to, offset, imm,
+                    [this, began, version, chunk, n = bytes.size(), done = std::move(done)](std::error_code ec) {
+                      meter_.end(began, version, chunk, n);
+                      done(ec);
+                    });
+}
+
+void apply_stage::run(const chunk_info& c, const tensor_placement& into, std::span<const std::byte> bytes,
+                      std::uint64_t version, std::function<void(std::error_code)> done) {
+  std::vector<copy_piece> pieces;
+  for (const auto& p : c.pieces) pieces.push_back({into.at(p.tensor, p.tensor_offset), bytes.data() + p.chunk_offset, p.bytes});
+  const auto began = meter_.begin();
+  env_.copies().async_copy(std::move(pieces), [this, began, version, chunk = c.id, n = bytes.size(),
+                                               done = std::move(done)](std::error_code ec) {
+    meter_.end(began, version, chunk, n);
+    done(ec);
+  });
+}
+
+}  // namespace ferry

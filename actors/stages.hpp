@@ -1,0 +1,92 @@
+#pragma once
+/// The per-chunk stages of an update as objects: offload, send and apply each do one step for one
+/// chunk through the environment and meter it on the timeline (the broadcast is the collective's
+/// own object). The actors compose them; bench/stage_alone runs each alone on the same code, for
+/// the bound a whole update is judged against.
+#include <functional>
+#include <span>
+#include <system_error>
+
+#include "actors/plan.hpp"
+#include "actors/stage_meter.hpp"
+#include "actors/tensor.hpp"
+#include "runtime/transport.hpp"
+
+namespace ferry {
+
+/// Where one member holds the tensors of a plan: a view of its table and, per plan tensor, the
+/// index in it (`plan::indices_in`; -1: not held). A view: a simulation's hundreds of members
+/// keep no copy.
+struct tensor_placement {
+  std::span<const tensor_ref> local;
+  std::span<const int> local_of;
+  /// Byte `offset` of plan tensor `tensor`, which the member holds (its part, when it holds rows).
+  std::byte* at(std::uint32_t tensor, std::uint64_t offset) const {
+    const auto& t = local[local_of[tensor]];
+    return t.data + (offset - t.held().offset);
+  }
+};
+
+/// The xxh3-64 of `bytes`, hashed on the environment's executor. Fiber only.
+std::uint64_t chunk_checksum(environment& env, std::span<const std::byte> bytes);
+
+/// OFFLOAD: a trainer shard's chunk from its tensors into its host copy, then the chunk's checksum.
+/// Owning loop only.
+class offload_stage {
+ public:
+  offload_stage(environment& env, node_id node, bool checksums)
+      : env_(env), checksums_(checksums), meter_(env, node, stage::offload) {}
+
+  struct outcome {
+    std::error_code error;
+    bool abandoned = false;     ///< `wanted` said no after a suspension: nothing more was done
+    std::uint64_t checksum = 0;  ///< the chunk's xxh3-64; 0 without checksums
+  };
+  /// Fiber only. Copies chunk `c` of version `version` from `from` into `stream` (the shard's host
+  /// copy, laid out as its packed stream) and hashes it. `wanted` is asked after each suspension.
+  outcome run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream, std::uint64_t version,
+              const std::function<bool()>& wanted);
+
+  stage_meter& meter() { return meter_; }
+
+ private:
+  environment& env_;
+  bool checksums_;
+  stage_meter meter_;
+};
+
+/// SEND: one chunk (or one leader's stripe of it) from a host copy into a receive slot of a leader,
+/// a one-sided write. Owning loop only.
+class send_stage {
+ public:
+  send_stage(environment& env, node_id node, transport& wire) : wire_(wire), meter_(env, node, stage::send) {}
+
+  /// Writes `bytes` of chunk `chunk` at `offset` of region `to`, tagged `imm`; then `done(error)`.
+  void write(std::span<const std::byte> bytes, const region_desc& to, std::uint64_t offset, write_imm imm,
+             std::uint64_t version, std::uint32_t chunk, std::function<void(std::error_code)> done);
+
+  stage_meter& meter() { return meter_; }
+
+ private:
+  transport& wire_;
+  stage_meter meter_;
+};
+
+/// APPLY: a chunk from the bytes it arrived in into a member's tensors. Owning loop only.
+class apply_stage {
+ public:
+  apply_stage(environment& env, node_id node) : env_(env), meter_(env, node, stage::apply) {}
+
+  /// Scatters chunk `c` of version `version` from `bytes` into `into`; then `done(error)`. Every
+  /// piece lies in what the member holds: the plan cut the segments there.
+  void run(const chunk_info& c, const tensor_placement& into, std::span<const std::byte> bytes, std::uint64_t version,
+           std::function<void(std::error_code)> done);
+
+  stage_meter& meter() { return meter_; }
+
+ private:
+  environment& env_;
+  stage_meter meter_;
+};
+
+}  // namespace ferry
