@@ -35,7 +35,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     add_peer(h.from, m.transport_address);
     readmit(h.from);
     const bool replacing = members_.trainers.contains(m.shard);
-    members_.trainers[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? std::max(published_, delivered_) + 1 : 1};
+    members_.trainers[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? updates_.next_version() : 1};
     if (started_) {
       regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") + " (node " +
               std::to_string(h.from.node) + ")");
@@ -88,7 +88,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
   // A trainer shard cannot send a version it offloaded in a layout that changed since.
   handle<update_failed>([this](const envelope_header& h, const update_failed& m) {
     const auto shard = members_.find_trainer(h.from);
-    if (shard == members_.trainers.end() || m.version <= delivered_ || !pending_.contains(m.version)) return;
+    if (shard == members_.trainers.end() || m.version <= updates_.delivered() || !updates_.pending().contains(m.version)) return;
     fail_version(m.version, "trainer shard " + std::to_string(shard->first) + ": " + m.reason);
   });
   handle<leave_job>([this](const envelope_header& h, const leave_job& m) {
@@ -97,12 +97,12 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
   });
   handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
     verdicts_.publish_started(m.version, this->host().clock().now());
-    published_ = std::max(published_, m.version);
-    if (m.version > delivered_) pending_.insert(m.version);
+    std::optional<std::uint32_t> publisher;
     if (const auto shard = members_.find_trainer(h.from); shard != members_.trainers.end()) {
       shard->second.last_published = std::max(shard->second.last_published, m.version);
-      publishers_[m.version].insert(shard->first);
+      publisher = shard->first;
     }
+    updates_.published(m.version, publisher);
     fail_skipped_versions();
     resume();
   });
@@ -185,7 +185,7 @@ void job_coordinator::answer_given_up(node_id node) {
 void job_coordinator::readmit(const address& who) {
   auto it = members_.given_up.find(who.node);
   if (it == members_.given_up.end()) return;
-  for (const auto v : failed_versions_) {
+  for (const auto v : updates_.failed()) {
     if (v > it->second.delivered) send(who, update_failed{.version = v, .reason = "failed while this member was cut off"});
   }
   members_.given_up.erase(it);
@@ -197,37 +197,38 @@ void job_coordinator::lost(node_id node, const std::string& why) {
     if (it->second.who.node != node) continue;
     const auto shard = it->first;
     members_.give_up(node, {.who = it->second.who, .transport_address = it->second.transport_address, .shard = shard,
-                            .worker = {}, .delivered = delivered_});
+                            .worker = {}, .delivered = updates_.delivered()});
     members_.trainers.erase(it);
     host().transport().remove_peer(node);
     const auto reason = "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
-    if (active_) {
-      const auto v = active_->version;
+    if (const auto active = updates_.active()) {
+      const auto v = active->version;
       log::error("coordinator: update of version {} failed: {}", v, reason);
-      if (!active_->catch_up) failed_versions_.insert(v);
+      if (!active->catch_up) updates_.fail(v);
       broadcast_all([&] { return update_failed{.version = v, .reason = reason}; });
-      active_.reset();
+      updates_.abandon();
       if (on_update_failed) on_update_failed(v, reason);
     }
     // Versions published but not yet sent can no longer complete either (a shard that comes back
     // has no copy of them): say so to everyone waiting for them.
-    for (const auto v : pending_) fail_version(v, reason);
+    for (const auto v : updates_.pending()) fail_version(v, reason);
     return regroup(reason);
   }
   for (auto it = members_.workers.begin(); it != members_.workers.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto [instance, rank] = it->first;
     members_.give_up(node, {.who = it->second.who, .transport_address = it->second.transport_address, .shard = {},
-                            .worker = it->first, .delivered = delivered_});
-    if (active_ && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
-    const bool held_active = active_ && it->second.complete_version >= active_->version;
+                            .worker = it->first, .delivered = updates_.delivered()});
+    const auto& active = updates_.active();
+    if (active && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
+    const bool held_active = active && it->second.complete_version >= active->version;
     members_.workers.erase(it);
     host().transport().remove_peer(node);
     // A worker that leaves holding the update takes nothing from it: if every other worker holds it
     // too (or none is left), it is delivered, even mid-regroup (a job's last workers may all leave
     // right after the last version, before a new plan could be in force). Nothing new starts on the
     // old plan: the regroup below makes the next.
-    if (held_active && plan_ && holds_everywhere(active_->version)) {
+    if (held_active && plan_ && holds_everywhere(active->version)) {
       in_force_ = false;
       complete_active();
     }
@@ -236,26 +237,21 @@ void job_coordinator::lost(node_id node, const std::string& why) {
 }
 
 void job_coordinator::fail_version(std::uint64_t version, const std::string& reason, bool relaid) {
-  if (!failed_versions_.insert(version).second) return;
+  if (!updates_.fail(version)) return;
   log::error("coordinator: update of version {} failed: {}", version, reason);
   broadcast_all([&] { return update_failed{.version = version, .reason = reason, .relaid = relaid}; });
   if (on_update_failed) on_update_failed(version, reason);
-  if (active_ && active_->version == version && !active_->catch_up) {
+  if (const auto& active = updates_.active(); active && active->version == version && !active->catch_up) {
     // Abandoned mid-update: a new epoch keeps its writes still in flight out of the next one's slots.
-    active_.reset();
+    updates_.abandon();
     regroup("version " + std::to_string(version) + " failed");
   }
 }
 
 void job_coordinator::fail_skipped_versions() {
-  for (const auto v : pending_) {
-    for (const auto& [shard, t] : members_.trainers) {
-      if (t.last_published > v && !publishers_[v].contains(shard)) {
-        fail_version(v, "trainer shard " + std::to_string(shard) + " published version " +
-                            std::to_string(t.last_published) + " without it");
-        break;
-      }
-    }
+  for (const auto& s : updates_.skipped(members_)) {
+    fail_version(s.version, "trainer shard " + std::to_string(s.shard) + " published version " +
+                                std::to_string(s.shard_published) + " without it");
   }
 }
 
@@ -347,9 +343,9 @@ void job_coordinator::regroup(const std::string& reason) {
     // out for the old ones. Those versions fail; late joiners wait for the next version.
     const std::string relaid = "the chunk layout changed (a trainer's table, or a part no worker had registered)";
     log::warn("coordinator: epoch {}: {}", epoch(), relaid);
-    active_.reset();
-    for (const auto v : std::vector(pending_.begin(), pending_.end())) fail_version(v, relaid, true);
-    for (auto& [shard, t] : members_.trainers) t.first_version = std::max(t.first_version, std::max(published_, delivered_) + 1);
+    updates_.abandon();
+    for (const auto v : std::vector(updates_.pending().begin(), updates_.pending().end())) fail_version(v, relaid, true);
+    for (auto& [shard, t] : members_.trainers) t.first_version = std::max(t.first_version, updates_.next_version());
   }
   layout_ = p->layout;
   plan_ = std::move(*p);
@@ -418,7 +414,7 @@ void job_coordinator::send_more_plans(const std::shared_ptr<plan_distribution>& 
 
 void job_coordinator::plan_in_force() {
   if (in_force_ || !plan_ || plan_->epoch != epoch() || (distribution_ && !distribution_->to.empty())) return;
-  job_ready ready{.next_version = std::max(published_, delivered_) + 1};
+  job_ready ready{.next_version = updates_.next_version()};
   for (const auto& inst : plan_->instances) {
     auto routes = leader_routes(inst);
     if (!routes) return;
@@ -441,101 +437,67 @@ void job_coordinator::plan_in_force() {
       on_ready(*plan_);
     }
   }
-  if (active_) return start_update(active_->version, active_->catch_up);  // resend what is missing
+  if (const auto active = updates_.active()) return start_update(*active);  // resend what is missing
   resume();
 }
 
 void job_coordinator::resume() {
   // One update at a time; an active one is resent (what is missing) only by a new plan, whose
   // epoch keeps stale writes of the old sends out of the slots.
-  if (!in_force_ || failed_ || active_) return;
-  // A late joiner first catches up with the delivered version, from the trainers' host copy;
-  // unless a shard rejoined since, with no copy of it: then the next update brings it every chunk.
-  const bool copies_hold_delivered = std::all_of(members_.trainers.begin(), members_.trainers.end(),
-                                                 [&](const auto& t) { return t.second.first_version <= delivered_; });
-  if (delivered_ > 0 && copies_hold_delivered) {
-    for (const auto& [key, w] : members_.workers) {
-      if (w.complete_version < delivered_) return start_update(delivered_, true);
-    }
-  }
-  for (const auto v : pending_) {
-    if (!failed_versions_.contains(v)) return start_update(v, false);
-  }
+  if (!in_force_ || failed_) return;
+  if (const auto next = updates_.next(members_)) start_update(*next);
 }
 
-void job_coordinator::start_update(std::uint64_t version, bool catch_up) {
-  active_ = update{.version = version, .catch_up = catch_up};
-  update_go go{.version = version};
+void job_coordinator::start_update(update_scheduler::update u) {
+  updates_.start(u);
+  update_go go{.version = u.version};
   for (const auto& inst : plan_->instances) {
-    // Only what some member lacks travels (again): a chunk the whole instance hears to each of
-    // its leaders, any other to each member that hears it.
-    std::vector<const worker_entry*> members;
-    for (const auto& w : inst.workers) members.push_back(members_.find_worker(w));
-    std::map<std::uint32_t, std::vector<std::uint32_t>> hearers;  // audience -> ranks
-    std::vector<std::uint32_t> through_leaders;
-    std::vector<std::vector<std::uint32_t>> direct(members.size());
-    for (const auto& c : plan_->chunks) {
-      auto [it, fresh] = hearers.emplace(c.audience, std::vector<std::uint32_t>{});
-      if (fresh) it->second = plan_->hearers(inst, c.audience);
-      const auto& ranks = it->second;
-      const auto lacks = [&](std::uint32_t r) { return members[r] && !members[r]->holds(version, c.id); };
-      if (ranks.size() == members.size()) {
-        if (std::any_of(ranks.begin(), ranks.end(), lacks)) through_leaders.push_back(c.id);
-      } else {
-        for (auto r : ranks) {
-          if (lacks(r)) direct[r].push_back(c.id);
-        }
-      }
-    }
+    auto sends = update_scheduler::what_travels(*plan_, inst, members_, u.version);
     auto routes = leader_routes(inst);
     if (!routes) return;
-    if (!through_leaders.empty()) {
-      for (const auto& route : *routes) go.routes.push_back({.route = route, .chunks = through_leaders});
+    if (!sends.through_leaders.empty()) {
+      for (const auto& route : *routes) go.routes.push_back({.route = route, .chunks = sends.through_leaders});
     }
-    for (std::uint32_t r = 0; r < direct.size(); ++r) {
-      if (direct[r].empty()) continue;
+    for (std::uint32_t r = 0; r < sends.direct.size(); ++r) {
+      if (sends.direct[r].empty()) continue;
       auto route = direct_route(inst.id, inst.workers[r]);
       if (!route) return;
-      go.routes.push_back({.route = *route, .chunks = std::move(direct[r])});
+      go.routes.push_back({.route = *route, .chunks = std::move(sends.direct[r])});
     }
   }
-  log::debug("coordinator: epoch {}: {} version {} to {} instance(s)", epoch(), catch_up ? "catch-up of" : "update",
-             version, go.routes.size());
+  log::debug("coordinator: epoch {}: {} version {} to {} instance(s)", epoch(), u.catch_up ? "catch-up of" : "update",
+             u.version, go.routes.size());
   for (const auto& [rank, t] : members_.trainers) send(t.who, go);
-  if (on_update) on_update(version, catch_up, leader_nodes());
+  if (on_update) on_update(u.version, u.catch_up, leader_nodes());
   check_complete();
 }
 
 void job_coordinator::check_complete() {
   // Only under a plan in force: mid-regroup the workers left may be none at all (their plan
   // dropped), and the new plan resends what is missing and checks again (plan_in_force).
-  if (!active_ || failed_ || !in_force_ || !holds_everywhere(active_->version)) return;
+  const auto& active = updates_.active();
+  if (!active || failed_ || !in_force_ || !holds_everywhere(active->version)) return;
   complete_active();
 }
 
 bool job_coordinator::holds_everywhere(std::uint64_t version) const {
-  if (!active_->catch_up && !verdicts_.shards_in(version, shape_.trainers)) return false;  // digests, busy times to come
+  if (!updates_.active()->catch_up && !verdicts_.shards_in(version, shape_.trainers)) return false;  // digests, busy times to come
   return std::all_of(members_.workers.begin(), members_.workers.end(),
                      [&](const auto& w) { return w.second.complete_version >= version; });
 }
 
 void job_coordinator::complete_active() {
-  const auto version = active_->version;
-  const bool match = verdicts_.digests_match(version, *plan_, [this](std::uint32_t instance, std::uint32_t rank) {
+  const bool match = verdicts_.digests_match(updates_.active()->version, *plan_, [this](std::uint32_t instance, std::uint32_t rank) {
     const auto it = members_.workers.find({instance, rank});
     return it == members_.workers.end() ? std::optional<address>() : it->second.who;
   });
-  const bool catch_up = active_->catch_up;
-  active_.reset();
-  if (catch_up) {
-    log::info("coordinator: late joiner(s) caught up with version {}{}", version, match ? ", digests match" : "");
+  const auto done = updates_.complete();
+  if (done.catch_up) {
+    log::info("coordinator: late joiner(s) caught up with version {}{}", done.version, match ? ", digests match" : "");
   } else {
-    delivered_ = version;
-    pending_.erase(pending_.begin(), pending_.upper_bound(version));
-    publishers_.erase(publishers_.begin(), publishers_.upper_bound(version));
-    const auto report = verdicts_.deliver(version, *plan_, static_cast<std::uint32_t>(members_.workers.size()), match,
+    const auto report = verdicts_.deliver(done.version, *plan_, static_cast<std::uint32_t>(members_.workers.size()), match,
                                           host().clock().now());
-    for (const auto& [rank, t] : members_.trainers) send(t.who, version_delivered{.version = version, .verified = match});
+    for (const auto& [rank, t] : members_.trainers) send(t.who, version_delivered{.version = done.version, .verified = match});
     if (on_delivered) on_delivered(report);
   }
   resume();

@@ -10,6 +10,7 @@
 
 #include "actors/membership.hpp"
 #include "actors/messages.hpp"
+#include "actors/update_scheduler.hpp"
 #include "actors/verdict.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/clock.hpp"
@@ -74,17 +75,13 @@ class job_coordinator final : public actor {
   const std::optional<plan>& current_plan() const { return plan_; }
   std::uint32_t regroups() const { return regroups_; }
   /// No update or catch-up in flight, and the plan is in force.
-  bool idle() const { return in_force_ && !active_; }
+  bool idle() const { return in_force_ && !updates_.active(); }
   /// Updates (catch-ups included) whose worker digests differed from the trainers'.
   std::uint32_t digest_mismatches() const { return verdicts_.mismatches(); }
 
  private:
   using worker_key = job_membership::worker_key;
   using worker_entry = job_membership::worker_entry;
-  struct update {
-    std::uint64_t version = 0;
-    bool catch_up = false;
-  };
 
   template <message M>
   void handle(std::function<void(const envelope_header&, const M&)> fn);
@@ -111,7 +108,7 @@ class job_coordinator final : public actor {
   void send_more_plans(const std::shared_ptr<plan_distribution>& d);
   void plan_in_force();
   void resume();
-  void start_update(std::uint64_t version, bool catch_up);
+  void start_update(update_scheduler::update u);
   /// `version` cannot complete: everyone waiting for it hears why.
   /// `relaid`: the chunk layout changed, and this regroup's plan follows.
   void fail_version(std::uint64_t version, const std::string& reason, bool relaid = false);
@@ -154,12 +151,7 @@ class job_coordinator final : public actor {
   std::uint32_t regroups_ = 0;
   std::uint64_t heartbeat_timer_ = 0;
 
-  std::optional<update> active_;
-  std::uint64_t delivered_ = 0;
-  std::uint64_t published_ = 0;
-  std::set<std::uint64_t> pending_;  ///< published and newer than delivered_ (versions may skip numbers)
-  std::map<std::uint64_t, std::set<std::uint32_t>> publishers_;  ///< the shards that published each pending version
-  std::set<std::uint64_t> failed_versions_;
+  update_scheduler updates_;
   version_verdicts verdicts_;
 };
 
