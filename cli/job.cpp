@@ -1,6 +1,6 @@
-/// Multi-process jobs: `ferry coordinator`, `ferry node` (one actor per process) and the
-/// `ferry local` launcher that starts a whole job of separate processes on this host
-/// (`ferry chaos`, which kills some of them, is in chaos.cpp).
+/// Multi-process jobs: `ferry coordinator` and the `ferry local` launcher that starts a whole job
+/// of separate processes on this host (`ferry node`, one member per process, is in node.cpp;
+/// `ferry chaos`, which kills some of them, in chaos.cpp).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -13,13 +13,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <optional>
-#include <thread>
 
-#include "actors/rollout_worker.hpp"
-#include "actors/synthetic_model.hpp"
-#include "actors/trainer_shard.hpp"
+#include "actors/coordinator.hpp"
 #include "cli/commands.hpp"
 #include "cli/gpu.hpp"
 #include "cli/interrupt.hpp"
@@ -27,11 +23,8 @@
 #include "cli/launch.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
-#include "ferry/ferry.hpp"
-#include "runtime/host_buffer.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
-#include "collectives/host/chain_broadcast.hpp"
 #include "platform/real_environment.hpp"
 #include "transport/factory.hpp"
 #include "transport/link_auth.hpp"
@@ -42,7 +35,8 @@ namespace {
 constexpr node_id coordinator_node = 0;
 constexpr actor_id job_actor = 1;
 
-/// The transport environment of a job process: the job secret comes from the environment only.
+}  // namespace
+
 std::optional<std::string> prepare_environment(const process_flags& f, transport_settings& env) {
   // Bad values fail here, at once, rather than as a refused plan after every node registered.
   if (auto error = check_job_options(f.job); !error.empty()) return error;
@@ -66,6 +60,8 @@ std::optional<std::string> prepare_environment(const process_flags& f, transport
   }
   return std::nullopt;
 }
+
+namespace {
 
 /// Runs the loop until `done` or the timeout; false on timeout.
 bool run_with_timeout(event_loop& loop, const process_flags& f, const std::function<bool()>& done) {
@@ -192,184 +188,6 @@ int run_coordinator(const process_flags& f) {
   std::fflush(stdout);
   if (interrupted) return interrupted_exit_code();
   return result.ok && (result.verified || !f.job.verify) ? 0 : 1;
-}
-
-struct node_flags {
-  process_flags common;
-  std::string role;
-  node_id id = 1;
-  std::uint32_t shard = 0, instance = 0, rank = 0;
-  int device = -1;  ///< the GPU this process's tensors live on; -1: host memory
-};
-
-/// The coordinator's address as the public API names it: the transport's scheme, then its address.
-std::string coordinator_uri(const process_flags& f) {
-  if (f.job.transport == "fabric") return "fabric://" + f.fabric_provider + "/" + f.coordinator_address;
-  return f.job.transport + "://" + f.coordinator_address;
-}
-
-/// `t` as the public API takes it.
-ferry::tensor api_tensor(const tensor_ref& t) {
-  return {.name = t.spec.name,
-          .dtype = std::string(dtype_name(t.spec.type)),
-          .shape = {t.spec.shape.begin(), t.spec.shape.end()},
-          .data = t.data,
-          .device = t.device};
-}
-
-/// Registers what a worker holds: whole tensors, or a row range (tensor-parallel sharding).
-ferry::status register_share(ferry::rollout& rollout, const tensor_ref& t) {
-  const auto held = t.held();
-  if (held.bytes == t.spec.nbytes || t.spec.shape.empty()) return rollout.register_tensor(api_tensor(t));
-  const auto row_bytes = t.spec.nbytes / static_cast<std::uint64_t>(t.spec.shape[0]);
-  return rollout.register_rows(api_tensor(t), static_cast<std::int64_t>(held.offset / row_bytes),
-                               static_cast<std::int64_t>(held.bytes / row_bytes));
-}
-
-/// A `ferry node` is a program that embeds ferry through its public API, as a trainer or an
-/// inference engine would: it registers the synthetic model's tensors (host memory, or its GPU's)
-/// and publishes versions of them, or receives them, until the coordinator ends the job.
-int run_node(const node_flags& f) {
-  transport_settings env;
-  if (auto error = prepare_environment(f.common, env)) return std::fprintf(stderr, "ferry node: %s\n", error->c_str()), 2;
-  const auto& job = f.common.job;
-  const auto model = f.common.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(job.model_bytes);
-  // The secret prepare_environment read and checked, passed on rather than read again.
-  const ferry::member_options member{.coordinator = coordinator_uri(f.common),
-                                     .secret = std::string(reinterpret_cast<const char*>(env.secret.data()),
-                                                           env.secret.size()),
-                                     .allow_unauthenticated = f.common.allow_unauthenticated,
-                                     .node_id = f.id,
-                                     .checksums = job.checksums,
-                                     .digests = job.verify,
-                                     .listen_host = f.common.bind_host,
-                                     .trace_file = job.trace_path};
-  std::unique_ptr<device_tensors> on_gpu;
-  if (f.device >= 0) {
-    if (f.device >= visible_gpus())
-      return std::fprintf(stderr, "ferry node: --device %d: this host has %d CUDA devices\n", f.device, visible_gpus()), 2;
-    on_gpu = std::make_unique<device_tensors>(f.device);
-  }
-
-  // SIGINT or SIGTERM: leave the job (closing the member), which regroups without this node,
-  // rather than vanish; then exit 128 + the signal. Every wait below is cut in short slices.
-  std::atomic<bool> interrupted{false};
-  std::stop_callback on_interrupt(interrupt_token(), [&] { interrupted = true; });
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(f.common.timeout_seconds));
-  std::optional<std::string> failure;
-  // Runs `wait(slice)` until it answers, this node is interrupted (nullopt) or --timeout passes
-  // (a failure: the job is still on, or never began).
-  auto await = [&](auto wait) -> std::optional<ferry::status> {
-    while (!interrupted) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        failure = fmt::format("timed out after {} s without the job's end (coordinator {})", f.common.timeout_seconds,
-                              f.common.coordinator_address);
-        return std::nullopt;
-      }
-      if (auto s = wait(std::chrono::milliseconds(50)); s.code != ferry::api_errc::timed_out) return s;
-    }
-    return std::nullopt;
-  };
-  // The job's end: the coordinator stops it once its versions are delivered.
-  auto until_the_end = [&](auto& joined_member) {
-    if (auto s = await([&](auto slice) { return joined_member.wait_end(slice); }); s && !*s) failure = s->message;
-  };
-  // A bad --coordinator is a usage error (exit 2); anything else fails the node.
-  auto joined = [&](const ferry::status& s) {
-    if (s.code == ferry::api_errc::invalid_argument) {
-      std::fprintf(stderr, "ferry node: --coordinator '%s': %s\n", f.common.coordinator_address.c_str(), s.message.c_str());
-      return std::optional<int>(2);
-    }
-    if (!s) failure = s.message;
-    return std::optional<int>();
-  };
-
-  if (f.role == "trainer") {
-    const auto shards = split_over_shards(model, job.trainers);
-    if (f.shard >= shards.size()) return std::fprintf(stderr, "ferry node: --shard %u: the job has %u\n", f.shard, job.trainers), 2;
-    std::vector<host_buffer> storage;  // the tensors, or on a GPU the host bytes uploaded into them
-    std::vector<tensor_ref> tensors;
-    for (const auto& s : shards[f.shard]) {
-      storage.emplace_back(s.nbytes);
-      tensors.push_back({.spec = s, .data = storage.back().data()});
-    }
-    std::string why;
-    if (on_gpu && (tensors = on_gpu->allocate(tensors, why)).empty()) return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
-    ferry::trainer trainer({member, f.shard});
-    for (const auto& t : tensors) {
-      if (auto s = trainer.register_tensor(api_tensor(t)); !s) return std::fprintf(stderr, "ferry node: %s\n", s.message.c_str()), 2;
-    }
-    if (auto usage = joined(trainer.join())) return *usage;
-    if (!failure) {
-      if (auto ready = await([&](auto slice) { return trainer.wait_ready(slice); }); ready && !*ready) failure = ready->message;
-    }
-    // The "training loop": produce version v, publish it, and once it is delivered the next; until
-    // --versions are delivered (a failed version is skipped, not retried: one more is published in
-    // its place) or the coordinator ends the job.
-    std::uint64_t version = 0;
-    for (std::uint32_t delivered = 0; !failure && !interrupted && delivered < job.versions;) {
-      version = std::max(version + 1, trainer.next_version());
-      for (std::size_t i = 0; i < tensors.size(); ++i) fill_version(storage[i].span(), tensors[i].spec.name, version);
-      if (on_gpu) {
-        (void)select_device(f.device);
-        for (std::size_t i = 0; i < tensors.size() && !failure; ++i) {
-          if (auto ec = copy_blocking(tensors[i].data, storage[i].data(), tensors[i].spec.nbytes))
-            failure = "upload of '" + tensors[i].spec.name + "' failed: " + ec.message();
-        }
-        if (failure) break;
-      }
-      ferry::trainer::update update(nullptr);
-      if (auto s = trainer.publish(version, &update); !s) {
-        if (s.code != ferry::api_errc::closed) failure = "publish refused: " + s.message;
-        break;
-      }
-      const auto s = await([&](auto slice) { return update.wait_delivered(slice); });
-      if (!s || s->code == ferry::api_errc::closed) break;  // interrupted, timed out, or the job ended
-      if (s->code == ferry::api_errc::update_failed) {
-        const auto prefix = fmt::format("version {}: ", version);  // the API's message names the version
-        const auto reason = s->message.starts_with(prefix) ? s->message.substr(prefix.size()) : s->message;
-        log::warn("trainer shard {}: version {} failed: {}; publishing again once the job regroups", f.shard, version, reason);
-        continue;  // `publish` waits for the regrouped job
-      }
-      if (!*s) failure = s->message;
-      else ++delivered;
-    }
-    if (!failure && !interrupted) until_the_end(trainer);
-    if (interrupted) trainer.close(interrupt_name());
-  } else {
-    // A replacement (a rank past the instance size) holds the share of rank % size.
-    auto destinations = rollout_share(model, job.shard_rollout, f.rank % job.workers_per_instance, job.workers_per_instance);
-    std::string why;
-    if (on_gpu && (destinations = on_gpu->allocate(destinations, why)).empty())
-      return std::fprintf(stderr, "ferry node: %s\n", why.c_str()), 1;
-    ferry::rollout rollout({member, f.instance, f.rank});
-    for (const auto& t : destinations) {
-      if (auto s = register_share(rollout, t); !s) return std::fprintf(stderr, "ferry node: %s\n", s.message.c_str()), 2;
-    }
-    rollout.on_version([&](std::uint64_t v) { log::debug("worker {}.{}: version {} applied", f.instance, f.rank, v); });
-    if (auto usage = joined(rollout.join())) return *usage;
-    if (!failure) until_the_end(rollout);
-    if (interrupted) rollout.close(interrupt_name());
-    if (on_gpu && !failure && !interrupted) {
-      // Every byte of the last version on this GPU, against what the trainers published.
-      if (rollout.version() != job.versions) {
-        failure = fmt::format("holds version {} of {} at the end", rollout.version(), job.versions);
-      } else if (auto error = check_device_tensors(destinations, rollout.version()); !error.empty()) {
-        failure = "GPU bytes differ: " + error;
-      } else {
-        std::uint64_t bytes = 0;
-        for (const auto& t : destinations) bytes += t.held().bytes;
-        log::info("worker {}.{}: every byte of version {} verified on GPU {} ({} bytes)", f.instance, f.rank,
-                  rollout.version(), f.device, bytes);
-      }
-    }
-  }
-  if (interrupted) return interrupted_exit_code();  // the member left as it closed
-  if (failure) log::error("node {}: {}", f.id, *failure);
-  log::set_level(log::level::error);  // peers leaving after the job's end is the plan, not news
-  return failure ? 1 : 0;
 }
 
 }  // namespace

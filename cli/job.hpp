@@ -2,10 +2,13 @@
 /// What the processes of a multi-process job share: their flags, and the command line that
 /// starts one of them (for the launchers `ferry local` and `ferry chaos`).
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/options.hpp"
+#include "runtime/message.hpp"
+#include "transport/factory.hpp"
 
 namespace ferry::cli {
 
@@ -27,6 +30,22 @@ struct process_flags {
 };
 
 void add_process_flags(CLI::App& app, process_flags& f);
+
+/// Flags of `ferry node`: one trainer shard or rollout worker of a multi-process job.
+struct node_flags {
+  process_flags common;
+  std::string role;
+  node_id id = 1;
+  std::uint32_t shard = 0, instance = 0, rank = 0;
+  int device = -1;  ///< the GPU this process's tensors live on; -1: host memory
+};
+
+/// The transport settings of a job process, or what is wrong with its flags; the job secret comes
+/// from the environment only.
+std::optional<std::string> prepare_environment(const process_flags& f, transport_settings& env);
+
+/// `ferry node`; returns the exit code.
+int run_node(const node_flags& f);
 
 /// The command line of `ferry <command>` for a process of job `j`; `self` is this executable.
 std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j);
