@@ -66,8 +66,8 @@ std::uint64_t plan::bytes_for(const address& worker) const {
 }
 
 plan::receive_share plan::receive_shares() const {
-  std::vector<std::uint64_t> chunk_bytes(audiences.size(), 0), segment_bytes(audiences.size(), 0);
-  for (const auto& c : chunks) chunk_bytes[c.audience] += c.bytes;
+  std::vector<std::uint64_t> sent_bytes(audiences.size(), 0), segment_bytes(audiences.size(), 0);
+  for (const auto& c : chunks) sent_bytes[c.audience] += c.bytes;
   for (const auto& s : segments) segment_bytes[s.audience] += s.bytes;
   receive_share share;
   for (const auto& inst : instances) {
@@ -75,7 +75,7 @@ plan::receive_share plan::receive_shares() const {
       std::uint64_t receives = 0, holds = 0;
       for (std::uint32_t a = 0; a < audiences.size(); ++a) {
         if (!hears(a, w)) continue;
-        receives += chunk_bytes[a];
+        receives += sent_bytes[a];
         holds += segment_bytes[a];
       }
       share.most_bytes = std::max(share.most_bytes, receives);
@@ -109,11 +109,11 @@ std::string bytes_of(const tensor_segment& s, const plan& p) {
 /// Each tensor cut where a selection's range starts or ends. A segment's key is the selections
 /// that cover it, its audience every live worker that hears all of it: those without a selection,
 /// and those whose selection is in the key. Audiences are interned into `p.audiences`.
-struct cut {
+struct segment_cut {
   std::vector<tensor_segment> segments;
   std::vector<std::uint32_t> key_of;  ///< per segment: its key, numbered by first appearance
 };
-cut cut_segments(plan& p, const std::set<selection>& selections, const std::map<address, selection>& selected) {
+segment_cut cut_segments(plan& p, const std::set<selection>& selections, const std::map<address, selection>& selected) {
   const std::vector<selection> known(selections.begin(), selections.end());
   std::vector<address> whole;                               // live workers without a selection
   std::vector<std::vector<address>> holders(known.size());  // per selection, its live workers
@@ -131,7 +131,7 @@ cut cut_segments(plan& p, const std::set<selection>& selections, const std::map<
   for (std::uint32_t k = 0; k < known.size(); ++k) {
     for (const auto& r : known[k]) wants[r.name].emplace_back(k, r.range);
   }
-  cut out;
+  segment_cut out;
   std::map<std::vector<std::uint32_t>, std::pair<std::uint32_t, std::uint32_t>> keys;  // -> key, audience
   std::map<std::vector<address>, std::uint32_t> interned;
   auto audience_of = [&](std::vector<address> who) {
@@ -269,7 +269,7 @@ void pack_run(std::span<tensor_segment> run, std::uint32_t shard, std::uint64_t 
 }
 
 /// Every segment has a hearer in every instance.
-result<void> check_coverage(const plan& p, const cut& c, std::string& why) {
+result<void> check_coverage(const plan& p, const segment_cut& c, std::string& why) {
   for (const auto& inst : p.instances) {
     std::map<std::uint32_t, bool> heard;  // audience -> some member of `inst` hears it
     for (const auto& s : c.segments) {
@@ -321,7 +321,9 @@ result<void> region_budget::offer(node_id peer, std::uint32_t epoch, const regio
   return {};
 }
 
-result<plan> make_plan(const plan_inputs& in, std::string& why) {
+/// Refuses inputs no plan can be made of, and from sizes alone (nothing is allocated yet) inputs
+/// that would break a limit.
+result<void> check_plan_inputs(const plan_inputs& in, std::string& why) {
   auto refuse = [&](std::string reason) {
     why = std::move(reason);
     return fail(errc::invalid_argument);
@@ -336,7 +338,6 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
   }
   if (in.instances.empty()) return refuse("a plan needs at least one rollout instance");
 
-  // Limits first, from sizes alone: nothing is allocated for a plan that would break one.
   std::uint64_t tensor_count = 0, chunk_count = 0;
   for (const auto& table : in.shard_tensors) {
     if (!check_registration(table, in.limits, why)) return fail(errc::invalid_argument);
@@ -359,6 +360,62 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
                   std::to_string(in.chunk_bytes) + " bytes, the limit is " + std::to_string(in.limits.max_chunks));
   }
 
+  return {};
+}
+
+/// Packs each shard's segments into its own stream, key by key (by first appearance), then cuts
+/// each key's run into chunks: a chunk never mixes keys, so it has one audience. Segments with no
+/// hearer stay in the layout (a replacement may hear them again) and go nowhere. The shards'
+/// chunks are interleaved so every sender works from the first chunk on.
+void pack_chunks(plan& p, const segment_cut& cut, std::size_t shards, std::uint64_t chunk_bytes) {
+  std::vector<std::vector<chunk_info>> per_shard(shards);
+  std::vector<std::uint32_t> order(cut.segments.size());  // segments in packing order
+  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return std::pair(p.owner[cut.segments[a].tensor], cut.key_of[a]) < std::pair(p.owner[cut.segments[b].tensor], cut.key_of[b]);
+  });
+  std::vector<tensor_segment> segments;
+  std::vector<std::uint32_t> key_of;
+  for (const auto i : order) {
+    segments.push_back(cut.segments[i]);
+    key_of.push_back(cut.key_of[i]);
+  }
+  p.shard_bytes.assign(shards, 0);
+  for (std::size_t first = 0; first < segments.size();) {
+    const auto shard = p.owner[segments[first].tensor];
+    auto run_end = [&](std::size_t i) {  // the end of the run of `i`'s shard and key
+      std::size_t end = i;
+      while (end < segments.size() && p.owner[segments[end].tensor] == shard && key_of[end] == key_of[i]) ++end;
+      return end;
+    };
+    std::uint64_t stream = 0;
+    std::size_t run = first;
+    for (; run < segments.size() && p.owner[segments[run].tensor] == shard; run = run_end(run)) {
+      pack_run(std::span(segments).subspan(run, run_end(run) - run), shard, chunk_bytes, stream, per_shard[shard]);
+    }
+    p.shard_bytes[shard] = align_up(stream);
+    first = run;
+  }
+  p.segments = std::move(segments);
+
+  for (std::size_t round = 0;; ++round) {
+    bool any = false;
+    for (auto& chunks : per_shard) {
+      if (round >= chunks.size()) continue;
+      any = true;
+      chunks[round].id = static_cast<std::uint32_t>(p.chunks.size());
+      p.chunks.push_back(std::move(chunks[round]));
+    }
+    if (!any) break;
+  }
+}
+
+result<plan> make_plan(const plan_inputs& in, std::string& why) {
+  if (!check_plan_inputs(in, why)) return fail(errc::invalid_argument);
+  auto refuse = [&](std::string reason) {
+    why = std::move(reason);
+    return fail(errc::invalid_argument);
+  };
   plan p;
   p.epoch = in.epoch;
   p.chunk_bytes = in.chunk_bytes;
@@ -392,50 +449,7 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
   auto cut = cut_segments(p, in.selections, in.selected);
   if (in.require_coverage && !check_coverage(p, cut, why)) return fail(errc::invalid_argument);
 
-  // Pack each shard's segments into its own stream, key by key (by first appearance), then cut
-  // each key's run into chunks: a chunk never mixes keys, so it has one audience. Segments with
-  // no hearer stay in the layout (a replacement may hear them again) and go nowhere.
-  std::vector<std::vector<chunk_info>> per_shard(in.shard_tensors.size());
-  std::vector<std::uint32_t> order(cut.segments.size());  // segments in packing order
-  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return std::pair(p.owner[cut.segments[a].tensor], cut.key_of[a]) < std::pair(p.owner[cut.segments[b].tensor], cut.key_of[b]);
-  });
-  std::vector<tensor_segment> segments;
-  std::vector<std::uint32_t> key_of;
-  for (const auto i : order) {
-    segments.push_back(cut.segments[i]);
-    key_of.push_back(cut.key_of[i]);
-  }
-  p.shard_bytes.assign(in.shard_tensors.size(), 0);
-  for (std::size_t first = 0; first < segments.size();) {
-    const auto shard = p.owner[segments[first].tensor];
-    auto run_end = [&](std::size_t i) {  // the end of the run of `i`'s shard and key
-      std::size_t end = i;
-      while (end < segments.size() && p.owner[segments[end].tensor] == shard && key_of[end] == key_of[i]) ++end;
-      return end;
-    };
-    std::uint64_t stream = 0;
-    std::size_t run = first;
-    for (; run < segments.size() && p.owner[segments[run].tensor] == shard; run = run_end(run)) {
-      pack_run(std::span(segments).subspan(run, run_end(run) - run), shard, in.chunk_bytes, stream, per_shard[shard]);
-    }
-    p.shard_bytes[shard] = align_up(stream);
-    first = run;
-  }
-  p.segments = std::move(segments);
-
-  // Interleave the shards so every sender works from the first chunk on.
-  for (std::size_t round = 0;; ++round) {
-    bool any = false;
-    for (auto& chunks : per_shard) {
-      if (round >= chunks.size()) continue;
-      any = true;
-      chunks[round].id = static_cast<std::uint32_t>(p.chunks.size());
-      p.chunks.push_back(std::move(chunks[round]));
-    }
-    if (!any) break;
-  }
+  pack_chunks(p, cut, in.shard_tensors.size(), in.chunk_bytes);
   p.layout = layout_digest(p);
   p.digest = plan_digest(p);
   return p;

@@ -136,12 +136,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   // A regroup may follow a trainer's death: let go of its host copies (readers keep theirs).
   std::erase_if(sources_, [this](const auto& s) { return !host().env().platform().process_alive(s.first.pid); });
   const auto& inst = *it;
-  // The collective's ranks: the leaders in stripe order (rank s owns stripe s), then the others.
-  std::vector<address> members;
-  for (auto l : inst.leaders) members.push_back(inst.workers.at(l));
-  for (const auto& w : inst.workers) {
-    if (std::find(members.begin(), members.end(), w) == members.end()) members.push_back(w);
-  }
+  const auto members = collective_ranks(inst);
   std::optional<std::uint32_t> stripe;
   if (const auto at = std::find(members.begin(), members.begin() + inst.leaders.size(), self());
       at != members.begin() + inst.leaders.size()) {
@@ -154,35 +149,14 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     if (w != self()) others_.push_back(w);
   }
 
-  // Staging: a leader has `depth` receive slots per trainer shard in host memory; every member
-  // has `depth` broadcast slots, on the device when there is one (a host leader broadcasts
-  // straight from its receive slots). After them, a worker that hears chunks alone has `depth`
-  // receive slots per shard for those. Kept across epochs while the size fits.
-  const std::size_t receive_slots = plan_->job->shards.size() * plan_->job->depth;
-  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : plan_->job->depth));
-  const std::size_t host_slots = direct_slot_ + (plan_->direct ? receive_slots : 0);
-  const std::size_t host_bytes = host_slots * plan_->job->chunk_bytes;
-  if (host_bytes > slots_.size()) {
-    if (slots_region_) host().transport().deregister_region(slots_region_->id);
-    if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
-    slots_region_.reset();
-    retired_.push_back(std::move(slots_));  // older work may still read it
-    slots_ = host().env().platform().host_memory(host_bytes);
-    auto region = host().transport().register_region(slots_.span());
-    if (!region) return fail("cannot register staging slots: " + region.error().message());
-    slots_region_ = *region;
-    if (on_device()) {
-      if (auto ec = options_.memory->pin(slots_.span())) return fail("cannot pin the receive slots: " + ec.message());
-    }
-  }
-  if (on_device() && !device_slots_) {
-    auto slots = options_.memory->allocate(std::size_t{plan_->job->depth} * plan_->job->chunk_bytes);
-    if (!slots) return fail("cannot allocate device broadcast slots: " + slots.error().message());
-    device_slots_ = *slots;
-  }
+  if (auto why = prepare_staging(); !why.empty()) return fail(why);
+  start_generation(members, stripe, static_cast<std::uint32_t>(inst.leaders.size()));
+}
 
+void rollout_worker::start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe,
+                                      std::uint32_t stripes) {
   auto g = std::make_shared<generation>();
-  g->stripes = static_cast<std::uint32_t>(inst.leaders.size());
+  g->stripes = stripes;
   g->stripe = stripe;
   g->credits = std::make_unique<slot_counter>(plan_->job->depth);
   for (std::uint32_t i = 0; i < plan_->job->depth; ++i) g->free_slots.push_back(i);
@@ -219,6 +193,46 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     }
     --fibers_;
   });
+}
+
+std::vector<address> rollout_worker::collective_ranks(const instance_plan& inst) {
+  // The leaders in stripe order (rank s owns stripe s), then the others.
+  std::vector<address> members;
+  for (auto l : inst.leaders) members.push_back(inst.workers.at(l));
+  for (const auto& w : inst.workers) {
+    if (std::find(members.begin(), members.end(), w) == members.end()) members.push_back(w);
+  }
+  return members;
+}
+
+std::string rollout_worker::prepare_staging() {
+  // Staging: a leader has `depth` receive slots per trainer shard in host memory; every member
+  // has `depth` broadcast slots, on the device when there is one (a host leader broadcasts
+  // straight from its receive slots). After them, a worker that hears chunks alone has `depth`
+  // receive slots per shard for those. Kept across epochs while the size fits.
+  const std::size_t receive_slots = plan_->job->shards.size() * plan_->job->depth;
+  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : plan_->job->depth));
+  const std::size_t host_slots = direct_slot_ + (plan_->direct ? receive_slots : 0);
+  const std::size_t host_bytes = host_slots * plan_->job->chunk_bytes;
+  if (host_bytes > slots_.size()) {
+    if (slots_region_) host().transport().deregister_region(slots_region_->id);
+    if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
+    slots_region_.reset();
+    retired_.push_back(std::move(slots_));  // older work may still read it
+    slots_ = host().env().platform().host_memory(host_bytes);
+    auto region = host().transport().register_region(slots_.span());
+    if (!region) return "cannot register staging slots: " + region.error().message();
+    slots_region_ = *region;
+    if (on_device()) {
+      if (auto ec = options_.memory->pin(slots_.span())) return "cannot pin the receive slots: " + ec.message();
+    }
+  }
+  if (on_device() && !device_slots_) {
+    auto slots = options_.memory->allocate(std::size_t{plan_->job->depth} * plan_->job->chunk_bytes);
+    if (!slots) return "cannot allocate device broadcast slots: " + slots.error().message();
+    device_slots_ = *slots;
+  }
+  return {};
 }
 
 std::string rollout_worker::worker_plan::derive(const std::vector<tensor_ref>& local, const address& self,

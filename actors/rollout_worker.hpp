@@ -119,6 +119,14 @@ class rollout_worker final : public job_member {
   };
 
   void adopt_plan(const plan_ready& m);
+  /// The ranks of `inst`'s collective: its leaders in stripe order (rank s owns stripe s), then
+  /// the others.
+  static std::vector<address> collective_ranks(const instance_plan& inst);
+  /// Sizes the staging slots for the current plan (kept across epochs while they fit); what
+  /// failed, or empty.
+  std::string prepare_staging();
+  /// A new generation of staging work over `members`' collective: the fibers that serve it.
+  void start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe, std::uint32_t stripes);
   void on_slot_landed(write_imm imm);
   void on_chunk_sent(const chunk_sent& m);
   /// Fiber: takes the instance's chunks in order, verifies a leader's stripe, hands each on.
