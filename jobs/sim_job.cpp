@@ -143,15 +143,20 @@ class member_environment final : public environment {
    public:
     explicit size_only_platform(environment& base) : base_(base) {}
     bool process_alive(std::int32_t pid) override { return base_.platform().process_alive(pid); }
+    /// A simulated trainer's shareable host copy (sim_config::shared_host_copies puts every
+    /// member on one host): mapped as size-only addresses of its size.
     result<host_buffer> map_shared(const shared_memory_ref& ref, std::string& why) override {
-      return base_.platform().map_shared(ref, why);
+      if (ref.pid != host_buffer::simulated_pid) return base_.platform().map_shared(ref, why);
+      return host_buffer::size_only(ref.bytes);
     }
+    /// Blocking work here touches only modelled memory (pinning a size-only buffer): it runs at
+    /// once, costs nothing, and completes on the loop.
     void async_blocking(std::function<std::error_code()> work,
                         std::function<void(std::error_code)> done) override {
-      base_.platform().async_blocking(std::move(work), std::move(done));
+      base_.loop().post([ec = work(), done = std::move(done)] { done(ec); });
     }
-    host_buffer host_memory(std::size_t bytes, bool) override {
-      return host_buffer::size_only(bytes);
+    host_buffer host_memory(std::size_t bytes, bool shareable) override {
+      return host_buffer::size_only(bytes, shareable);
     }
 
    private:
@@ -483,6 +488,7 @@ sim_result sim_job::run() {
           .chunk_bytes = config_.chunk_bytes,
           .depth = config_.depth,
           .stripes = config_.stripes,
+          .shared_host_copies = config_.shared_host_copies,
           // Virtual time has no hung processes; a loss is told by the link at once.
           .heartbeat_timeout = std::chrono::hours(24)});
   coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
@@ -586,6 +592,8 @@ std::string validate(const sim_config& c) {
   if (c.stripes == 0 || c.stripes > c.instance_size)
     return "ferry.stripes: must be between 1 and the instance size";
   if (c.versions == 0) return "ferry.versions: must be at least 1";
+  if (c.shared_host_copies && trainer_gpus + std::uint64_t{c.instances} * c.instance_size > per_node)
+    return "ferry.shared_host_copies: every trainer and rollout GPU must be on one node (hardware.gpus_per_node)";
   for (const auto& e : c.events)
     if (e.what != sim_event::kind::kill_trainer && e.instance >= c.instances)
       return fmt::format("events: instance {} does not exist", e.instance);

@@ -40,6 +40,8 @@ struct sim_config {
   std::uint64_t chunk_bytes = 64ull << 20;
   std::uint32_t depth = 2;
   std::uint32_t stripes = 1;
+  /// Leaders read the trainers' host copies in place (job_shape::shared_host_copies): one node.
+  bool shared_host_copies = false;
   std::uint32_t versions = 2;
   bool checksums = true;        ///< their CPU cost, modelled
   double checksum_rate = 20e9;  ///< bytes/s of one thread's xxh3

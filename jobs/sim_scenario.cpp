@@ -39,7 +39,7 @@ const std::map<std::string, std::set<std::string>> known = {
     {"model", {"preset", "dtype", "bytes"}},
     {"placement",
      {"trainers", "instances", "instance_size", "first_worker_gpu", "trainers_on_host", "shard_rollout"}},
-    {"ferry", {"chunk", "depth", "stripes", "versions", "checksums"}},
+    {"ferry", {"chunk", "depth", "stripes", "shared_host_copies", "versions", "checksums"}},
     {"events", {"at", "kill", "join", "instance", "rank", "shard"}},
 };
 
@@ -220,6 +220,7 @@ void fill(const toml::table& root, sim_config& c) {
   c.chunk_bytes = opts.bytes("chunk").value_or(64ull << 20);
   c.depth = opts.count("depth", 2);
   c.stripes = opts.count("stripes", 1);
+  c.shared_host_copies = opts.flag("shared_host_copies", false);
   c.versions = opts.count("versions", 2);
   c.checksums = opts.flag("checksums", true);
 

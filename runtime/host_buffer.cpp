@@ -64,7 +64,7 @@ host_buffer host_buffer::shareable(std::size_t bytes) {
   return b;
 }
 
-host_buffer host_buffer::size_only(std::size_t bytes) {
+host_buffer host_buffer::size_only(std::size_t bytes, bool shareable) {
   // Non-canonical x86-64 / AArch64 addresses: a stray touch faults at once instead of reading
   // someone else's memory.
   static std::atomic<std::uint64_t> next{std::uint64_t{1} << 62};
@@ -73,6 +73,7 @@ host_buffer host_buffer::size_only(std::size_t bytes) {
   b.size_ = bytes;
   b.size_only_ = true;
   b.data_ = reinterpret_cast<std::byte*>(next.fetch_add((bytes + 2 * page - 1) / page * page));
+  if (shareable) b.inode_ = reinterpret_cast<std::uint64_t>(b.data_);
   return b;
 }
 
@@ -110,6 +111,7 @@ result<host_buffer> host_buffer::map_shared(const shared_memory_ref& ref, std::s
 }
 
 shared_memory_ref host_buffer::shared_ref() const {
+  if (size_only_ && inode_ != 0) return {.pid = simulated_pid, .inode = inode_, .bytes = size_};
   if (fd_ < 0) return {};
   static const std::uint64_t host = same_host_tag();
   return {.pid = static_cast<std::int32_t>(getpid()),

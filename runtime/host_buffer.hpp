@@ -36,8 +36,12 @@ class host_buffer {
   /// Like the constructor, in a memfd that `map_shared` can open from another process.
   static host_buffer shareable(std::size_t bytes);
   /// A size and addresses no one may touch (outside every mapping): a simulated buffer, whose
-  /// bytes are modelled and never move. Distinct buffers get disjoint addresses.
-  static host_buffer size_only(std::size_t bytes);
+  /// bytes are modelled and never move. Distinct buffers get disjoint addresses. A `shareable`
+  /// one has a `shared_ref` (`simulated_pid`, its first address as the inode) that a simulated
+  /// platform maps as another size-only buffer.
+  static host_buffer size_only(std::size_t bytes, bool shareable = false);
+  /// The pid in the `shared_ref` of a shareable size-only buffer.
+  static constexpr std::int32_t simulated_pid = 1;
   /// Maps the shareable buffer `ref` of another process (or this one), read and write; its pages
   /// are faulted in on first touch. Fails with `errc::invalid_argument`, saying why in `why`, when
   /// it lives on another host, the process or its memfd is gone, access is denied, or it is another

@@ -81,6 +81,35 @@ TEST(sim_job, sharded_rollouts_lift_a_leader_nic_bound) {
               b.bound_seconds, b.bottleneck.c_str(), e.predicted_seconds);
 }
 
+/// One host: a trainer GPU and an instance of three. With shared host copies the leader reads the
+/// trainer's host copy in place: no send stage, and no more time than the copy through the leader's
+/// receive slots. Across hosts they are refused before the run.
+TEST(sim_job, shared_host_copies_skip_the_send_on_one_host) {
+  sim_config c;
+  c.hardware = {.nodes = 2, .gpus_per_node = 4, .sockets_per_node = 1, .nics_per_node = 1, .nic_rate = 50e9};
+  c.trainers = 1;
+  c.first_worker_gpu = 1;
+  c.instances = 1;
+  c.instance_size = 3;
+  c.model = synthetic_transformer(4ull << 30);
+  c.chunk_bytes = 64ull << 20;
+  auto shared = c;
+  shared.shared_host_copies = true;
+  ASSERT_EQ(validate(shared), "");
+  const auto copied = run_sim(c), in_place = run_sim(shared);
+  ASSERT_TRUE(copied.delivered && in_place.delivered) << copied.error << in_place.error;
+  EXPECT_GT(copied.stage_busy.send, 0);
+  EXPECT_EQ(in_place.stage_busy.send, 0);
+  EXPECT_GT(in_place.stage_busy.upload, 0);
+  EXPECT_LE(in_place.predicted_seconds, copied.predicted_seconds);
+  EXPECT_GE(in_place.predicted_seconds, in_place.bound_seconds);
+  std::printf("one host: through the receive slots %.4f s, read in place %.4f s (bound %.4f, %s)\n",
+              copied.predicted_seconds, in_place.predicted_seconds, in_place.bound_seconds, in_place.bottleneck.c_str());
+
+  shared.first_worker_gpu = 4;  // the instance on the second node
+  EXPECT_NE(validate(shared).find("ferry.shared_host_copies"), std::string::npos) << validate(shared);
+}
+
 /// A worker killed at a seeded moment of the first update (and rank): the job regroups around it
 /// and still delivers every version to the workers left.
 TEST(sim_job, a_seeded_kill_regroups_and_still_delivers) {
