@@ -47,10 +47,16 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
     adopt_plan(m);
   });
   on<chunk_sent>([this](const envelope_header& h, const chunk_sent& m) {
-    if (h.epoch == epoch()) on_chunk_sent(m);
+    if (h.epoch == epoch()) on_chunk_sent(h, m);
   });
   on<chunk_announce>([this](const envelope_header& h, const chunk_announce& m) {
     if (h.epoch != epoch() || !gen_) return;
+    if (h.from != gen_->orderer || gen_->stripe == 0) {
+      // Only the first leader orders the instance's chunks; anyone else would desynchronise it.
+      log::warn("worker {}.{}: dropped a chunk_announce from node {}: node {} orders this instance", instance_, rank_,
+                h.from.node, gen_->orderer.node);
+      return note("chunk_announce not from the first leader");
+    }
     gen_->announcements.push_back(m);
     changed();
   });
@@ -160,6 +166,7 @@ void rollout_worker::start_generation(const std::vector<address>& members, std::
   g->stripe = stripe;
   g->credits = std::make_unique<slot_counter>(plan_->job->depth);
   for (std::uint32_t i = 0; i < plan_->job->depth; ++i) g->free_slots.push_back(i);
+  g->orderer = members.front();
   g->broadcast = options_.make_broadcast(*this, members, plan_->job->epoch);
   gen_ = g;
   changed();
@@ -297,12 +304,20 @@ bool rollout_worker::is_direct(std::uint32_t slot) const {
   return plan_->direct && slot - direct_slot_ < plan_->job->shards.size() * plan_->job->depth;
 }
 
-void rollout_worker::on_chunk_sent(const chunk_sent& m) {
+void rollout_worker::on_chunk_sent(const envelope_header& h, const chunk_sent& m) {
   const bool direct = gen_ && is_direct(m.slot);
   if (!gen_ || m.chunk >= plan_->job->chunks.size() || (!direct && (!leader_ || m.slot >= plan_->job->shards.size() * plan_->job->depth)) ||
       (direct && !plan_->mine[m.chunk])) {
     log::warn("worker {}.{}: ignored chunk_sent for slot {} chunk {}", instance_, rank_, m.slot, m.chunk);
     return;
+  }
+  // Only the trainer shard that sources the chunk says it landed, and only in its own slots.
+  const auto shard = plan_->job->chunks[m.chunk].shard;
+  const std::uint32_t first = direct ? direct_slot_ : 0;
+  if (h.from != plan_->job->shards.at(shard) || (m.slot - first) / plan_->job->depth != shard) {
+    log::warn("worker {}.{}: dropped a chunk_sent from node {} for slot {} chunk {}: trainer shard {} (node {}) sources it",
+              instance_, rank_, h.from.node, m.slot, m.chunk, shard, plan_->job->shards.at(shard).node);
+    return note("chunk_sent not from the chunk's trainer");
   }
   auto& g = *gen_;
   if (direct) {  // the whole chunk, for this worker alone

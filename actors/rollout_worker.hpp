@@ -116,6 +116,7 @@ class rollout_worker final : public job_member {
     std::deque<received> ready;                  ///< leader: complete slots, in arrival order
     std::deque<received> direct;                 ///< complete slots of chunks sent to this worker alone
     std::deque<chunk_announce> announcements;    ///< all but the first leader: the instance's order
+    address orderer;                             ///< the first leader, who announces that order
   };
 
   void adopt_plan(const plan_ready& m);
@@ -128,7 +129,9 @@ class rollout_worker final : public job_member {
   /// A new generation of staging work over `members`' collective: the fibers that serve it.
   void start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe, std::uint32_t stripes);
   void on_slot_landed(write_imm imm);
-  void on_chunk_sent(const chunk_sent& m);
+  /// A trainer says a chunk landed in one of this worker's slots: checked against the plan (the
+  /// chunk's own trainer, that trainer's slots) before the slot is trusted.
+  void on_chunk_sent(const envelope_header& h, const chunk_sent& m);
   /// Fiber: takes the instance's chunks in order, verifies a leader's stripe, hands each on.
   void serve(std::shared_ptr<generation> g);
   /// Fiber: waits for the next chunk (and a leader's stripe of it); nullopt once `g` is over.

@@ -65,5 +65,67 @@ TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
   coordinator.stop_job();
 }
 
+/// Which slot holds which chunk, and the order an instance takes its chunks in, come from the
+/// chunk's trainer and the instance's first leader only: a forged chunk_sent would have a leader
+/// read a slot no trainer wrote, a forged chunk_announce a follower broadcast out of order.
+TEST(chunk_messages, from_anyone_but_their_sender_are_dropped) {
+  event_loop loop;
+  virtual_environment env{loop};
+  inproc_network network;
+  node hub{env, 0, inproc_transport::make(env, network, 0), protocol()};
+  node trainer_node{env, 1, inproc_transport::make(env, network, 1), protocol()};
+  node leader_node{env, 2, inproc_transport::make(env, network, 2), protocol()};
+  node follower_node{env, 3, inproc_transport::make(env, network, 3), protocol()};
+  node rogue_node{env, 4, inproc_transport::make(env, network, 4), protocol()};
+  for (auto* n : {&hub, &trainer_node, &leader_node, &follower_node, &rogue_node}) ASSERT_FALSE(n->start());
+  for (node_id id : {1, 2, 3, 4}) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
+  for (node_id id : {2, 3}) ASSERT_FALSE(rogue_node.transport().add_peer(id, std::to_string(id)));
+
+  job_coordinator coordinator(hub, 1, job_shape{.trainers = 1, .instance_sizes = {2}, .chunk_bytes = 4096});
+  std::uint64_t delivered = 0;
+  coordinator.on_delivered = [&](const version_report& r) { delivered = r.version; };
+  coordinator.start();
+  std::vector<std::byte> weights(10000), leader_bytes(10000), follower_bytes(10000);
+  for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 7 + 1);
+  const auto spec = make_tensor_spec("w", dtype::u8, {10000});
+  trainer_shard trainer(trainer_node, 1, {0, 1}, 0, {{.spec = spec, .data = weights.data()}});
+  const worker_options options{.make_broadcast = host_chain(chain_tag)};
+  rollout_worker leader(leader_node, 1, {0, 1}, 0, 0, std::vector<tensor_ref>{{.spec = spec, .data = leader_bytes.data()}},
+                        options);
+  rollout_worker follower(follower_node, 1, {0, 1}, 0, 1,
+                          std::vector<tensor_ref>{{.spec = spec, .data = follower_bytes.data()}}, options);
+  trainer.join();
+  leader.join();
+  follower.join();
+  const auto before = [&](std::chrono::seconds limit) { return env.clock().now() < clock::time_point(limit); };
+  loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
+  ASSERT_TRUE(trainer.ready());
+  ASSERT_TRUE(leader.is_leader());
+  ASSERT_FALSE(follower.is_leader());
+
+  // Node 4 speaks in the plan's epoch, as a member of the job would.
+  actor rogue(rogue_node, 1);
+  rogue.set_epoch(coordinator.current_plan()->epoch);
+  rogue.start();
+  rogue.send({2, 1}, chunk_sent{.version = 1, .chunk = 0, .slot = 0, .checksum = 1, .chunk_checksum = 1});
+  rogue.send({3, 1}, chunk_announce{.version = 1, .chunk = 2, .checksum = 1});
+  // The trainer's node is a member too, but it orders nothing.
+  actor trainer_voice(trainer_node, 2);
+  trainer_voice.set_epoch(coordinator.current_plan()->epoch);
+  trainer_voice.start();
+  trainer_voice.send({3, 1}, chunk_announce{.version = 1, .chunk = 1, .checksum = 1});
+  std::string why;
+  ASSERT_TRUE(trainer.publish(1, why)) << why;
+  loop.run_until([&] { return delivered == 1 || !before(std::chrono::seconds(120)); });
+
+  EXPECT_EQ(delivered, 1u);
+  EXPECT_EQ(leader_bytes, weights);
+  EXPECT_EQ(follower_bytes, weights);
+  EXPECT_FALSE(leader.failed() || follower.failed());
+  EXPECT_EQ(env.trace().instants().at("chunk_sent not from the chunk's trainer"), 1u);
+  EXPECT_EQ(env.trace().instants().at("chunk_announce not from the first leader"), 2u);
+  coordinator.stop_job();
+}
+
 }  // namespace
 }  // namespace ferry
