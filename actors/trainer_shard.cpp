@@ -5,7 +5,6 @@
 #include "collectives/broadcast.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
-#include "runtime/copy_engine.hpp"
 
 namespace ferry {
 
