@@ -1,11 +1,14 @@
 /// A part no worker had registered joins a running job: chunk ids then mean other bytes, so the
 /// versions in flight fail as `relaid` and the trainer's next version waits for the new plan. On
-/// virtual time, the join lands at a seeded moment (before, during or between updates); every
-/// worker, old and new, ends with the last version's bytes.
+/// virtual time, the join lands at a seeded moment (the trainer publishes back to back, so an
+/// update is always in flight); every worker, old and new, ends with the last version's bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -130,7 +133,7 @@ TEST(layout_change, a_new_part_joining_at_any_moment_fails_what_was_in_flight_an
   std::uint32_t relaid = 0;
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
     // A moment within the first ~14 updates (about 200 virtual microseconds each here), from before
-  // the first delivery on.
+    // the first delivery on.
     const auto join_at = std::chrono::microseconds(std::mt19937_64(seed)() % 3000);
     const auto o = run(join_at);
     ASSERT_TRUE(o.error.empty()) << o.error << " (seed " << seed << ", join at " << join_at.count()

@@ -106,7 +106,7 @@ TEST_P(sharded_seed_sweep, every_seed_delivers_each_workers_part_byte_for_byte) 
   }
 }
 INSTANTIATE_TEST_SUITE_P(virtual_chaos, sharded_seed_sweep, ::testing::Values(rollout_sharding::ep, rollout_sharding::tp),
-                         [](const auto& info) { return std::string(rollout_sharding_name(info.param)); });
+                         [](const auto& sharding) { return std::string(rollout_sharding_name(sharding.param)); });
 
 }  // namespace
 }  // namespace ferry

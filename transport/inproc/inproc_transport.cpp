@@ -229,8 +229,8 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
     // The bytes wait in "the kernel" (copied now), and are checked again on arrival.
     network_.hold(self_, remote.owner, [notice, key = remote.key, bytes = std::vector<std::byte>(local.begin(), local.end())](
                                             inproc_transport& at) {
-      if (auto target = at.regions_.resolve(notice.region, key, notice.offset, bytes.size())) {
-        std::memcpy(target->data(), bytes.data(), bytes.size());
+      if (auto landing = at.regions_.resolve(notice.region, key, notice.offset, bytes.size())) {
+        std::memcpy(landing->data(), bytes.data(), bytes.size());
         at.deliver_write(notice);
       }
     });
