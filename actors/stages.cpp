@@ -16,6 +16,7 @@ std::uint64_t chunk_checksum(environment& env, std::span<const std::byte> bytes)
 offload_stage::outcome offload_stage::run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream,
                                           std::uint64_t version, const std::function<bool()>& wanted) {
   std::vector<copy_piece> pieces;
+  pieces.reserve(c.pieces.size());
   std::byte* const at = stream.data() + c.shard_offset;
   for (const auto& p : c.pieces) pieces.push_back({at + p.chunk_offset, from.at(p.tensor, p.tensor_offset), p.bytes});
   const auto began = meter_.begin();
@@ -46,6 +47,7 @@ void send_stage::write(std::span<const std::byte> bytes, const region_desc& to, 
 void apply_stage::run(const chunk_info& c, const tensor_placement& into, std::span<const std::byte> bytes,
                       std::uint64_t version, std::function<void(std::error_code)> done) {
   std::vector<copy_piece> pieces;
+  pieces.reserve(c.pieces.size());
   for (const auto& p : c.pieces) pieces.push_back({into.at(p.tensor, p.tensor_offset), bytes.data() + p.chunk_offset, p.bytes});
   const auto began = meter_.begin();
   env_.copies().async_copy(std::move(pieces), [this, began, version, chunk = c.id, n = bytes.size(),
