@@ -321,22 +321,26 @@ result<void> region_budget::offer(node_id peer, std::uint32_t epoch, const regio
   return {};
 }
 
+namespace {
+
+/// `reason` in `why`, and the error make_plan returns with it.
+std::unexpected<std::error_code> refuse(std::string& why, std::string reason) {
+  why = std::move(reason);
+  return fail(errc::invalid_argument);
+}
+
 /// Refuses inputs no plan can be made of, and from sizes alone (nothing is allocated yet) inputs
 /// that would break a limit.
 result<void> check_plan_inputs(const plan_inputs& in, std::string& why) {
-  auto refuse = [&](std::string reason) {
-    why = std::move(reason);
-    return fail(errc::invalid_argument);
-  };
   if (in.chunk_bytes < tensor_alignment || in.chunk_bytes % tensor_alignment != 0) {
-    return refuse("chunk size " + std::to_string(in.chunk_bytes) + " must be a positive multiple of the " +
+    return refuse(why, "chunk size " + std::to_string(in.chunk_bytes) + " must be a positive multiple of the " +
                   std::to_string(tensor_alignment) + "-byte alignment");
   }
-  if (in.depth == 0) return refuse("depth must be at least 1");
+  if (in.depth == 0) return refuse(why, "depth must be at least 1");
   if (in.shard_tensors.empty() || in.shard_tensors.size() != in.shards.size()) {
-    return refuse("a plan needs at least one trainer shard");
+    return refuse(why, "a plan needs at least one trainer shard");
   }
-  if (in.instances.empty()) return refuse("a plan needs at least one rollout instance");
+  if (in.instances.empty()) return refuse(why, "a plan needs at least one rollout instance");
 
   std::uint64_t tensor_count = 0, chunk_count = 0;
   for (const auto& table : in.shard_tensors) {
@@ -352,11 +356,11 @@ result<void> check_plan_inputs(const plan_inputs& in, std::string& why) {
     chunk_count += stream / in.chunk_bytes + (stream % in.chunk_bytes != 0);
   }
   if (tensor_count > in.limits.max_tensors) {
-    return refuse("max_tensors: the plan has " + std::to_string(tensor_count) + " tensors, the limit is " +
+    return refuse(why, "max_tensors: the plan has " + std::to_string(tensor_count) + " tensors, the limit is " +
                   std::to_string(in.limits.max_tensors));
   }
   if (chunk_count > in.limits.max_chunks) {
-    return refuse("max_chunks: the plan needs " + std::to_string(chunk_count) + " chunks of " +
+    return refuse(why, "max_chunks: the plan needs " + std::to_string(chunk_count) + " chunks of " +
                   std::to_string(in.chunk_bytes) + " bytes, the limit is " + std::to_string(in.limits.max_chunks));
   }
 
@@ -410,12 +414,10 @@ void pack_chunks(plan& p, const segment_cut& cut, std::size_t shards, std::uint6
   }
 }
 
+}  // namespace
+
 result<plan> make_plan(const plan_inputs& in, std::string& why) {
   if (!check_plan_inputs(in, why)) return fail(errc::invalid_argument);
-  auto refuse = [&](std::string reason) {
-    why = std::move(reason);
-    return fail(errc::invalid_argument);
-  };
   plan p;
   p.epoch = in.epoch;
   p.chunk_bytes = in.chunk_bytes;
@@ -428,7 +430,7 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     if (!validate_tensor_table(table, why)) return fail(errc::invalid_argument);
     for (const auto& t : table) {
       if (auto [it, fresh] = owner_of.emplace(t.name, s); !fresh) {
-        return refuse("tensor '" + t.name + "' is owned by shards " + std::to_string(it->second) + " and " +
+        return refuse(why, "tensor '" + t.name + "' is owned by shards " + std::to_string(it->second) + " and " +
                       std::to_string(s));
       }
       p.tensors.push_back(t);
@@ -436,13 +438,13 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     }
   }
   for (auto inst : in.instances) {
-    if (inst.workers.empty()) return refuse("instance " + std::to_string(inst.id) + " has no workers");
+    if (inst.workers.empty()) return refuse(why, "instance " + std::to_string(inst.id) + " has no workers");
     if (inst.leaders.empty()) inst.leaders = {0};
     for (auto l : inst.leaders) {
-      if (l >= inst.workers.size()) return refuse("instance " + std::to_string(inst.id) + " names a leader rank past its size");
+      if (l >= inst.workers.size()) return refuse(why, "instance " + std::to_string(inst.id) + " names a leader rank past its size");
     }
     if (std::set(inst.leaders.begin(), inst.leaders.end()).size() != inst.leaders.size())
-      return refuse("instance " + std::to_string(inst.id) + " names a leader twice");
+      return refuse(why, "instance " + std::to_string(inst.id) + " names a leader twice");
     p.instances.push_back(std::move(inst));
   }
 

@@ -63,15 +63,15 @@ double median(std::vector<double> v) {
 
 /// One owner's tensors (a shard's or a worker's) back to back in `into`, as the stages see them.
 std::vector<tensor_ref> place(const std::vector<tensor_spec>& owned, host_buffer& into) {
+  std::vector<std::uint64_t> at;
   std::uint64_t total = 0;
-  for (const auto& t : owned) total += (t.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+  for (const auto& t : owned) {
+    at.push_back(total);
+    total += (t.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+  }
   into = host_buffer(total);
   std::vector<tensor_ref> refs;
-  std::uint64_t at = 0;
-  for (const auto& t : owned) {
-    refs.push_back({.spec = t, .data = into.data() + at});
-    at += (t.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
-  }
+  for (std::size_t i = 0; i < owned.size(); ++i) refs.push_back({.spec = owned[i], .data = into.data() + at[i]});
   return refs;
 }
 

@@ -23,4 +23,10 @@ void register_runtime_messages(message_registry& registry) {
   registry.add<pong>("pong");
 }
 
+message_registry runtime_messages() {
+  message_registry r;
+  register_runtime_messages(r);
+  return r;
+}
+
 }  // namespace ferry

@@ -47,5 +47,7 @@ class message_registry {
 
 /// Adds the runtime's own messages (ping, pong, ...).
 void register_runtime_messages(message_registry& registry);
+/// A registry of the runtime's own messages alone (for nodes that speak nothing else).
+message_registry runtime_messages();
 
 }  // namespace ferry

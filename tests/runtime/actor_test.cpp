@@ -13,12 +13,6 @@
 namespace ferry {
 namespace {
 
-message_registry runtime_registry() {
-  message_registry r;
-  register_runtime_messages(r);
-  return r;
-}
-
 /// Answers every ping with a pong carrying the same nonce and payload.
 class echo : public actor {
  public:
@@ -30,7 +24,7 @@ class echo : public actor {
 };
 
 struct two_nodes : ::testing::Test {
-  message_registry registry = runtime_registry();
+  message_registry registry = runtime_messages();
   event_loop loop;
   real_environment env{loop};
   inproc_network network;

@@ -9,12 +9,6 @@
 namespace ferry {
 namespace {
 
-message_registry runtime_registry() {
-  message_registry r;
-  register_runtime_messages(r);
-  return r;
-}
-
 frame raw_frame(const msgpack::sbuffer& payload) {
   frame f(frame_prefix_bytes);
   const auto* p = reinterpret_cast<const std::byte*>(payload.data());
@@ -39,7 +33,7 @@ frame hand_packed(std::uint16_t protocol, std::uint16_t kind, const Body& body) 
 }
 
 TEST(codec, round_trip_keeps_header_and_body) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   const ping sent{.nonce = 0xfeedfacecafebeefull, .payload = std::string("\0\x01weights", 9)};
   const auto f = encode(envelope_header{.from = {7, 8}, .to = {9, 10}, .epoch = 11}, sent);
 
@@ -64,7 +58,7 @@ TEST(codec, prefix_is_big_endian_payload_length) {
 }
 
 TEST(codec, rejects_truncated_frame) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   auto f = encode(envelope_header{}, ping{.nonce = 3, .payload = "abcdef"});
   f.resize(f.size() - 3);
   EXPECT_EQ(decode_frame(f, registry, {}).error(), errc::truncated_frame);
@@ -74,7 +68,7 @@ TEST(codec, rejects_truncated_frame) {
 }
 
 TEST(codec, rejects_oversize_frame_before_reading_it) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   codec_limits limits;
   limits.max_frame_bytes = 64;
   const auto f = encode(envelope_header{}, ping{.payload = std::string(100, 'x')});
@@ -86,19 +80,19 @@ TEST(codec, rejects_oversize_frame_before_reading_it) {
 }
 
 TEST(codec, rejects_unknown_kind) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   std::map<std::string, int> body{{"x", 1}};
   EXPECT_EQ(decode_frame(hand_packed(protocol_version, 999, body), registry, {}).error(), errc::unknown_kind);
 }
 
 TEST(codec, rejects_wrong_protocol_version) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   EXPECT_EQ(decode_frame(hand_packed(protocol_version + 1, ping::kind, ping{}), registry, {}).error(),
             errc::wrong_protocol);
 }
 
 TEST(codec, rejects_body_of_the_wrong_shape) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   // nonce must be an integer.
   std::map<std::string, std::string> wrong_types{{"nonce", "not a number"}};
   EXPECT_EQ(decode_frame(hand_packed(protocol_version, ping::kind, wrong_types), registry, {}).error(),
@@ -108,7 +102,7 @@ TEST(codec, rejects_body_of_the_wrong_shape) {
 }
 
 TEST(codec, rejects_malformed_envelopes) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   msgpack::sbuffer not_an_array;
   msgpack::pack(not_an_array, std::string("hello"));
   EXPECT_EQ(decode_frame(raw_frame(not_an_array), registry, {}).error(), errc::malformed_frame);
@@ -137,7 +131,7 @@ TEST(codec, rejects_malformed_envelopes) {
 }
 
 TEST(codec, rejects_nesting_deeper_than_the_cap) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   msgpack::sbuffer bomb;
   msgpack::packer<msgpack::sbuffer> p(bomb);
   for (int i = 0; i < 10000; ++i) p.pack_array(1);
@@ -146,7 +140,7 @@ TEST(codec, rejects_nesting_deeper_than_the_cap) {
 }
 
 TEST(codec, rejects_a_huge_declared_array_without_allocating_it) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   // array32 header announcing 4 billion elements, then nothing.
   msgpack::sbuffer b;
   const char header[] = {'\xdd', '\xff', '\xff', '\xff', '\xff'};
@@ -157,7 +151,7 @@ TEST(codec, rejects_a_huge_declared_array_without_allocating_it) {
 }
 
 TEST(codec, a_large_body_sent_to_many_is_encoded_once_and_decoded_once) {
-  const auto registry = runtime_registry();
+  const auto registry = runtime_messages();
   codec_limits limits;
   limits.max_str = 4u << 20;
   const ping big{.nonce = 1, .payload = std::string(2u << 20, 'w')};

@@ -17,12 +17,6 @@
 namespace ferry {
 namespace {
 
-message_registry runtime_registry() {
-  message_registry r;
-  register_runtime_messages(r);
-  return r;
-}
-
 /// Each ping as it lands: its nonce and the virtual moment.
 class listener : public actor {
  public:
@@ -35,7 +29,7 @@ class listener : public actor {
 };
 
 TEST(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_never_overtake) {
-  const message_registry registry = runtime_registry();
+  const message_registry registry = runtime_messages();
   event_loop loop;
   virtual_environment env{loop};
   inproc_network network;

@@ -83,8 +83,7 @@ struct region_report {
 };
 
 inline message_registry test_registry() {
-  message_registry r;
-  register_runtime_messages(r);
+  auto r = runtime_messages();
   r.add<peer_hello>("test.peer_hello");
   r.add<write_done>("test.write_done");
   r.add<verdict>("test.verdict");
