@@ -150,6 +150,14 @@ struct shard_offloaded {
   MSGPACK_DEFINE_MAP(shard, version, seconds)
 };
 
+/// The next worker of a chain, and the slot its trainer reserved there (`chunk_sent::relay`).
+struct relay_hop {
+  address worker;
+  region_desc slots;
+  std::uint32_t slot = 0;
+  MSGPACK_DEFINE_MAP(worker, slots, slot)
+};
+
 /// Trainer -> leader: chunk `chunk` of `version` (the leader's stripe of it) is in receive slot
 /// `slot`, at the stripe's offset (its bytes arrive by bulk write with imm = slot); checksums
 /// are xxh3-64, 0 when checks are off.
@@ -165,7 +173,12 @@ struct chunk_sent {
   /// stripe's offset from there); the slot is then only the credit. `source.pid` 0: written.
   shared_memory_ref source;
   std::uint64_t source_offset = 0;
-  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset)
+  /// A chunk that some, not all, of an instance's members hear travels from the trainer to the
+  /// first of them and on along a chain: the receiver writes it into `relay.front()`'s slot and
+  /// tells that worker, with the rest of the chain. A relayed chunk_sent comes from the previous
+  /// worker of the chain.
+  std::vector<relay_hop> relay;
+  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset, relay)
 };
 
 /// Leader -> trainer: receive slot `slot` is free again (the send stage's credit).

@@ -7,8 +7,9 @@
 /// range of one: its rows). Each tensor is then cut into segments where a worker's range starts
 /// or ends; a segment's audience is the workers that registered all of it. Segments are packed by
 /// audience, so every chunk has one: an instance whose members all hear it takes it through its
-/// leaders and collective as before; a member that alone (or with some, not all, of its instance)
-/// hears it receives it directly from the trainer.
+/// leaders and collective as before; a member that alone hears it receives it directly from the
+/// trainer, and members that some, not all, of an instance hear receive it along a chain: the
+/// trainer writes it to the first, each relays it to the next (`chunk_sent::relay`).
 ///
 /// The layout (segments, chunks, what each packs) depends only on the tensor table and the
 /// selections the job has seen, not on who is alive: a worker replaced by one of the same part
@@ -106,7 +107,7 @@ struct plan {
   /// The ranks (indices into `inst.workers`) in `audience`.
   std::vector<std::uint32_t> hearers(const instance_plan& inst, std::uint32_t audience) const;
   /// Whether every member of `inst` hears `audience`: its chunks then travel through the
-  /// instance's leaders and collective; otherwise directly to each member that hears it.
+  /// instance's leaders and collective; otherwise directly to the members that hear it (a chain).
   bool whole_instance(const instance_plan& inst, std::uint32_t audience) const;
   /// The bytes `worker` receives per update: its chunks'.
   std::uint64_t bytes_for(const address& worker) const;

@@ -307,20 +307,23 @@ bool rollout_worker::is_direct(std::uint32_t slot) const {
 void rollout_worker::on_chunk_sent(const envelope_header& h, const chunk_sent& m) {
   const bool direct = gen_ && is_direct(m.slot);
   if (!gen_ || m.chunk >= plan_->job->chunks.size() || (!direct && (!leader_ || m.slot >= plan_->job->shards.size() * plan_->job->depth)) ||
-      (direct && !plan_->mine[m.chunk])) {
+      (direct && !plan_->mine[m.chunk]) || (!direct && !m.relay.empty())) {
     log::warn("worker {}.{}: ignored chunk_sent for slot {} chunk {}", instance_, rank_, m.slot, m.chunk);
     return;
   }
-  // Only the trainer shard that sources the chunk says it landed, and only in its own slots.
-  const auto shard = plan_->job->chunks[m.chunk].shard;
+  // Only the trainer shard that sources the chunk says it landed, and only in its own slots; a
+  // chunk relayed along a chain, the worker before this one: a member of the instance that hears it.
+  const auto& c = plan_->job->chunks[m.chunk];
   const std::uint32_t first = direct ? direct_slot_ : 0;
-  if (h.from != plan_->job->shards.at(shard) || (m.slot - first) / plan_->job->depth != shard) {
+  const bool relayed = direct && plan_->job->hears(c.audience, h.from) &&
+                       std::find(others_.begin(), others_.end(), h.from) != others_.end();
+  if ((h.from != plan_->job->shards.at(c.shard) && !relayed) || (m.slot - first) / plan_->job->depth != c.shard) {
     log::warn("worker {}.{}: dropped a chunk_sent from node {} for slot {} chunk {}: trainer shard {} (node {}) sources it",
-              instance_, rank_, h.from.node, m.slot, m.chunk, shard, plan_->job->shards.at(shard).node);
+              instance_, rank_, h.from.node, m.slot, m.chunk, c.shard, plan_->job->shards.at(c.shard).node);
     return note("chunk_sent not from the chunk's trainer");
   }
   auto& g = *gen_;
-  if (direct) {  // the whole chunk, for this worker alone
+  if (direct) {  // the whole chunk, which its instance does not hear whole
     if (g.landed.erase(m.slot) > 0 || m.source.pid != 0) {
       g.direct.push_back({m.slot, m});
       changed();
@@ -461,6 +464,13 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
       }
       bytes = {source->bytes.data() + r.meta.source_offset, c.bytes};
     }
+    // The slot is free again once the chunk is applied here and, in a chain, relayed onward.
+    auto uses = std::make_shared<int>(r.meta.relay.empty() ? 1 : 2);
+    auto release = [this, g, uses, slot = r.slot, shard = plan->job->shards.at(c.shard)] {
+      if (--*uses == 0 && current(g)) send(shard, slot_free{.slot = slot});
+    };
+    // Relayed before it is verified here: the next worker verifies it too, and waits less.
+    if (!r.meta.relay.empty()) relay(g, r.meta, bytes, release);
     if (!checksum_ok(bytes, r.meta.checksum)) {
       if (!current(g)) return;  // the new epoch may already be writing this slot
       return corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
@@ -469,13 +479,38 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     }
     if (!current(g)) return;
     ++in_flight_;
-    apply(*plan, r.meta.version, c.id, bytes, [this, g, r, source, plan, shard = plan->job->shards.at(c.shard)] {
-      if (current(g)) send(shard, slot_free{.slot = r.slot});
+    apply(*plan, r.meta.version, c.id, bytes, [this, r, source, plan, release] {
+      release();
       chunk_applied(*plan, r.meta.version, r.meta.chunk);
       --in_flight_;
       changed();
     });
   }
+}
+
+void rollout_worker::relay(const std::shared_ptr<generation>& g, const chunk_sent& m, std::span<const std::byte> bytes,
+                           std::function<void()> done) {
+  const auto next = m.relay.front();
+  chunk_sent onward = m;
+  onward.slot = next.slot;
+  onward.relay.erase(onward.relay.begin());
+  ++in_flight_;
+  const auto began = broadcast_meter_.begin();
+  host().transport().async_write(
+      bytes, next.slots, std::uint64_t{next.slot} * plan_->job->chunk_bytes,
+      make_imm(leader_slot_tag, epoch_imm_value(epoch(), next.slot)),
+      [this, g, onward = std::move(onward), to = next.worker, began, done = std::move(done), n = bytes.size()](std::error_code ec) {
+        broadcast_meter_.end(began, onward.version, onward.chunk, n);
+        if (ec) {
+          // A dead worker is the coordinator's to detect; the regroup resends what is missing.
+          if (current(g)) log::warn("worker {}.{}: relay of chunk {} to node {} failed: {}", instance_, rank_, onward.chunk, to.node, ec.message());
+        } else if (current(g)) {
+          send(to, onward);
+        }
+        done();
+        --in_flight_;
+        changed();
+      });
 }
 
 void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,

@@ -114,7 +114,7 @@ class rollout_worker final : public job_member {
     std::map<std::uint32_t, bool> landed;        ///< leader: slot -> bytes arrived
     std::map<std::uint32_t, chunk_sent> sent;    ///< leader: slot -> its chunk_sent
     std::deque<received> ready;                  ///< leader: complete slots, in arrival order
-    std::deque<received> direct;                 ///< complete slots of chunks sent to this worker alone
+    std::deque<received> direct;                 ///< complete slots of chunks its instance does not hear whole
     std::deque<chunk_announce> announcements;    ///< all but the first leader: the instance's order
     address orderer;                             ///< the first leader, who announces that order
   };
@@ -136,9 +136,14 @@ class rollout_worker final : public job_member {
   void serve(std::shared_ptr<generation> g);
   /// Fiber: waits for the next chunk (and a leader's stripe of it); nullopt once `g` is over.
   std::optional<work> next_chunk(const std::shared_ptr<generation>& g);
-  /// Fiber: verifies and applies the chunks sent to this worker alone, as they arrive.
+  /// Fiber: verifies and applies the chunks sent to this worker alone (or to some members of its
+  /// instance, along a chain), as they arrive.
   void serve_direct(std::shared_ptr<generation> g);
-  /// Whether receive slot `slot` holds a chunk sent to this worker alone.
+  /// Writes a chunk this worker received into the next worker of its chain (`m.relay`) and tells
+  /// it; then `done`.
+  void relay(const std::shared_ptr<generation>& g, const chunk_sent& m, std::span<const std::byte> bytes,
+             std::function<void()> done);
+  /// Whether receive slot `slot` holds a chunk its instance does not hear whole (a direct slot).
   bool is_direct(std::uint32_t slot) const;
   /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
   void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, const work& w,
@@ -179,7 +184,7 @@ class rollout_worker final : public job_member {
   bool leader_ = false;
   std::vector<address> others_;  ///< the instance's other members
   host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots; then direct slots
-  std::uint32_t direct_slot_ = 0;  ///< the first slot of chunks sent to this worker alone
+  std::uint32_t direct_slot_ = 0;  ///< the first direct slot: chunks its instance does not hear whole
   std::optional<region_desc> slots_region_;
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
   /// Trainers' shared host copies mapped here; dropped when their trainer's process is gone.

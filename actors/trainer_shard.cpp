@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
 #include "collectives/broadcast.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
@@ -225,12 +227,47 @@ void trainer_shard::start_sending(const update_go& go) {
     // This shard's receive slots at the leader: `depth` of them, after the other shards'.
     for (std::uint32_t i = 0; i < plan_->job->depth; ++i) r->free.push_back(r->first_slot + shard_ * plan_->job->depth + i);
     routes_.push_back(r);
+  }
+  link_chains(go);
+  for (const auto& r : routes_) {
     ++fibers_;
     host().loop().spawn([this, r, version = go.version, generation] {
       send_route(r, version, generation);
       --fibers_;
       changed();
     });
+  }
+}
+
+void trainer_shard::link_chains(const update_go& go) {
+  if (plan_->job->shared_host_copies) return;  // nothing is written: every member reads in place
+  const auto& job = *plan_->job;
+  std::map<std::pair<std::uint32_t, std::uint32_t>, bool> whole;  // (instance, audience) -> all hear it
+  // (instance, chunk) -> (rank, route) of each member it goes to directly
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::vector<std::pair<std::uint32_t, route*>>> members;
+  for (std::size_t i = 0; i < routes_.size(); ++i) {
+    const auto instance = go.routes[i].route.instance;
+    const auto inst = std::find_if(job.instances.begin(), job.instances.end(),
+                                   [&](const instance_plan& p) { return p.id == instance; });
+    if (inst == job.instances.end()) continue;
+    const auto rank = static_cast<std::uint32_t>(
+        std::find(inst->workers.begin(), inst->workers.end(), routes_[i]->leader) - inst->workers.begin());
+    for (const auto id : routes_[i]->chunks) {
+      const auto audience = job.chunks[id].audience;
+      auto [it, fresh] = whole.emplace(std::pair{instance, audience}, false);
+      if (fresh) it->second = job.whole_instance(*inst, audience);
+      if (!it->second) members[{instance, id}].emplace_back(rank, routes_[i].get());
+    }
+  }
+  for (auto& [key, heard_by] : members) {
+    if (heard_by.size() < 2) continue;
+    std::sort(heard_by.begin(), heard_by.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    auto link = std::make_shared<chain>();
+    for (std::size_t n = 0; n < heard_by.size(); ++n) {
+      auto* r = heard_by[n].second;
+      if (n > 0) link->hops.push_back({.worker = r->leader, .slots = r->slots});
+      r->chained.emplace(key.second, std::pair{link, n});
+    }
   }
 }
 
@@ -258,11 +295,23 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     const auto slot = r->free.front();
     r->free.pop_front();
     r->chunks.erase(r->chunks.begin());
+    std::vector<relay_hop> relay;
+    if (const auto link = r->chained.find(id); link != r->chained.end()) {
+      const auto& [along, place] = link->second;
+      if (place > 0) {  // the worker before this one in the chain writes it here
+        along->hops[place - 1].slot = slot;
+        ++along->reserved;
+        changed();
+        continue;
+      }
+      if (!wait_for([&] { return !current() || along->reserved == along->hops.size(); }) || !current()) break;
+      relay = along->hops;
+    }
     const auto& c = plan->job->chunks[id];
     const auto part = stripe_of(c.bytes, r->stripes, r->stripe);
     const std::byte* bytes = copy->bytes.data() + c.shard_offset + part.offset;
     chunk_sent sent{.version = version, .chunk = id, .slot = slot, .checksum = copy->checksums[id],
-                    .chunk_checksum = copy->checksums[id]};
+                    .chunk_checksum = copy->checksums[id], .relay = std::move(relay)};
     if (r->stripes > 1 && options_.checksums) {
       sent.checksum = chunk_checksum(host().env(), {bytes, part.bytes});
       if (!current()) break;

@@ -6,6 +6,7 @@
 #include <array>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -57,6 +58,14 @@ class trainer_shard final : public job_member {
   std::function<void(std::uint64_t version, const std::string&)> on_update_failed;
 
  private:
+  /// A chunk that several members of an instance, not all, hear: the trainer writes it to the
+  /// first, which relays it to the next, and so on. Each member's route reserves that member's
+  /// slot (the credit comes back from the member, as for any chunk); the first one's sender waits
+  /// for every reservation, then writes with the chain in its `chunk_sent`.
+  struct chain {
+    std::vector<relay_hop> hops;  ///< the members after the first, in rank order
+    std::size_t reserved = 0;     ///< hops whose slot is reserved
+  };
   /// One leader's share of an update: its stripe of each chunk (or a worker's own chunks).
   struct route {
     address leader;
@@ -69,6 +78,9 @@ class trainer_shard final : public job_member {
     slot_counter credits;
     std::deque<std::uint32_t> free;
     std::size_t in_flight = 0;
+    /// Chunks this route's worker hears in a chain: the chain, and the worker's place in it (0:
+    /// first, written by the trainer; n: `hops[n - 1]`, written by the worker before it).
+    std::map<std::uint32_t, std::pair<std::shared_ptr<chain>, std::size_t>> chained;
     route(const leader_route& r, std::uint32_t depth, std::uint32_t shards)
         : leader(r.leader),
           slots(r.slots),
@@ -99,6 +111,8 @@ class trainer_shard final : public job_member {
   /// Unregisters, unpins and frees `host_copies_`.
   void release_host_copies();
   void start_sending(const update_go& go);
+  /// Links the routes that carry one chunk to several members of an instance into a chain.
+  void link_chains(const update_go& go);
   void run_publish(std::uint64_t version);
   void send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation);
   host_copy* copy_of(std::uint64_t version);

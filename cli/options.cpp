@@ -30,8 +30,9 @@ void add_job_options(CLI::App& app, job_config& c) {
   app.add_option_function<std::string>(
          "--shard-rollout", [&c](const std::string& name) { c.shard_rollout = *parse_rollout_sharding(name); },
          "how each instance's workers split the model: none (each holds all of it), ep (experts; a dense "
-         "layer's MLP counts as one) or tp (every tensor's rows)")
-      ->check(CLI::IsMember({"none", "ep", "tp"}))
+         "layer's MLP counts as one), tp (every tensor's rows) or pp-tp (two pipeline stages of "
+         "tensor-parallel ranks, norms whole on each rank of their stage)")
+      ->check(CLI::IsMember({"none", "ep", "tp", "pp-tp"}))
       ->default_str("none");
   app.add_flag("!--no-checksums", c.checksums, "skip the per-chunk xxh3 check (benchmarks)");
   app.add_flag("!--no-verify", c.verify, "skip per-tensor digests and the final byte compare");

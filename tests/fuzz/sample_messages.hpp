@@ -67,7 +67,8 @@ void for_each_message(F&& f) {
                .slot = 1,
                .checksum = 0xfeedull,
                .source = {.pid = 4242, .fd = 7, .inode = 99, .host = 1, .bytes = 1 << 20},
-               .source_offset = 4096});
+               .source_offset = 4096,
+               .relay = {{.worker = {4, 2}, .slots = sample_region(), .slot = 3}}});
   f(slot_free{.slot = 1});
   f(chunk_announce{.version = 9, .chunk = 4, .checksum = 0xfeedull});
   f(version_complete{

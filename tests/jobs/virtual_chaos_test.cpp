@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "runtime/log.hpp"
@@ -86,7 +87,8 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
 INSTANTIATE_TEST_SUITE_P(virtual_chaos, seed_sweep, ::testing::Values(0u, 1u, 2u, 3u));
 
 /// Sharded rollouts under the same faults: each worker receives and keeps only its part (experts,
-/// or rows), and regroups, resumed updates and late joiners still leave each part exact.
+/// rows, or a pipeline stage's rows and norms, which go along chains), and regroups, resumed
+/// updates and late joiners still leave each part exact.
 class sharded_seed_sweep : public ::testing::TestWithParam<rollout_sharding> {};
 
 TEST_P(sharded_seed_sweep, every_seed_delivers_each_workers_part_byte_for_byte) {
@@ -105,8 +107,13 @@ TEST_P(sharded_seed_sweep, every_seed_delivers_each_workers_part_byte_for_byte) 
     EXPECT_GT(seen[kind], 0u) << "no seed hit: " << kind;
   }
 }
-INSTANTIATE_TEST_SUITE_P(virtual_chaos, sharded_seed_sweep, ::testing::Values(rollout_sharding::ep, rollout_sharding::tp),
-                         [](const auto& sharding) { return std::string(rollout_sharding_name(sharding.param)); });
+INSTANTIATE_TEST_SUITE_P(virtual_chaos, sharded_seed_sweep,
+                         ::testing::Values(rollout_sharding::ep, rollout_sharding::tp, rollout_sharding::pp_tp),
+                         [](const auto& sharding) {
+                           auto name = std::string(rollout_sharding_name(sharding.param));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace ferry
