@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Selective delivery against whole-model delivery, in one run: the same job with every worker
 holding the whole model (--shard-rollout none) and with each instance's workers splitting it
-(tp: rows, ep: experts, a dense layer's MLP counting as one). Prints a markdown table and writes the
+(tp: rows, ep: experts, a dense layer's MLP counting as one, pp-tp: a pipeline stage's rows, its
+norms whole on each of the stage's ranks and relayed along a chain). Prints a markdown table and writes the
 raw figures to OUT/selective_<host>.json.
 
   selective_bench.py FERRY OUT_DIR            # CPU: `ferry demo` in one process over tcp
@@ -59,7 +60,7 @@ def main():
         for k, j in whole.items():
             raw["jobs"].append(dict(j, sharding="none", workers=n, stripes=k))
         base = bases[n] = whole[1]
-        for sharding in ("tp", "ep"):
+        for sharding in ("tp", "ep", "pp-tp"):
             j = job(sharding, n)
             raw["jobs"].append(dict(j, sharding=sharding, workers=n))
             rows.append((n, sharding, j, base, whole[n]))
