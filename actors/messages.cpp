@@ -17,6 +17,8 @@ void register_actor_messages(message_registry& r) {
   r.add<shard_offloaded>("shard_offloaded");
   r.add<chunk_sent>("chunk_sent");
   r.add<slot_free>("slot_free");
+  r.add<slot_request>("slot_request");
+  r.add<slot_grant>("slot_grant");
   r.add<chunk_announce>("chunk_announce");
   r.add<version_complete>("version_complete");
   r.add<version_delivered>("version_delivered");

@@ -85,7 +85,8 @@ struct worker_ready {
   std::uint32_t instance = 0;
   std::uint32_t rank = 0;
   /// Slots of chunk_bytes: a leader's `shards * depth` receive slots from slot 0, and the
-  /// `shards * depth` slots of chunks sent to this worker alone from `direct_slot`; empty if neither.
+  /// `direct_slots` of chunks its instance does not hear whole from `direct_slot` (granted to
+  /// trainers one chunk at a time, slot_grant); empty if neither.
   region_desc slots;
   std::uint32_t direct_slot = 0;
   std::uint64_t complete_version = 0;  ///< the newest version fully applied here
@@ -95,8 +96,9 @@ struct worker_ready {
 };
 
 /// Where a trainer shard writes the chunks for one instance leader: stripe `stripe` of `stripes`
-/// of each chunk (the whole chunk when `stripes` is 1). A direct route (a worker's own chunks)
-/// is a leader route of one stripe whose slots start at `first_slot`.
+/// of each chunk (the whole chunk when `stripes` is 1). A direct route (the chunks a worker's
+/// instance does not hear whole) is a route of one stripe whose slots the worker grants chunk by
+/// chunk (slot_request, slot_grant).
 struct leader_route {
   std::uint32_t instance = 0;
   address leader;
@@ -104,7 +106,8 @@ struct leader_route {
   std::uint32_t stripe = 0;
   std::uint32_t stripes = 1;
   std::uint32_t first_slot = 0;  ///< shard s uses slots first_slot + s * depth ... + depth - 1
-  MSGPACK_DEFINE_MAP(instance, leader, slots, stripe, stripes, first_slot)
+  bool direct = false;
+  MSGPACK_DEFINE_MAP(instance, leader, slots, stripe, stripes, first_slot, direct)
 };
 
 /// Coordinator -> trainers: the plan of this epoch is in force; publishing may go on from
@@ -186,6 +189,27 @@ struct slot_free {
   static constexpr msg_kind kind{26};
   std::uint32_t slot = 0;
   MSGPACK_DEFINE_MAP(slot)
+};
+
+/// Trainer -> worker, for a chunk its instance does not hear whole: chunk `chunk` of `version` is
+/// offloaded and waits for a slot. A worker's direct slots are few and shared by every trainer
+/// (`worker_ready::direct_slots`); it grants them in the order asked, so the chunks it is sent
+/// land one after another rather than all at once.
+struct slot_request {
+  static constexpr msg_kind kind{39};
+  std::uint64_t version = 0;
+  std::uint32_t chunk = 0;
+  MSGPACK_DEFINE_MAP(version, chunk)
+};
+
+/// Worker -> trainer: write chunk `chunk` of `version` into direct slot `slot`. The slot is the
+/// worker's again once the chunk is applied there (and relayed, in a chain).
+struct slot_grant {
+  static constexpr msg_kind kind{40};
+  std::uint64_t version = 0;
+  std::uint32_t chunk = 0;
+  std::uint32_t slot = 0;
+  MSGPACK_DEFINE_MAP(version, chunk, slot)
 };
 
 /// First leader -> the other members: the instance's next broadcast or all-gather carries this

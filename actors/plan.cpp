@@ -22,9 +22,22 @@ std::uint64_t plan::total_bytes() const {
 
 std::vector<std::uint32_t> plan::chunks_of(std::uint32_t shard) const {
   std::vector<std::uint32_t> ids;
+  std::map<std::uint32_t, std::uint32_t> per_audience;
   for (const auto& c : chunks) {
-    if (c.shard == shard) ids.push_back(c.id);
+    if (c.shard != shard) continue;
+    ids.push_back(c.id);
+    ++per_audience[c.audience];
   }
+  // Packing groups a shard's chunks by audience; sending them so would hold back the workers whose
+  // chunks come last until the offload reaches them. Each audience's chunks are spread evenly
+  // over the order instead (the k-th of n at (k + 1/2) / n), keeping their own order.
+  std::vector<double> at(chunks.size());
+  std::map<std::uint32_t, std::uint32_t> seen;
+  for (const auto id : ids) {
+    const auto a = chunks[id].audience;
+    at[id] = (seen[a]++ + 0.5) / per_audience[a];
+  }
+  std::stable_sort(ids.begin(), ids.end(), [&](std::uint32_t x, std::uint32_t y) { return at[x] < at[y]; });
   return ids;
 }
 

@@ -118,7 +118,7 @@ struct plan {
     double worst_ratio = 0;
   };
   receive_share receive_shares() const;
-  /// Ids of the chunks `shard` sources, in send order.
+  /// Ids of the chunks `shard` sources, in send order: each audience's spread evenly over it.
   std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
   /// For each of `tensors`, the index of the same name in `names`, or -1: one hashed pass, for
   /// tables of 100k+ tensors (Kimi-K2's experts).

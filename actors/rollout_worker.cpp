@@ -49,6 +49,9 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
   on<chunk_sent>([this](const envelope_header& h, const chunk_sent& m) {
     if (h.epoch == epoch()) on_chunk_sent(h, m);
   });
+  on<slot_request>([this](const envelope_header& h, const slot_request& m) {
+    if (h.epoch == epoch()) on_slot_request(h, m);
+  });
   on<chunk_announce>([this](const envelope_header& h, const chunk_announce& m) {
     if (h.epoch != epoch() || !gen_) return;
     if (h.from != gen_->orderer || gen_->stripe == 0) {
@@ -166,6 +169,14 @@ void rollout_worker::start_generation(const std::vector<address>& members, std::
   g->stripe = stripe;
   g->credits = std::make_unique<slot_counter>(plan_->job->depth);
   for (std::uint32_t i = 0; i < plan_->job->depth; ++i) g->free_slots.push_back(i);
+  g->granted.resize(plan_->direct ? direct_slots() : 0);
+  for (std::uint32_t i = 0; i < g->granted.size(); ++i) g->free_direct.push_back(i);
+  std::uint64_t place = 0, workers = 0;  // this worker's among all instances' workers
+  for (const auto& inst : plan_->job->instances) {
+    if (inst.id == instance_) place = workers + (std::find(inst.workers.begin(), inst.workers.end(), self()) - inst.workers.begin());
+    workers += inst.workers.size();
+  }
+  g->next_shard = static_cast<std::uint32_t>(place * plan_->job->shards.size() / std::max<std::uint64_t>(workers, 1));
   g->orderer = members.front();
   g->broadcast = options_.make_broadcast(*this, members, plan_->job->epoch);
   gen_ = g;
@@ -215,11 +226,12 @@ std::vector<address> rollout_worker::collective_ranks(const instance_plan& inst)
 std::string rollout_worker::prepare_staging() {
   // Staging: a leader has `depth` receive slots per trainer shard in host memory; every member
   // has `depth` broadcast slots, on the device when there is one (a host leader broadcasts
-  // straight from its receive slots). After them, a worker that hears chunks alone has `depth`
-  // receive slots per shard for those. Kept across epochs while the size fits.
+  // straight from its receive slots). After them, a worker that hears chunks its instance does
+  // not hear whole has `direct_slots()` for those, which it grants to any trainer. Kept across
+  // epochs while the size fits.
   const std::size_t receive_slots = plan_->job->shards.size() * plan_->job->depth;
   direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : plan_->job->depth));
-  const std::size_t host_slots = direct_slot_ + (plan_->direct ? receive_slots : 0);
+  const std::size_t host_slots = direct_slot_ + (plan_->direct ? direct_slots() : 0);
   const std::size_t host_bytes = host_slots * plan_->job->chunk_bytes;
   if (host_bytes > slots_.size()) {
     if (slots_region_) host().transport().deregister_region(slots_region_->id);
@@ -260,6 +272,7 @@ std::string rollout_worker::worker_plan::derive(const std::vector<tensor_ref>& l
     heard_segments.push_back(i);
   }
   mine.assign(job->chunks.size(), false);
+  heard_directly.assign(job->chunks.size(), false);
   std::map<std::uint32_t, bool> whole;  // audience -> the whole instance hears it
   for (const auto& c : job->chunks) {
     if (!job->hears(c.audience, self)) continue;
@@ -267,6 +280,7 @@ std::string rollout_worker::worker_plan::derive(const std::vector<tensor_ref>& l
     ++mine_count;
     auto [it, fresh] = whole.emplace(c.audience, true);
     if (fresh) it->second = job->whole_instance(inst, c.audience);
+    heard_directly[c.id] = !it->second;
     direct = direct || !it->second;
   }
   return {};
@@ -301,7 +315,35 @@ void rollout_worker::on_slot_landed(write_imm imm) {
 }
 
 bool rollout_worker::is_direct(std::uint32_t slot) const {
-  return plan_->direct && slot - direct_slot_ < plan_->job->shards.size() * plan_->job->depth;
+  return plan_->direct && slot - direct_slot_ < direct_slots();
+}
+
+void rollout_worker::on_slot_request(const envelope_header& h, const slot_request& m) {
+  if (!gen_ || m.chunk >= plan_->job->chunks.size() || !plan_->heard_directly[m.chunk] ||
+      h.from != plan_->job->shards.at(plan_->job->chunks[m.chunk].shard)) {
+    log::warn("worker {}.{}: dropped a slot_request from node {} for chunk {}", instance_, rank_, h.from.node, m.chunk);
+    return note("slot_request not for a chunk its trainer sends here");
+  }
+  gen_->requests.emplace_back(h.from, m);
+  grant_slots(*gen_);
+}
+
+void rollout_worker::grant_slots(generation& g) {
+  const auto shards = static_cast<std::uint32_t>(plan_->job->shards.size());
+  while (!g.free_direct.empty() && !g.requests.empty()) {
+    const auto distance = [&](const auto& request) {
+      return (plan_->job->chunks[request.second.chunk].shard + shards - g.next_shard) % shards;
+    };
+    const auto next = std::min_element(g.requests.begin(), g.requests.end(),
+                                       [&](const auto& a, const auto& b) { return distance(a) < distance(b); });
+    const auto [trainer, m] = *next;
+    g.requests.erase(next);
+    const auto index = g.free_direct.front();
+    g.free_direct.pop_front();
+    g.granted[index] = generation::grant{.trainer = trainer, .version = m.version, .chunk = m.chunk};
+    g.next_shard = (plan_->job->chunks[m.chunk].shard + 1) % shards;
+    send(trainer, slot_grant{.version = m.version, .chunk = m.chunk, .slot = direct_slot_ + index});
+  }
 }
 
 void rollout_worker::on_chunk_sent(const envelope_header& h, const chunk_sent& m) {
@@ -311,15 +353,24 @@ void rollout_worker::on_chunk_sent(const envelope_header& h, const chunk_sent& m
     log::warn("worker {}.{}: ignored chunk_sent for slot {} chunk {}", instance_, rank_, m.slot, m.chunk);
     return;
   }
-  // Only the trainer shard that sources the chunk says it landed, and only in its own slots; a
-  // chunk relayed along a chain, the worker before this one: a member of the instance that hears it.
+  // Only the trainer shard that sources the chunk says it landed: in its own slots at a leader,
+  // in the direct slot granted to it for that chunk. A chunk relayed along a chain comes from the
+  // worker before this one instead: a member of the instance that hears it.
   const auto& c = plan_->job->chunks[m.chunk];
-  const std::uint32_t first = direct ? direct_slot_ : 0;
-  const bool relayed = direct && plan_->job->hears(c.audience, h.from) &&
-                       std::find(others_.begin(), others_.end(), h.from) != others_.end();
-  if ((h.from != plan_->job->shards.at(c.shard) && !relayed) || (m.slot - first) / plan_->job->depth != c.shard) {
+  const auto trainer = plan_->job->shards.at(c.shard);
+  bool from_sender = false;
+  if (direct) {
+    const auto& grant = gen_->granted[m.slot - direct_slot_];
+    const bool relayed = plan_->job->hears(c.audience, h.from) &&
+                         std::find(others_.begin(), others_.end(), h.from) != others_.end();
+    from_sender = grant && grant->trainer == trainer && grant->version == m.version && grant->chunk == m.chunk &&
+                  (h.from == trainer || relayed);
+  } else {
+    from_sender = h.from == trainer && m.slot / plan_->job->depth == c.shard;
+  }
+  if (!from_sender) {
     log::warn("worker {}.{}: dropped a chunk_sent from node {} for slot {} chunk {}: trainer shard {} (node {}) sources it",
-              instance_, rank_, h.from.node, m.slot, m.chunk, c.shard, plan_->job->shards.at(c.shard).node);
+              instance_, rank_, h.from.node, m.slot, m.chunk, c.shard, trainer.node);
     return note("chunk_sent not from the chunk's trainer");
   }
   auto& g = *gen_;
@@ -466,8 +517,11 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     }
     // The slot is free again once the chunk is applied here and, in a chain, relayed onward.
     auto uses = std::make_shared<int>(r.meta.relay.empty() ? 1 : 2);
-    auto release = [this, g, uses, slot = r.slot, shard = plan->job->shards.at(c.shard)] {
-      if (--*uses == 0 && current(g)) send(shard, slot_free{.slot = slot});
+    auto release = [this, g, uses, index = r.slot - direct_slot_] {
+      if (--*uses > 0 || !current(g)) return;
+      g->granted[index].reset();
+      g->free_direct.push_back(index);
+      grant_slots(*g);
     };
     // Relayed before it is verified here: the next worker verifies it too, and waits less.
     if (!r.meta.relay.empty()) relay(g, r.meta, bytes, release);

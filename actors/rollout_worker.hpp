@@ -84,6 +84,7 @@ class rollout_worker final : public job_member {
     std::vector<std::uint32_t> heard_segments;  ///< the segments this worker holds
     std::uint32_t mine_count = 0;               ///< chunks this worker hears
     std::vector<bool> mine;                     ///< per chunk: this worker hears it
+    std::vector<bool> heard_directly;  ///< per chunk: this worker hears it, its instance not whole
     bool direct = false;  ///< some chunks come to it directly (its instance does not hear them whole)
     /// Fills the above for worker `self` of `inst`; says what is wrong if the plan sends it
     /// bytes it does not hold.
@@ -115,6 +116,20 @@ class rollout_worker final : public job_member {
     std::map<std::uint32_t, chunk_sent> sent;    ///< leader: slot -> its chunk_sent
     std::deque<received> ready;                  ///< leader: complete slots, in arrival order
     std::deque<received> direct;                 ///< complete slots of chunks its instance does not hear whole
+    /// Direct slots (from `direct_slot_`) granted: to which trainer, for which chunk; the free
+    /// ones; and the trainers' requests waiting for one, in the order they came.
+    struct grant {
+      address trainer;
+      std::uint64_t version = 0;
+      std::uint32_t chunk = 0;
+    };
+    std::vector<std::optional<grant>> granted;
+    std::deque<std::uint32_t> free_direct;
+    std::deque<std::pair<address, slot_request>> requests;
+    /// The trainer shard granted next, if it asked: every worker starts at another (its place
+    /// among all workers, spread over the shards) and goes round, so that no trainer is asked by
+    /// every worker at once while others idle.
+    std::uint32_t next_shard = 0;
     std::deque<chunk_announce> announcements;    ///< all but the first leader: the instance's order
     address orderer;                             ///< the first leader, who announces that order
   };
@@ -145,6 +160,14 @@ class rollout_worker final : public job_member {
              std::function<void()> done);
   /// Whether receive slot `slot` holds a chunk its instance does not hear whole (a direct slot).
   bool is_direct(std::uint32_t slot) const;
+  /// How many direct slots a worker grants at once: enough to keep its link busy while it
+  /// applies, and no more however many trainers send to it.
+  std::uint32_t direct_slots() const { return 4 * plan_->job->depth; }
+  /// A trainer asks for a direct slot for a chunk: checked against the plan, then queued.
+  void on_slot_request(const envelope_header& h, const slot_request& m);
+  /// Grants free direct slots to the requests waiting: the one from `next_shard`, or the shard
+  /// after it that asked.
+  void grant_slots(generation& g);
   /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
   void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, const work& w,
                std::span<std::byte> slot);

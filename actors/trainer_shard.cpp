@@ -35,10 +35,18 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
   on<slot_free>([this](const envelope_header& h, const slot_free& m) {
     if (h.epoch != epoch()) return;
     for (auto& r : routes_) {
-      // A worker may be both a leader and the receiver of its own chunks: the slot says which.
-      if (r->leader == h.from && m.slot - r->first_slot < r->slot_count) {
+      if (!r->direct && r->leader == h.from && m.slot - r->first_slot < r->slot_count) {
         r->free.push_back(m.slot);
         r->credits.release();
+      }
+    }
+  });
+  on<slot_grant>([this](const envelope_header& h, const slot_grant& m) {
+    if (h.epoch != epoch()) return;
+    for (auto& r : routes_) {
+      if (r->direct && r->leader == h.from && r->version == m.version) {
+        r->grants[m.chunk] = m.slot;
+        changed();
       }
     }
   });
@@ -114,6 +122,8 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   set_epoch(next->job->epoch);
   next->local_of = next->job->indices_in(names_of(tensors_));
   next->my_chunks = next->job->chunks_of(shard_);
+  next->send_position.assign(next->job->chunks.size(), 0);
+  for (std::uint32_t i = 0; i < next->my_chunks.size(); ++i) next->send_position[next->my_chunks[i]] = i;
   plan_ = std::move(next);
   const auto bytes = plan_->job->shard_bytes[shard_];
   const bool shareable = host_copies_.shared_ref().pid != 0;
@@ -178,7 +188,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   auto& copy = copies_of_[version % 2];
   copy.version = version;
   copy.layout = plan->job->layout;
-  copy.offloaded = 0;
+  copy.offloaded.assign(plan->job->chunks.size(), false);
   offload_.meter().reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
@@ -191,7 +201,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
     if (done.abandoned) return void_version(version);
     if (done.error) return fail("offload of chunk " + std::to_string(id) + " failed: " + done.error.message());
     copy.checksums[id] = done.checksum;
-    ++copy.offloaded;
+    copy.offloaded[id] = true;
     changed();
     if (stopped_ || failed_) return;
   }
@@ -221,11 +231,17 @@ void trainer_shard::start_sending(const update_go& go) {
   changed();
   for (const auto& rc : go.routes) {
     auto r = std::make_shared<route>(rc.route, plan_->job->depth, static_cast<std::uint32_t>(plan_->job->shards.size()));
+    r->version = go.version;
     for (auto id : rc.chunks) {
       if (plan_->job->chunks.at(id).shard == shard_) r->chunks.push_back(id);
     }
-    // This shard's receive slots at the leader: `depth` of them, after the other shards'.
-    for (std::uint32_t i = 0; i < plan_->job->depth; ++i) r->free.push_back(r->first_slot + shard_ * plan_->job->depth + i);
+    // In send order, which is the offload's: every route of this shard, and every chain, takes
+    // its chunks in one order.
+    std::sort(r->chunks.begin(), r->chunks.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return plan_->send_position[a] < plan_->send_position[b]; });
+    // This shard's receive slots at a leader: `depth` of them, after the other shards'.
+    for (std::uint32_t i = 0; !r->direct && i < plan_->job->depth; ++i)
+      r->free.push_back(r->first_slot + shard_ * plan_->job->depth + i);
     routes_.push_back(r);
   }
   link_chains(go);
@@ -239,25 +255,41 @@ void trainer_shard::start_sending(const update_go& go) {
   }
 }
 
+std::optional<std::uint32_t> trainer_shard::ask_slot(route& r, std::uint32_t chunk, std::uint64_t version,
+                                                     const std::function<bool()>& current) {
+  chain* along = nullptr;
+  std::size_t place = 0;
+  if (const auto link = r.chained.find(chunk); link != r.chained.end()) {
+    along = link->second.first.get();
+    place = link->second.second;
+    if (!wait_for([&] { return !current() || along->granted == place; }) || !current()) return std::nullopt;
+  }
+  send(r.leader, slot_request{.version = version, .chunk = chunk});
+  if (!wait_for([&] { return !current() || r.grants.contains(chunk); }) || !current()) return std::nullopt;
+  const auto slot = r.grants[chunk];
+  r.grants.erase(chunk);
+  if (along) {
+    if (place > 0) along->hops[place - 1].slot = slot;
+    ++along->granted;
+    changed();
+  }
+  return slot;
+}
+
 void trainer_shard::link_chains(const update_go& go) {
   if (plan_->job->shared_host_copies) return;  // nothing is written: every member reads in place
   const auto& job = *plan_->job;
-  std::map<std::pair<std::uint32_t, std::uint32_t>, bool> whole;  // (instance, audience) -> all hear it
   // (instance, chunk) -> (rank, route) of each member it goes to directly
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::vector<std::pair<std::uint32_t, route*>>> members;
   for (std::size_t i = 0; i < routes_.size(); ++i) {
+    if (!routes_[i]->direct) continue;
     const auto instance = go.routes[i].route.instance;
     const auto inst = std::find_if(job.instances.begin(), job.instances.end(),
                                    [&](const instance_plan& p) { return p.id == instance; });
     if (inst == job.instances.end()) continue;
     const auto rank = static_cast<std::uint32_t>(
         std::find(inst->workers.begin(), inst->workers.end(), routes_[i]->leader) - inst->workers.begin());
-    for (const auto id : routes_[i]->chunks) {
-      const auto audience = job.chunks[id].audience;
-      auto [it, fresh] = whole.emplace(std::pair{instance, audience}, false);
-      if (fresh) it->second = job.whole_instance(*inst, audience);
-      if (!it->second) members[{instance, id}].emplace_back(rank, routes_[i].get());
-    }
+    for (const auto id : routes_[i]->chunks) members[{instance, id}].emplace_back(rank, routes_[i].get());
   }
   for (auto& [key, heard_by] : members) {
     if (heard_by.size() < 2) continue;
@@ -277,10 +309,11 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
   // SEND: each chunk as soon as it is offloaded (or at once, from the host copy of an older version).
   while (!r->chunks.empty() && current()) {
     const auto id = r->chunks.front();
-    const auto position = static_cast<std::size_t>(std::find(plan->my_chunks.begin(), plan->my_chunks.end(), id) - plan->my_chunks.begin());
+    // By chunk, not by place in the order: a plan of the same layout may order the chunks
+    // otherwise (audiences change with membership) than the one the copy was offloaded under.
     if (!wait_for([&] {
           const auto* c = copy_of(version);
-          return !current() || (c && c->offloaded > position);
+          return !current() || (c && id < c->offloaded.size() && c->offloaded[id]);
         }) ||
         !current()) {
       break;
@@ -289,22 +322,24 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
       // Offloaded under an older plan whose chunk ids meant other bytes: never send them as these.
       return void_version(version);
     }
-    r->credits.acquire();
-    if (!current() || r->free.empty()) break;
+    std::uint32_t slot = 0;
+    if (r->direct) {
+      const auto granted = ask_slot(*r, id, version, current);
+      if (!granted) break;
+      slot = *granted;
+    } else {
+      r->credits.acquire();
+      if (!current() || r->free.empty()) break;
+      slot = r->free.front();
+      r->free.pop_front();
+    }
     auto* copy = copy_of(version);
-    const auto slot = r->free.front();
-    r->free.pop_front();
     r->chunks.erase(r->chunks.begin());
     std::vector<relay_hop> relay;
     if (const auto link = r->chained.find(id); link != r->chained.end()) {
       const auto& [along, place] = link->second;
-      if (place > 0) {  // the worker before this one in the chain writes it here
-        along->hops[place - 1].slot = slot;
-        ++along->reserved;
-        changed();
-        continue;
-      }
-      if (!wait_for([&] { return !current() || along->reserved == along->hops.size(); }) || !current()) break;
+      if (place > 0) continue;  // the worker before this one in the chain writes it here
+      if (!wait_for([&] { return !current() || along->granted == along->hops.size() + 1; }) || !current()) break;
       relay = along->hops;
     }
     const auto& c = plan->job->chunks[id];

@@ -59,12 +59,12 @@ class trainer_shard final : public job_member {
 
  private:
   /// A chunk that several members of an instance, not all, hear: the trainer writes it to the
-  /// first, which relays it to the next, and so on. Each member's route reserves that member's
-  /// slot (the credit comes back from the member, as for any chunk); the first one's sender waits
-  /// for every reservation, then writes with the chain in its `chunk_sent`.
+  /// first, which relays it to the next, and so on. Each member's route asks that member for a
+  /// slot, in rank order (so two chains never hold a slot each that the other waits for); the
+  /// first one's sender waits for every slot, then writes with the chain in its `chunk_sent`.
   struct chain {
     std::vector<relay_hop> hops;  ///< the members after the first, in rank order
-    std::size_t reserved = 0;     ///< hops whose slot is reserved
+    std::size_t granted = 0;      ///< members, from the first, whose slot is granted
   };
   /// One leader's share of an update: its stripe of each chunk (or a worker's own chunks).
   struct route {
@@ -74,9 +74,12 @@ class trainer_shard final : public job_member {
     std::uint32_t stripes = 1;
     std::uint32_t first_slot = 0;  ///< the route's slots at the leader: every shard's `depth`
     std::uint32_t slot_count = 0;
+    bool direct = false;  ///< the worker grants a slot per chunk (`grants`) instead of `free`
+    std::uint64_t version = 0;  ///< the update's
     std::vector<std::uint32_t> chunks;  ///< this shard's chunks the leader still needs
     slot_counter credits;
     std::deque<std::uint32_t> free;
+    std::map<std::uint32_t, std::uint32_t> grants;  ///< direct: chunk -> the slot granted for it
     std::size_t in_flight = 0;
     /// Chunks this route's worker hears in a chain: the chain, and the worker's place in it (0:
     /// first, written by the trainer; n: `hops[n - 1]`, written by the worker before it).
@@ -88,6 +91,7 @@ class trainer_shard final : public job_member {
           stripes(std::max(r.stripes, 1u)),
           first_slot(r.first_slot),
           slot_count(shards * depth),
+          direct(r.direct),
           credits(depth) {}
   };
   /// The plan and what this shard derives from it. A regroup replaces it and never changes it, so
@@ -96,6 +100,7 @@ class trainer_shard final : public job_member {
     std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
     std::vector<int> local_of;             ///< plan tensor index -> tensors_ index, or -1
     std::vector<std::uint32_t> my_chunks;  ///< this shard's chunk ids, in send order
+    std::vector<std::uint32_t> send_position;  ///< per plan chunk: its place in `my_chunks`
   };
   /// One host copy and the version it holds: a half of `host_copies_`.
   struct host_copy {
@@ -103,7 +108,7 @@ class trainer_shard final : public job_member {
     std::uint64_t offset = 0;  ///< of `bytes` in `host_copies_`
     std::uint64_t version = 0;
     std::uint64_t layout = 0;   ///< the plan layout `version` was packed in
-    std::size_t offloaded = 0;  ///< chunks of `version` offloaded so far, in send order
+    std::vector<bool> offloaded;  ///< per plan chunk: offloaded for `version`
     std::vector<std::uint64_t> checksums;  ///< per plan chunk
   };
 
@@ -115,6 +120,10 @@ class trainer_shard final : public job_member {
   void link_chains(const update_go& go);
   void run_publish(std::uint64_t version);
   void send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation);
+  /// Fiber only: asks a direct route's worker for a slot for chunk `chunk` and waits for it (in a
+  /// chain, after the members before it got theirs); nullopt once `current()` says no.
+  std::optional<std::uint32_t> ask_slot(route& r, std::uint32_t chunk, std::uint64_t version,
+                                        const std::function<bool()>& current);
   host_copy* copy_of(std::uint64_t version);
   std::string name() const override { return "trainer shard " + std::to_string(shard_); }
   void halting() override;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -116,28 +117,47 @@ class member_environment final : public environment {
       d2d_.max_rate = device_copy_rate;
     }
     /// Each piece goes the way its addresses say: D2H, H2D, inside the device, or host memcpy.
+    /// Copies run one after another, in the order they were asked for, as on the one CUDA
+    /// stream of a GPU process's engine (and the one queue of a host engine's copy threads);
+    /// run side by side, a hundred chunks landing at once would share the link and all finish
+    /// late together.
     void async_copy(std::vector<copy_piece> pieces, completion done) override {
-      std::uint64_t bytes[4] = {};
+      queued copy{.done = std::move(done)};
       for (const auto& p : pieces)
-        bytes[(on_device(p.src) ? 2 : 0) + (on_device(p.dst) ? 1 : 0)] += p.bytes;
-      const route* ways[4] = {&host_, &h2d_, &d2h_, &d2d_};
-      auto left = std::make_shared<int>(0);
-      auto finish = std::make_shared<completion>(std::move(done));
-      for (int i = 0; i < 4; ++i) *left += bytes[i] > 0;
-      if (*left == 0) {
-        net_.start({}, [finish] { (*finish)({}); });
-        return;
-      }
-      for (int i = 0; i < 4; ++i)
-        if (bytes[i] > 0)
-          net_.start(ways[i]->of(bytes[i]), [left, finish] {
-            if (--*left == 0) (*finish)({});
-          });
+        copy.bytes[(on_device(p.src) ? 2 : 0) + (on_device(p.dst) ? 1 : 0)] += p.bytes;
+      queue_.push_back(std::move(copy));
+      if (queue_.size() == 1) start_next();
     }
 
    private:
+    struct queued {
+      std::uint64_t bytes[4] = {};  ///< host, H2D, D2H, inside the device
+      completion done;
+    };
+    void start_next() {
+      const auto& copy = queue_.front();
+      const route* ways[4] = {&host_, &h2d_, &d2h_, &d2d_};
+      auto left = std::make_shared<int>(0);
+      for (int i = 0; i < 4; ++i) *left += copy.bytes[i] > 0;
+      auto finished = [this, left] {
+        if (--*left > 0) return;
+        auto done = std::move(queue_.front().done);
+        queue_.pop_front();
+        if (!queue_.empty()) start_next();
+        done({});
+      };
+      if (*left == 0) {
+        ++*left;
+        net_.start({}, std::move(finished));
+        return;
+      }
+      for (int i = 0; i < 4; ++i)
+        if (copy.bytes[i] > 0) net_.start(ways[i]->of(copy.bytes[i]), finished);
+    }
+
     sim::flow_network& net_;
     route d2h_, h2d_, host_, d2d_;
+    std::deque<queued> queue_;
   };
   class size_only_platform final : public ferry::platform {
    public:

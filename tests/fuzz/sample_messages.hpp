@@ -70,6 +70,8 @@ void for_each_message(F&& f) {
                .source_offset = 4096,
                .relay = {{.worker = {4, 2}, .slots = sample_region(), .slot = 3}}});
   f(slot_free{.slot = 1});
+  f(slot_request{.version = 9, .chunk = 4});
+  f(slot_grant{.version = 9, .chunk = 4, .slot = 2});
   f(chunk_announce{.version = 9, .chunk = 4, .checksum = 0xfeedull});
   f(version_complete{
       .instance = 0, .rank = 1, .version = 9, .busy = busy, .digests = sample_digests()});
