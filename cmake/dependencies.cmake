@@ -24,6 +24,10 @@ find_library(FERRY_SODIUM_STATIC NAMES libsodium.a)
 if(FERRY_SODIUM_STATIC)
   set_target_properties(PkgConfig::libsodium PROPERTIES INTERFACE_LINK_LIBRARIES "${FERRY_SODIUM_STATIC}")
 endif()
+# tcmalloc (libgoogle-perftools-dev), static, for the `ferry` command only: a simulation's actors
+# allocate per message and per chunk, and glibc's malloc took a quarter of its time
+# (bench/results/sim_scale.md). Not under sanitizers, which bring their own allocator.
+find_library(FERRY_TCMALLOC_STATIC NAMES libtcmalloc_minimal.a)
 
 # CUDA and NCCL live in /usr/local/cuda when present; without them the build is CPU-only.
 set(FERRY_WITH_CUDA OFF)

@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev libxxhash-dev libsodium-dev nlohmann-json3-dev libtomlplusplus-dev
   gnuplot-nox  # ferry sim --sweep's plot
+  libgoogle-perftools-dev  # tcmalloc for the ferry command (the simulation allocates per message)
   clang libclang-rt-14-dev clang-format
   clang-16 libclang-rt-16-dev  # libFuzzer builds: clang >= 16 takes libstdc++ 12's std::expected
   python3 python3-msgpack
