@@ -192,9 +192,9 @@ struct slot_free {
 };
 
 /// Trainer -> worker, for a chunk its instance does not hear whole: chunk `chunk` of `version` is
-/// offloaded and waits for a slot. A worker's direct slots are few and shared by every trainer
-/// (`worker_ready::direct_slots`); it grants them in the order asked, so the chunks it is sent
-/// land one after another rather than all at once.
+/// offloaded and waits for a slot. A worker's direct slots (from `worker_ready::direct_slot`) are
+/// few and shared by every trainer; it grants them round the trainers as they free up, so the
+/// chunks it is sent land one after another rather than all at once.
 struct slot_request {
   static constexpr msg_kind kind{39};
   std::uint64_t version = 0;

@@ -3,6 +3,7 @@
 /// worker ends with exactly its ranges, and nothing around them is touched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <memory>
@@ -96,6 +97,20 @@ TEST(chain, some_workers_of_an_instance_get_their_shared_bytes_relayed_and_only_
   loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
   ASSERT_TRUE(trainer.ready());
 
+  // Another member of the job, on the trainer's node, asks worker 2 for a direct slot for a chunk
+  // of "solo" and writes a chunk_sent into worker 2's first direct slot (2: after its `depth`
+  // broadcast slots): neither came from the chunk's trainer with a grant, so both are dropped.
+  const auto& plan = *coordinator.current_plan();
+  const auto solo = std::find_if(plan.chunks.begin(), plan.chunks.end(), [&](const chunk_info& c) {
+    return plan.tensors[c.pieces.front().tensor].name == "solo";
+  });
+  ASSERT_NE(solo, plan.chunks.end());
+  actor rogue(*nodes[1], 2);
+  rogue.set_epoch(plan.epoch);
+  rogue.start();
+  rogue.send({4, 1}, slot_request{.version = 1, .chunk = solo->id});
+  rogue.send({4, 1}, chunk_sent{.version = 1, .chunk = solo->id, .slot = 2, .checksum = 1, .chunk_checksum = 1});
+
   for (std::uint64_t v = 1; v <= 2; ++v) {
     for (std::size_t t = 0; t < weights.size(); ++t) {
       for (std::size_t i = 0; i < weights[t].size(); ++i) weights[t][i] = static_cast<std::byte>(i * 13 + t * 7 + v);
@@ -138,6 +153,8 @@ TEST(chain, some_workers_of_an_instance_get_their_shared_bytes_relayed_and_only_
   }
   EXPECT_EQ(broadcast[2] + broadcast[3] + broadcast[4], 2 * (relayed + 3 * all_bytes));
   EXPECT_EQ(broadcast[4], 2 * all_bytes) << "worker 2 is last in every chain: it relays nothing";
+  EXPECT_EQ(env.trace().instants().at("slot_request not for a chunk its trainer sends here"), 1u);
+  EXPECT_EQ(env.trace().instants().at("chunk_sent not from the chunk's trainer"), 1u);
   coordinator.stop_job();
 }
 
