@@ -42,6 +42,8 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     }
   });
   on<slot_grant>([this](const envelope_header& h, const slot_grant& m) {
+    // Grants of an earlier update of this epoch cannot come: an update completes only once every
+    // chunk it sent (so every slot asked for) has landed.
     if (h.epoch != epoch()) return;
     for (auto& r : routes_) {
       if (r->direct && r->leader == h.from && r->version == m.version) {
@@ -313,7 +315,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     // otherwise (audiences change with membership) than the one the copy was offloaded under.
     if (!wait_for([&] {
           const auto* c = copy_of(version);
-          return !current() || (c && id < c->offloaded.size() && c->offloaded[id]);
+          return !current() || (c && (c->layout != plan->job->layout || c->offloaded.at(id)));
         }) ||
         !current()) {
       break;
