@@ -386,7 +386,8 @@ std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance
              " offered no slots for the chunks sent to it directly");
     return std::nullopt;
   }
-  return leader_route{.instance = instance, .leader = worker, .slots = *w->slots, .first_slot = w->direct_slot, .direct = true};
+  return leader_route{
+      .instance = instance, .leader = worker, .slots = *w->slots, .first_slot = w->direct_slot, .direct = true};
 }
 
 void job_coordinator::send_plan(const plan_ready& message) {

@@ -27,11 +27,11 @@ std::string_view rollout_sharding_name(rollout_sharding s);
 /// - ep: a tensor of routed expert e ("...experts.<e>.") whole on rank e % size; a dense layer's
 ///   MLP projections ("model.layers.<l>.mlp.gate_proj." ...) count as expert l. The rest
 ///   (attention, norms, embeddings, routers, shared experts) is on every rank.
-/// - pp-tp: rank r is in pipeline stage r * 2 / size (one stage when size is 1). Layer l ("layers.<l>.") belongs to stage l * 2 / layers, the embeddings to the
-///   first, every other tensor (final norm, LM head) to the last. Within its stage a tensor's rows
-///   are split as under tp, except a 1-dimensional one (a norm, a bias), which is whole on each of
-///   the stage's ranks, as tensor-parallel engines keep it: those are heard by some, not all, of
-///   an instance's workers.
+/// - pp-tp: rank r is in pipeline stage r * 2 / size (one stage when size is 1). Layer l
+///   ("layers.<l>.") belongs to stage l * 2 / layers, the embeddings to the first, every other
+///   tensor (final norm, LM head) to the last. Within its stage a tensor's rows are split as under
+///   tp, except a 1-dimensional one (a norm, a bias), which is whole on each of the stage's ranks,
+///   as tensor-parallel engines keep it: those are heard by some, not all, of an instance's workers.
 std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding, std::uint32_t rank,
                                       std::uint32_t size);
 

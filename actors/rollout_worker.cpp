@@ -173,7 +173,8 @@ void rollout_worker::start_generation(const std::vector<address>& members, std::
   for (std::uint32_t i = 0; i < g->granted.size(); ++i) g->free_direct.push_back(i);
   std::uint64_t place = 0, workers = 0;  // this worker's among all instances' workers
   for (const auto& inst : plan_->job->instances) {
-    if (inst.id == instance_) place = workers + (std::find(inst.workers.begin(), inst.workers.end(), self()) - inst.workers.begin());
+    const auto at = std::find(inst.workers.begin(), inst.workers.end(), self());
+    if (inst.id == instance_) place = workers + (at - inst.workers.begin());
     workers += inst.workers.size();
   }
   g->next_shard = static_cast<std::uint32_t>(place * plan_->job->shards.size() / std::max<std::uint64_t>(workers, 1));
@@ -553,11 +554,14 @@ void rollout_worker::relay(const std::shared_ptr<generation>& g, const chunk_sen
   host().transport().async_write(
       bytes, next.slots, std::uint64_t{next.slot} * plan_->job->chunk_bytes,
       make_imm(leader_slot_tag, epoch_imm_value(epoch(), next.slot)),
-      [this, g, onward = std::move(onward), to = next.worker, began, done = std::move(done), n = bytes.size()](std::error_code ec) {
+      [this, g, onward = std::move(onward), to = next.worker, began, done = std::move(done),
+       n = bytes.size()](std::error_code ec) {
         broadcast_meter_.end(began, onward.version, onward.chunk, n);
         if (ec) {
           // A dead worker is the coordinator's to detect; the regroup resends what is missing.
-          if (current(g)) log::warn("worker {}.{}: relay of chunk {} to node {} failed: {}", instance_, rank_, onward.chunk, to.node, ec.message());
+          if (current(g))
+            log::warn("worker {}.{}: relay of chunk {} to node {} failed: {}", instance_, rank_, onward.chunk, to.node,
+                      ec.message());
         } else if (current(g)) {
           send(to, onward);
         }

@@ -212,7 +212,8 @@ void fill(const toml::table& root, sim_config& c) {
   c.trainers_on_host = place.flag("trainers_on_host", false);
   if (const auto sharding = place.text("shard_rollout")) {
     const auto parsed = parse_rollout_sharding(*sharding);
-    if (!parsed) throw failure{"placement.shard_rollout: \"none\", \"ep\", \"tp\" or \"pp-tp\", not \"" + *sharding + "\""};
+    if (!parsed)
+      throw failure{"placement.shard_rollout: \"none\", \"ep\", \"tp\" or \"pp-tp\", not \"" + *sharding + "\""};
     c.shard_rollout = *parsed;
   }
 

@@ -41,8 +41,9 @@ constexpr std::uint64_t row = 100;  // bytes: rows straddle the 1 KiB chunks
 // One instance of three workers. "all" is on every worker (its leader and collective carry it);
 // "rows" has rows [0, 40) on worker 0 and [24, 64) on worker 1, so rows [24, 40) go along a chain
 // 0 -> 1; "pair" is on workers 1 and 2 (a chain 1 -> 2); "solo" on worker 2 alone.
-const std::vector<tensor_spec> table{make_tensor_spec("all", dtype::u8, {3000}), make_tensor_spec("rows", dtype::u8, {64, row}),
-                                     make_tensor_spec("pair", dtype::u8, {5000}), make_tensor_spec("solo", dtype::u8, {2000})};
+const std::vector<tensor_spec> table{
+    make_tensor_spec("all", dtype::u8, {3000}), make_tensor_spec("rows", dtype::u8, {64, row}),
+    make_tensor_spec("pair", dtype::u8, {5000}), make_tensor_spec("solo", dtype::u8, {2000})};
 struct range {
   std::size_t tensor;
   std::uint64_t offset, bytes;
