@@ -64,8 +64,8 @@ std::string_view rollout_sharding_name(rollout_sharding s) {
 
 std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding, std::uint32_t rank,
                                       std::uint32_t size) {
-  std::uint64_t layers = 1;
-  for (const auto& t : table) {
+  std::uint64_t layers = 1;  // pp-tp only: a pass over the table's names (140k for Kimi-K2)
+  for (const auto& t : sharding == rollout_sharding::pp_tp ? table : std::span<const tensor_spec>{}) {
     if (const auto l = number_after(t.name, "layers.")) layers = std::max(layers, *l + 1);
   }
   const std::uint32_t stages = std::min(size, 2u);
