@@ -22,7 +22,7 @@ inline bool wire_seconds(double s) { return s >= 0 && s <= 1e9; }
 struct peer_entry {
   node_id node = 0;
   std::string address;
-  MSGPACK_DEFINE_MAP(node, address)
+  FERRY_DEFINE_MAP(node, address)
 };
 
 /// Seconds each stage kept an actor busy during one version.
@@ -32,7 +32,7 @@ struct stage_times {
     return wire_seconds(offload) && wire_seconds(send) && wire_seconds(upload) && wire_seconds(broadcast) &&
            wire_seconds(apply);
   }
-  MSGPACK_DEFINE_MAP(offload, send, upload, broadcast, apply)
+  FERRY_DEFINE_MAP(offload, send, upload, broadcast, apply)
 };
 
 /// A segment's content digest (xxh3-128), for end-to-end verification (a segment is a whole
@@ -41,7 +41,7 @@ struct tensor_digest {
   std::uint32_t segment = 0;  ///< index into plan::segments
   std::uint64_t low = 0, high = 0;
   friend bool operator==(const tensor_digest&, const tensor_digest&) = default;
-  MSGPACK_DEFINE_MAP(segment, low, high)
+  FERRY_DEFINE_MAP(segment, low, high)
 };
 
 // --- membership and plan -----------------------------------------------------------------
@@ -52,7 +52,7 @@ struct register_trainer {
   std::uint32_t shard = 0;
   std::string transport_address;
   std::vector<tensor_spec> tensors;
-  MSGPACK_DEFINE_MAP(shard, transport_address, tensors)
+  FERRY_DEFINE_MAP(shard, transport_address, tensors)
 };
 
 /// Rollout worker -> coordinator: where it sits and the tensors it expects.
@@ -66,7 +66,7 @@ struct register_worker {
   /// The bytes of each tensor it holds (parallel to `tensors`; empty: all of every one). A worker
   /// that registers part of the table receives only that part.
   std::vector<byte_range> parts;
-  MSGPACK_DEFINE_MAP(instance, rank, transport_address, tensors, on_device, parts)
+  FERRY_DEFINE_MAP(instance, rank, transport_address, tensors, on_device, parts)
 };
 
 /// Coordinator -> everyone: the plan of this epoch and how to reach every node.
@@ -74,7 +74,7 @@ struct plan_ready {
   static constexpr msg_kind kind{18};
   ferry::plan plan;
   std::vector<peer_entry> peers;
-  MSGPACK_DEFINE_MAP(plan, peers)
+  FERRY_DEFINE_MAP(plan, peers)
 };
 
 /// Worker -> coordinator: staging for the plan's epoch is allocated; leaders, and workers that
@@ -92,7 +92,7 @@ struct worker_ready {
   std::uint64_t complete_version = 0;  ///< the newest version fully applied here
   std::uint64_t partial_version = 0;   ///< a newer version partly applied here, or 0
   std::vector<std::uint32_t> partial_chunks;  ///< the chunks of partial_version applied here
-  MSGPACK_DEFINE_MAP(instance, rank, slots, direct_slot, complete_version, partial_version, partial_chunks)
+  FERRY_DEFINE_MAP(instance, rank, slots, direct_slot, complete_version, partial_version, partial_chunks)
 };
 
 /// Where a trainer shard writes the chunks for one instance leader: stripe `stripe` of `stripes`
@@ -107,7 +107,7 @@ struct leader_route {
   std::uint32_t stripes = 1;
   std::uint32_t first_slot = 0;  ///< shard s uses slots first_slot + s * depth ... + depth - 1
   bool direct = false;
-  MSGPACK_DEFINE_MAP(instance, leader, slots, stripe, stripes, first_slot, direct)
+  FERRY_DEFINE_MAP(instance, leader, slots, stripe, stripes, first_slot, direct)
 };
 
 /// Coordinator -> trainers: the plan of this epoch is in force; publishing may go on from
@@ -116,21 +116,21 @@ struct job_ready {
   static constexpr msg_kind kind{20};
   std::vector<leader_route> routes;
   std::uint64_t next_version = 1;
-  MSGPACK_DEFINE_MAP(routes, next_version)
+  FERRY_DEFINE_MAP(routes, next_version)
 };
 
 /// Coordinator -> everyone: the job cannot go on; `reason` says why.
 struct job_failed {
   static constexpr msg_kind kind{21};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason)
+  FERRY_DEFINE_MAP(reason)
 };
 
 /// Coordinator -> everyone: the job is over; actors stop.
 struct job_stop {
   static constexpr msg_kind kind{22};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason)
+  FERRY_DEFINE_MAP(reason)
 };
 
 // --- one update --------------------------------------------------------------------------
@@ -140,7 +140,7 @@ struct publish_started {
   static constexpr msg_kind kind{23};
   std::uint32_t shard = 0;
   std::uint64_t version = 0;
-  MSGPACK_DEFINE_MAP(shard, version)
+  FERRY_DEFINE_MAP(shard, version)
 };
 
 /// Trainer -> coordinator: every tensor of the shard is in its host copy (it may train on).
@@ -150,7 +150,7 @@ struct shard_offloaded {
   std::uint64_t version = 0;
   double seconds = 0;  ///< publish to offloaded: the trainer's stall
   bool valid() const { return wire_seconds(seconds); }
-  MSGPACK_DEFINE_MAP(shard, version, seconds)
+  FERRY_DEFINE_MAP(shard, version, seconds)
 };
 
 /// The next worker of a chain, and the slot its trainer reserved there (`chunk_sent::relay`).
@@ -158,7 +158,7 @@ struct relay_hop {
   address worker;
   region_desc slots;
   std::uint32_t slot = 0;
-  MSGPACK_DEFINE_MAP(worker, slots, slot)
+  FERRY_DEFINE_MAP(worker, slots, slot)
 };
 
 /// Trainer -> leader: chunk `chunk` of `version` (the leader's stripe of it) is in receive slot
@@ -181,14 +181,14 @@ struct chunk_sent {
   /// tells that worker, with the rest of the chain. A relayed chunk_sent comes from the previous
   /// worker of the chain.
   std::vector<relay_hop> relay;
-  MSGPACK_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset, relay)
+  FERRY_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset, relay)
 };
 
 /// Leader -> trainer: receive slot `slot` is free again (the send stage's credit).
 struct slot_free {
   static constexpr msg_kind kind{26};
   std::uint32_t slot = 0;
-  MSGPACK_DEFINE_MAP(slot)
+  FERRY_DEFINE_MAP(slot)
 };
 
 /// Trainer -> worker, for a chunk its instance does not hear whole: chunk `chunk` of `version` is
@@ -199,7 +199,7 @@ struct slot_request {
   static constexpr msg_kind kind{39};
   std::uint64_t version = 0;
   std::uint32_t chunk = 0;
-  MSGPACK_DEFINE_MAP(version, chunk)
+  FERRY_DEFINE_MAP(version, chunk)
 };
 
 /// Worker -> trainer: write chunk `chunk` of `version` into direct slot `slot`. The slot is the
@@ -209,7 +209,7 @@ struct slot_grant {
   std::uint64_t version = 0;
   std::uint32_t chunk = 0;
   std::uint32_t slot = 0;
-  MSGPACK_DEFINE_MAP(version, chunk, slot)
+  FERRY_DEFINE_MAP(version, chunk, slot)
 };
 
 /// First leader -> the other members: the instance's next broadcast or all-gather carries this
@@ -219,7 +219,7 @@ struct chunk_announce {
   std::uint64_t version = 0;
   std::uint32_t chunk = 0;
   std::uint64_t checksum = 0;
-  MSGPACK_DEFINE_MAP(version, chunk, checksum)
+  FERRY_DEFINE_MAP(version, chunk, checksum)
 };
 
 /// Worker -> coordinator: every chunk of `version` is applied here.
@@ -231,7 +231,7 @@ struct version_complete {
   stage_times busy;
   std::vector<tensor_digest> digests;
   bool valid() const { return busy.valid(); }
-  MSGPACK_DEFINE_MAP(instance, rank, version, busy, digests)
+  FERRY_DEFINE_MAP(instance, rank, version, busy, digests)
 };
 
 /// Coordinator -> trainers: every live worker holds `version`.
@@ -239,21 +239,21 @@ struct version_delivered {
   static constexpr msg_kind kind{29};
   std::uint64_t version = 0;
   bool verified = false;  ///< every digest matched (false when verification is off)
-  MSGPACK_DEFINE_MAP(version, verified)
+  FERRY_DEFINE_MAP(version, verified)
 };
 
 /// Any participant -> coordinator: something failed here (a checksum, a write); fails the job.
 struct participant_error {
   static constexpr msg_kind kind{30};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason)
+  FERRY_DEFINE_MAP(reason)
 };
 
 /// Which chunks one leader still needs in an update.
 struct route_chunks {
   leader_route route;
   std::vector<std::uint32_t> chunks;  ///< plan chunk ids, every shard's; each shard sends its own
-  MSGPACK_DEFINE_MAP(route, chunks)
+  FERRY_DEFINE_MAP(route, chunks)
 };
 
 /// Coordinator -> trainers: send these chunks of `version` (all of them for a new version; the
@@ -262,7 +262,7 @@ struct update_go {
   static constexpr msg_kind kind{32};
   std::uint64_t version = 0;
   std::vector<route_chunks> routes;
-  MSGPACK_DEFINE_MAP(version, routes)
+  FERRY_DEFINE_MAP(version, routes)
 };
 
 /// Coordinator -> everyone: `version` cannot complete (a trainer shard died, the chunk layout
@@ -275,21 +275,21 @@ struct update_failed {
   /// The chunk layout changed: a plan of the new layout follows, and a trainer publishes nothing
   /// before it (a version offloaded in the old layout could never be sent).
   bool relaid = false;
-  MSGPACK_DEFINE_MAP(version, reason, relaid)
+  FERRY_DEFINE_MAP(version, reason, relaid)
 };
 
 /// Trainer or worker -> coordinator: still alive (any message counts; this one is sent when idle).
 struct heartbeat {
   static constexpr msg_kind kind{34};
   std::uint64_t sent_ns = 0;
-  MSGPACK_DEFINE_MAP(sent_ns)
+  FERRY_DEFINE_MAP(sent_ns)
 };
 
 /// Trainer or worker -> coordinator: leaving the job on purpose.
 struct leave_job {
   static constexpr msg_kind kind{35};
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason)
+  FERRY_DEFINE_MAP(reason)
 };
 
 /// Trainer or worker -> coordinator: its link to `node` broke. The coordinator's own link may
@@ -299,7 +299,7 @@ struct peer_unreachable {
   static constexpr msg_kind kind{37};
   std::uint32_t node = 0;
   std::string why;
-  MSGPACK_DEFINE_MAP(node, why)
+  FERRY_DEFINE_MAP(node, why)
 };
 
 /// Coordinator -> a member it declared lost that still heartbeats (its link was cut and came
@@ -307,7 +307,7 @@ struct peer_unreachable {
 struct register_again {
   static constexpr msg_kind kind{38};
   bool replaced = false;
-  MSGPACK_DEFINE_MAP(replaced)
+  FERRY_DEFINE_MAP(replaced)
 };
 
 /// Trainer -> coordinator: every chunk of `version` the shard had to send was written.
@@ -317,7 +317,7 @@ struct shard_sent {
   std::uint64_t version = 0;
   double send_seconds = 0;  ///< busy time of the send stage
   bool valid() const { return wire_seconds(send_seconds); }
-  MSGPACK_DEFINE_MAP(shard, version, send_seconds)
+  FERRY_DEFINE_MAP(shard, version, send_seconds)
 };
 
 /// Trainer -> coordinator: the shard's offload and digests for `version` are done.
@@ -328,7 +328,7 @@ struct shard_done {
   stage_times busy;
   std::vector<tensor_digest> digests;  ///< empty unless verification is on
   bool valid() const { return busy.valid(); }
-  MSGPACK_DEFINE_MAP(shard, version, busy, digests)
+  FERRY_DEFINE_MAP(shard, version, busy, digests)
 };
 
 /// Adds every message above to `registry`.

@@ -58,7 +58,7 @@ struct chunk_info {
   std::uint64_t bytes = 0;
   std::vector<tensor_piece> pieces;
   std::uint32_t audience = 0;  ///< index into plan::audiences
-  MSGPACK_DEFINE_MAP(id, shard, shard_offset, bytes, pieces, audience)
+  FERRY_DEFINE_MAP(id, shard, shard_offset, bytes, pieces, audience)
 };
 
 /// What one worker registered of a published tensor.
@@ -77,7 +77,7 @@ struct instance_plan {
   std::uint32_t id = 0;
   std::vector<address> workers;
   std::vector<std::uint32_t> leaders;  ///< ranks into `workers`, stripe order; k = leaders.size()
-  MSGPACK_DEFINE_MAP(id, workers, leaders)
+  FERRY_DEFINE_MAP(id, workers, leaders)
 };
 
 struct plan {
@@ -97,7 +97,7 @@ struct plan {
   std::vector<instance_plan> instances;
   /// Trainers keep their host copies in shared memory and leaders read chunks there in place.
   bool shared_host_copies = false;
-  MSGPACK_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
+  FERRY_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
                      instances, shared_host_copies)
 
   /// Bytes the trainers send once: every chunk's.

@@ -6,10 +6,10 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
-#include <msgpack.hpp>
 #include <span>
 #include <string>
 
+#include "runtime/define_map.hpp"
 #include "runtime/errc.hpp"
 
 namespace ferry {
@@ -24,7 +24,7 @@ struct shared_memory_ref {
   std::uint64_t host = 0;
   std::uint64_t bytes = 0;
   friend auto operator<=>(const shared_memory_ref&, const shared_memory_ref&) = default;
-  MSGPACK_DEFINE_MAP(pid, fd, inode, host, bytes)
+  FERRY_DEFINE_MAP(pid, fd, inode, host, bytes)
 };
 
 /// Move-only owner of one mapping.

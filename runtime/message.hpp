@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <msgpack.hpp>
 
+#include "runtime/define_map.hpp"
+
 namespace ferry {
 
 using node_id = std::uint32_t;
@@ -31,7 +33,7 @@ struct envelope_header {
   std::uint32_t epoch = 0;
 };
 
-/// A message requires `static constexpr msg_kind kind` and MSGPACK_DEFINE_MAP of its fields.
+/// A message requires `static constexpr msg_kind kind` and FERRY_DEFINE_MAP of its fields.
 template <class M>
 concept message = requires {
   { M::kind } -> std::convertible_to<msg_kind>;

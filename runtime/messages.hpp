@@ -12,14 +12,14 @@ struct ping {
   static constexpr msg_kind kind{1};
   std::uint64_t nonce = 0;
   std::string payload;
-  MSGPACK_DEFINE_MAP(nonce, payload)
+  FERRY_DEFINE_MAP(nonce, payload)
 };
 
 struct pong {
   static constexpr msg_kind kind{2};
   std::uint64_t nonce = 0;
   std::string payload;
-  MSGPACK_DEFINE_MAP(nonce, payload)
+  FERRY_DEFINE_MAP(nonce, payload)
 };
 
 }  // namespace ferry

@@ -27,7 +27,7 @@ struct region_desc {
   std::uint64_t key = 0;
   std::uint64_t length = 0;
   friend bool operator==(const region_desc&, const region_desc&) = default;
-  MSGPACK_DEFINE_MAP(owner, id, addr, key, length)
+  FERRY_DEFINE_MAP(owner, id, addr, key, length)
 };
 
 /// Immediate data of a bulk write: 32 bits, the least RDMA NICs carry (verbs, EFA). The top

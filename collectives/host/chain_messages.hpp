@@ -15,7 +15,7 @@ struct chain_ready {
   std::uint64_t seq = 0;
   region_desc region;
   std::uint64_t offset = 0;
-  MSGPACK_DEFINE_MAP(epoch, seq, region, offset)
+  FERRY_DEFINE_MAP(epoch, seq, region, offset)
 };
 
 void register_collective_messages(message_registry& registry);

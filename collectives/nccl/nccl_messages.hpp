@@ -15,7 +15,7 @@ struct nccl_group_id {
   std::uint32_t epoch = 0;
   std::uint32_t size = 0;  ///< ranks in the group
   std::vector<std::uint8_t> id;
-  MSGPACK_DEFINE_MAP(epoch, size, id)
+  FERRY_DEFINE_MAP(epoch, size, id)
 };
 
 /// Member -> rank 0: this member built its group of `epoch` and waits for the id. Rank 0 answers
@@ -24,7 +24,7 @@ struct nccl_group_join {
   static constexpr msg_kind kind{130};
   std::uint32_t epoch = 0;
   std::uint32_t rank = 0;
-  MSGPACK_DEFINE_MAP(epoch, rank)
+  FERRY_DEFINE_MAP(epoch, rank)
 };
 
 /// Adds the messages above to `registry`.

@@ -27,7 +27,7 @@ struct peer_hello {
   static constexpr msg_kind kind{240};
   std::string address;
   region_desc region;
-  MSGPACK_DEFINE_MAP(address, region)
+  FERRY_DEFINE_MAP(address, region)
 };
 
 /// The parent's bulk write completed; `hash` is the XXH3-64 of what it sent.
@@ -35,7 +35,7 @@ struct write_done {
   static constexpr msg_kind kind{241};
   std::uint64_t length = 0;
   std::uint64_t hash = 0;
-  MSGPACK_DEFINE_MAP(length, hash)
+  FERRY_DEFINE_MAP(length, hash)
 };
 
 /// What the child found in its region.
@@ -45,14 +45,14 @@ struct verdict {
   std::uint64_t length = 0;
   std::uint64_t hash = 0;
   std::uint64_t mismatched_words = 0;
-  MSGPACK_DEFINE_MAP(ok, length, hash, mismatched_words)
+  FERRY_DEFINE_MAP(ok, length, hash, mismatched_words)
 };
 
 /// The parent has what it needs; the child may exit.
 struct bye {
   static constexpr msg_kind kind{243};
   std::uint32_t code = 0;
-  MSGPACK_DEFINE_MAP(code)
+  FERRY_DEFINE_MAP(code)
 };
 
 /// A write landed in the child's region (cma tests); `mismatched_words` against the pattern.
@@ -62,7 +62,7 @@ struct landed {
   std::uint64_t length = 0;
   std::uint32_t imm = 0;
   std::uint64_t mismatched_words = 0;
-  MSGPACK_DEFINE_MAP(offset, length, imm, mismatched_words)
+  FERRY_DEFINE_MAP(offset, length, imm, mismatched_words)
 };
 
 /// Asks the child about a range of its region.
@@ -70,7 +70,7 @@ struct inspect {
   static constexpr msg_kind kind{245};
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
-  MSGPACK_DEFINE_MAP(offset, length)
+  FERRY_DEFINE_MAP(offset, length)
 };
 
 /// The answer to `inspect`: how many bytes of the range are not zero.
@@ -79,7 +79,7 @@ struct region_report {
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
   std::uint64_t nonzero_bytes = 0;
-  MSGPACK_DEFINE_MAP(offset, length, nonzero_bytes)
+  FERRY_DEFINE_MAP(offset, length, nonzero_bytes)
 };
 
 inline message_registry test_registry() {
