@@ -137,7 +137,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     std::erase_if(progress_, [this](const auto& p) { return p.first > complete_version_; });
   }
   auto next = std::make_shared<worker_plan>(worker_plan{.job = share_plan(m.plan)});
-  if (auto why = next->derive(*tensors_, self(), *it); !why.empty()) {
+  if (auto why = next->derive(tensors_, self(), *it); !why.empty()) {
     return fail("the plan of epoch " + std::to_string(m.plan.epoch) + " " + why);
   }
   plan_ = std::move(next);
@@ -255,18 +255,17 @@ std::string rollout_worker::prepare_staging() {
   return {};
 }
 
-std::string rollout_worker::worker_plan::derive(const std::vector<tensor_ref>& local, const address& self,
-                                               const instance_plan& inst) {
-  local_of = job->indices_in(names_of(local));
+std::string rollout_worker::worker_plan::derive(const std::shared_ptr<const std::vector<tensor_ref>>& local,
+                                               const address& self, const instance_plan& inst) {
+  placement = tensor_placement::shared(job, local);
   // What this worker hears must lie in what it holds (a worker that took the trainers' table sees
   // it change when a trainer comes back with another).
   for (std::uint32_t i = 0; i < job->segments.size(); ++i) {
     const auto& s = job->segments[i];
     if (!job->hears(s.audience, self)) continue;
-    if (local_of[s.tensor] < 0) {
-      return "publishes tensor '" + job->tensors[s.tensor].name + "', which this worker does not hold";
-    }
-    const auto held = local[local_of[s.tensor]].held();
+    const auto index = placement->local_index(s.tensor);
+    if (index < 0) return "publishes tensor '" + job->tensors[s.tensor].name + "', which this worker does not hold";
+    const auto held = (*local)[index].held();
     if (s.offset < held.offset || s.offset + s.bytes > held.end()) {
       return "sends bytes of tensor '" + job->tensors[s.tensor].name + "' this worker does not hold";
     }
@@ -663,7 +662,7 @@ buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t byte
 
 void rollout_worker::apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk,
                            std::span<const std::byte> bytes, std::function<void()> done) {
-  apply_.run(plan.job->chunks[chunk], {*tensors_, plan.local_of}, bytes, version,
+  apply_.run(plan.job->chunks[chunk], *plan.placement, bytes, version,
              [this, chunk, done = std::move(done)](std::error_code ec) {
                if (ec) fail("apply of chunk " + std::to_string(chunk) + " failed: " + ec.message());
                done();
@@ -676,14 +675,15 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
   auto& p = progress_[version];
   if (p.applied.empty()) {
     p.applied.assign(plan_->job->chunks.size(), false);
-    p.tensor_bytes.assign(plan_->job->tensors.size(), 0);
+    // Counted only for `on_tensor`: a simulation's workers apply hundreds of thousands of pieces.
+    if (on_tensor) p.tensor_bytes.assign(plan_->job->tensors.size(), 0);
   }
   if (p.applied[chunk]) return;  // sent again after a regroup: same bytes, counted once
   p.applied[chunk] = true;
-  for (const auto& piece : plan_->job->chunks[chunk].pieces) {
-    const auto& t = (*tensors_)[plan_->local_of[piece.tensor]];
+  for (const auto& piece : p.tensor_bytes.empty() ? std::span<const tensor_piece>{} : plan_->job->chunks[chunk].pieces) {
+    const auto& t = (*tensors_)[plan_->placement->local_index(piece.tensor)];
     auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
-    if (got == t.held().bytes && on_tensor) on_tensor(version, t.spec, std::span<const std::byte>(t.data, got));
+    if (got == t.held().bytes) on_tensor(version, t.spec, std::span<const std::byte>(t.data, got));
   }
   if (++p.chunks < plan_->mine_count) return;
 
@@ -725,7 +725,7 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
       [this, report, plan = plan_] {
         for (const auto i : plan->heard_segments) {
           const auto& s = plan->job->segments[i];
-          const auto& t = (*tensors_)[plan->local_of[s.tensor]];
+          const auto& t = (*tensors_)[plan->placement->local_index(s.tensor)];
           const auto h = XXH3_128bits(t.data + (s.offset - t.held().offset), s.bytes);
           report->digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
         }
@@ -745,7 +745,7 @@ void rollout_worker::digest_through_host(version_complete& report) {
   }
   for (const auto i : plan->heard_segments) {
     const auto& s = plan->job->segments[i];
-    const auto& t = (*tensors_)[plan->local_of[s.tensor]];
+    const auto& t = (*tensors_)[plan->placement->local_index(s.tensor)];
     std::byte* at = t.data + (s.offset - t.held().offset);
     const std::byte* bytes = at;
     if (t.device >= 0) {

@@ -55,7 +55,7 @@ class rollout_worker final : public job_member {
   std::uint64_t version() const { return complete_version_; }
   const std::vector<tensor_ref>& tensors() const { return *tensors_; }
 
-  /// A tensor of `version` is complete here: its spec and bytes.
+  /// A tensor of `version` is complete here: its spec and bytes. Set before the worker starts.
   std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)> on_tensor;
   /// Every tensor of `version` is applied here; called before the coordinator hears so, hence no
   /// later version lands while it runs.
@@ -80,7 +80,7 @@ class rollout_worker final : public job_member {
   /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
   struct worker_plan {
     std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
-    std::vector<int> local_of;                  ///< plan tensor index -> tensors_ index, or -1
+    std::shared_ptr<const tensor_placement> placement;  ///< of the plan's tensors in tensors_
     std::vector<std::uint32_t> heard_segments;  ///< the segments this worker holds
     std::uint32_t mine_count = 0;               ///< chunks this worker hears
     std::vector<bool> mine;                     ///< per chunk: this worker hears it
@@ -88,7 +88,8 @@ class rollout_worker final : public job_member {
     bool direct = false;  ///< some chunks come to it directly (its instance does not hear them whole)
     /// Fills the above for worker `self` of `inst`; says what is wrong if the plan sends it
     /// bytes it does not hold.
-    std::string derive(const std::vector<tensor_ref>& local, const address& self, const instance_plan& inst);
+    std::string derive(const std::shared_ptr<const std::vector<tensor_ref>>& local, const address& self,
+                       const instance_plan& inst);
   };
   /// The next chunk this member takes part in.
   struct work {
@@ -102,7 +103,7 @@ class rollout_worker final : public job_member {
   struct version_progress {
     std::vector<bool> applied;                ///< per plan chunk
     std::uint32_t chunks = 0;                 ///< how many are applied
-    std::vector<std::uint64_t> tensor_bytes;  ///< bytes applied per plan tensor
+    std::vector<std::uint64_t> tensor_bytes;  ///< bytes applied per plan tensor (for on_tensor)
   };
   /// The state of one epoch's staging; a new plan starts a new generation and abandons the old
   /// one's pending work (its completions still run, but touch nothing of the new generation).

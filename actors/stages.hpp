@@ -4,8 +4,10 @@
 /// own object). The actors compose them; bench/stage_alone runs each alone on the same code, for
 /// the bound a whole update is judged against.
 #include <functional>
+#include <memory>
 #include <span>
 #include <system_error>
+#include <vector>
 
 #include "actors/plan.hpp"
 #include "actors/stage_meter.hpp"
@@ -14,17 +16,34 @@
 
 namespace ferry {
 
-/// Where one member holds the tensors of a plan: a view of its table and, per plan tensor, the
-/// index in it (`plan::indices_in`; -1: not held). A view: a simulation's hundreds of members
-/// keep no copy.
-struct tensor_placement {
-  std::span<const tensor_ref> local;
-  std::span<const int> local_of;
+/// Where one member holds the tensors of a plan: per plan tensor, its index in the member's table
+/// (-1: not held) and where its held bytes start. Made once per plan; members of a process that
+/// hold one table share it (`shared`), so a simulation's hundreds of workers keep one.
+class tensor_placement {
+ public:
+  tensor_placement(const plan& job, std::span<const tensor_ref> local);
+  /// The placement of `job` in `local`, one for every caller that passes the same two while any
+  /// of them keeps it. Thread-safe.
+  static std::shared_ptr<const tensor_placement> shared(const std::shared_ptr<const plan>& job,
+                                                        const std::shared_ptr<const std::vector<tensor_ref>>& local);
+
+  /// The index of plan tensor `tensor` in the member's table, or -1.
+  int local_index(std::uint32_t tensor) const { return local_of_[tensor]; }
   /// Byte `offset` of plan tensor `tensor`, which the member holds (its part, when it holds rows).
   std::byte* at(std::uint32_t tensor, std::uint64_t offset) const {
-    const auto& t = local[local_of[tensor]];
-    return t.data + (offset - t.held().offset);
+    const auto& p = places_[tensor];
+    return p.data + (offset - p.first);
   }
+
+ private:
+  /// Apart from the table, whose entries (names, shapes) span cache lines: applying a chunk reads
+  /// one of these per piece.
+  struct place {
+    std::byte* data = nullptr;
+    std::uint64_t first = 0;  ///< the tensor's byte that `data` holds
+  };
+  std::vector<int> local_of_;
+  std::vector<place> places_;
 };
 
 /// The xxh3-64 of `bytes`, hashed on the environment's executor. Fiber only.

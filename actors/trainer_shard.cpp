@@ -122,7 +122,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   routes_.clear();
   auto next = std::make_shared<shard_plan>(shard_plan{.job = share_plan(m.plan)});
   set_epoch(next->job->epoch);
-  next->local_of = next->job->indices_in(names_of(tensors_));
+  next->placement = std::make_shared<const tensor_placement>(*next->job, tensors_);
   next->my_chunks = next->job->chunks_of(shard_);
   next->send_position.assign(next->job->chunks.size(), 0);
   for (std::uint32_t i = 0; i < next->my_chunks.size(); ++i) next->send_position[next->my_chunks[i]] = i;
@@ -195,7 +195,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
   // OFFLOAD: tensors into the host copy, chunk by chunk in send order; senders follow behind.
-  const tensor_placement from{tensors_, plan->local_of};
+  const auto& from = *plan->placement;
   for (auto id : plan->my_chunks) {
     // A plan of another layout may come meanwhile: this copy is then void, and so is its version.
     const auto done = offload_.run(plan->job->chunks[id], from, copy.bytes, version,
@@ -216,7 +216,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
     host().env().cpu().run(plan->job->shard_bytes[shard_], [&] {
       for (std::uint32_t i = 0; i < plan->job->segments.size(); ++i) {
         const auto& s = plan->job->segments[i];
-        if (plan->local_of[s.tensor] < 0 || plan->job->owner[s.tensor] != shard_) continue;
+        if (plan->placement->local_index(s.tensor) < 0 || plan->job->owner[s.tensor] != shard_) continue;
         const auto h = XXH3_128bits(copy.bytes.data() + s.shard_offset, s.bytes);
         done.digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
       }

@@ -129,7 +129,7 @@ class session {
 
   std::vector<host_buffer> trainer_tensors_;  ///< per shard, tensors laid out back to back
   std::vector<std::vector<tensor_ref>> trainer_refs_;
-  std::vector<std::vector<int>> trainer_local_of_;  ///< per shard: plan tensor -> its tensor_ref
+  std::vector<tensor_placement> trainer_placements_;  ///< per shard
   std::vector<host_buffer> host_copies_;  ///< per shard, its packed stream
   std::vector<region_desc> host_regions_;
   std::vector<host_buffer> leader_slots_;  ///< per instance: `trainers * depth` receive slots
@@ -138,7 +138,7 @@ class session {
   std::vector<region_desc> worker_regions_;
   std::vector<host_buffer> worker_tensors_;  ///< per worker, every tensor back to back
   std::vector<std::vector<tensor_ref>> worker_refs_;
-  std::vector<int> worker_local_of_;  ///< plan tensor -> its tensor_ref, every worker alike
+  std::vector<tensor_placement> worker_placements_;  ///< per worker
   std::vector<host_buffer> warmup_;
   std::vector<region_desc> warmup_regions_;
 
@@ -202,7 +202,7 @@ bool session::prepare(std::string& why) {
   const auto slot_bytes = std::size_t{shape_.depth} * shape_.chunk_bytes;
   for (std::uint32_t s = 0; s < shape_.trainers; ++s) {
     trainer_refs_.push_back(place(shards[s], trainer_tensors_.emplace_back()));
-    trainer_local_of_.push_back(plan_->indices_in(names_of(trainer_refs_.back())));
+    trainer_placements_.emplace_back(*plan_, trainer_refs_.back());
     host_copies_.emplace_back(plan_->shard_bytes[s]);
     if (!registered(trainer_node(s), host_copies_.back(), host_regions_)) return false;
     offload_stages_.push_back(std::make_unique<offload_stage>(env_, trainer_node(s).id(), shape_.checksums));
@@ -217,9 +217,9 @@ bool session::prepare(std::string& why) {
     worker_slots_.emplace_back(slot_bytes);
     if (!registered(n, worker_slots_.back(), worker_regions_)) return false;
     worker_refs_.push_back(place(model, worker_tensors_.emplace_back()));
+    worker_placements_.emplace_back(*plan_, worker_refs_.back());
     apply_stages_.push_back(std::make_unique<apply_stage>(env_, n.id()));
   }
-  worker_local_of_ = plan_->indices_in(names_of(worker_refs_.front()));
   for (auto& n : nodes_) {
     warmup_.emplace_back(tensor_alignment * node_count);
     if (!registered(*n, warmup_.back(), warmup_regions_)) return false;
@@ -277,7 +277,7 @@ double session::offload() {
   const auto start = clock_type::now();
   for (std::uint32_t s = 0; s < shape_.trainers; ++s) {
     loop_.spawn([this, s, &pending] {
-      const tensor_placement from{trainer_refs_[s], trainer_local_of_[s]};
+      const auto& from = trainer_placements_[s];
       for (auto id : plan_->chunks_of(s)) {
         if (stopping_) break;
         const auto done = offload_stages_[s]->run(plan_->chunks[id], from, host_copies_[s].span(), 0, [] { return true; });
@@ -395,7 +395,7 @@ double session::apply() {
         const auto slot = slots.front();
         slots.pop_front();
         const std::span<const std::byte> source(worker_slots_[w].data() + std::size_t{slot} * shape_.chunk_bytes, c.bytes);
-        apply_stages_[w]->run(c, {worker_refs_[w], worker_local_of_}, source, 0,
+        apply_stages_[w]->run(c, worker_placements_[w], source, 0,
                               [this, slot, credit, &slots, &pending](std::error_code ec) {
                                 if (ec) error_ = "apply copy failed: " + ec.message();
                                 slots.push_back(slot);
