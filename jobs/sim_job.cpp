@@ -192,7 +192,7 @@ class member_environment final : public environment {
 /// What an instance's members share in one epoch: each collective call and who has joined it.
 struct sim_group {
   sim::flow_network* net = nullptr;
-  std::vector<std::vector<sim::hop>> chain, ring;  ///< rank i -> i+1; the ring closes back to 0
+  std::vector<sim::path> chain, ring;  ///< rank i -> i+1; the ring closes back to 0
   sim::pipeline_model pipeline;
   struct call {
     std::uint32_t joined = 0;

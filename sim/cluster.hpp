@@ -32,7 +32,7 @@ struct hardware {
 
 /// A way through the cluster: the resources crossed, a cap of the transfer's own, its latency.
 struct route {
-  std::vector<hop> path;
+  sim::path path;
   double max_rate = std::numeric_limits<double>::infinity();
   clock::duration latency{};
 

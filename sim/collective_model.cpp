@@ -8,7 +8,7 @@ namespace ferry::sim {
 namespace {
 
 /// Starts one transfer per link; when all arrived, waits out the pipeline's fill, then `done`.
-void run_links(flow_network& net, const std::vector<std::vector<hop>>& links, std::uint64_t bytes,
+void run_links(flow_network& net, const std::vector<path>& links, std::uint64_t bytes,
                const pipeline_model& model, std::size_t fill_steps, clock& clock,
                std::function<void()> done) {
   if (links.empty() || bytes == 0) {
@@ -36,20 +36,20 @@ void run_links(flow_network& net, const std::vector<std::vector<hop>>& links, st
 
 }  // namespace
 
-double link_rate(const flow_network& net, const std::vector<hop>& link) {
+double link_rate(const flow_network& net, const path& link) {
   double rate = std::numeric_limits<double>::infinity();
   for (const auto& h : link) rate = std::min(rate, net.at(h.id).bytes_per_second / h.weight);
   return rate;
 }
 
-void async_chain_broadcast(flow_network& net, const std::vector<std::vector<hop>>& links,
+void async_chain_broadcast(flow_network& net, const std::vector<path>& links,
                            std::uint64_t bytes, const pipeline_model& model,
                            std::function<void()> done) {
   run_links(net, links, bytes, model, links.empty() ? 0 : links.size() - 1, net.clock(),
             std::move(done));
 }
 
-void async_ring_all_gather(flow_network& net, const std::vector<std::vector<hop>>& links,
+void async_ring_all_gather(flow_network& net, const std::vector<path>& links,
                            std::uint64_t total_bytes, const pipeline_model& model,
                            std::function<void()> done) {
   const auto n = links.size();

@@ -32,15 +32,15 @@ resource_id flow_network::add_resource(std::string name, double bytes_per_second
   if (!(bytes_per_second > 0) || !std::isfinite(bytes_per_second))
     throw std::invalid_argument("resource " + name + ": its rate must be positive and finite");
   resources_.push_back({.name = std::move(name), .bytes_per_second = bytes_per_second});
-  for (auto* v : {&capacity_left_, &unfixed_weight_, &load_}) v->push_back(0);
-  for (auto* v : {&first_, &count_}) v->push_back(0);
+  for (auto* v : {&capacity_left_, &unfixed_weight_, &load_, &weight_on_}) v->push_back(0);
+  on_.emplace_back();
+  busy_place_.push_back(0);
   return static_cast<resource_id>(resources_.size() - 1);
 }
 
 std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done) {
   const auto id = next_id_++;
   ++started_;
-  if (spec.path.size() > max_hops) throw std::invalid_argument("transfer: more hops than max_hops");
   for (const auto& h : spec.path)
     if (h.id >= resources_.size() || !(h.weight > 0))
       throw std::invalid_argument("transfer: a hop names no resource or has no weight");
@@ -64,13 +64,53 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   f.remaining = static_cast<double>(spec.bytes);
   f.rate = 0;
   f.max_rate = spec.max_rate;
-  f.hops = static_cast<std::uint32_t>(spec.path.size());
-  std::copy(spec.path.begin(), spec.path.end(), f.path.begin());
+  f.path = spec.path;
   f.latency = spec.latency;
   f.done = std::move(done);
-  for (const auto& h : f.route()) ++resources_[h.id].active;
+  attach(slot);
   schedule_recompute();
   return id;
+}
+
+void flow_network::attach(std::uint32_t slot) {
+  auto& f = flows_[slot];
+  for (std::size_t k = 0; k < f.path.size(); ++k) {
+    const auto r = f.path[k].id;
+    f.place[k] = static_cast<std::uint32_t>(on_[r].size());
+    on_[r].push_back(slot);
+    weight_on_[r] += f.path[k].weight;
+    if (resources_[r].active++ == 0) {
+      busy_place_[r] = static_cast<std::uint32_t>(busy_.size());
+      busy_.push_back(r);
+    }
+  }
+}
+
+void flow_network::detach(std::uint32_t slot) {
+  const auto& f = flows_[slot];
+  for (std::size_t k = 0; k < f.path.size(); ++k) {
+    const auto r = f.path[k].id;
+    auto& flows = on_[r];
+    const auto moved = flows.back();
+    const auto last = static_cast<std::uint32_t>(flows.size() - 1);
+    flows[f.place[k]] = moved;
+    flows.pop_back();
+    // The flow that took this place: find its hop of r that sat last.
+    auto& m = flows_[moved];
+    for (std::size_t j = 0; j < m.path.size(); ++j)
+      if (m.path[j].id == r && m.place[j] == last) {
+        m.place[j] = f.place[k];
+        break;
+      }
+    weight_on_[r] -= f.path[k].weight;
+    if (--resources_[r].active == 0) {
+      weight_on_[r] = 0;  // no rounding left behind
+      load_[r] = 0;
+      busy_place_[busy_.back()] = busy_place_[r];
+      busy_[busy_place_[r]] = busy_.back();
+      busy_.pop_back();
+    }
+  }
 }
 
 double flow_network::rate_of(std::uint64_t transfer) {
@@ -89,9 +129,9 @@ void flow_network::advance() {
   const double dt = seconds(now - last_);
   if (dt <= 0) return;
   for (const auto i : live_) flows_[i].remaining -= flows_[i].rate * dt;
-  for (const auto r : touched_) {
+  for (const auto r : busy_) {
     resources_[r].carried_bytes += load_[r] * dt;
-    if (resources_[r].active > 0) resources_[r].busy += now - last_;
+    resources_[r].busy += now - last_;
   }
   last_ = now;
 }
@@ -107,82 +147,78 @@ void flow_network::schedule_recompute() {
 
 /// Max-min fair shares by progressive filling: raise every unfixed transfer's rate together until
 /// a resource (or a transfer's own cap) saturates, fix the transfers it limits, repeat. A round
-/// scans the resources and touches only the transfers it fixes, so a recomputation costs
-/// rounds x resources + transfers x hops, for the tens of thousands of transfers a cluster runs.
+/// scans the busy resources and touches only the transfers it fixes, and each resource's flows
+/// are kept as they start and end, so a recomputation costs rounds x resources + transfers x
+/// hops, for the tens of thousands of transfers a cluster runs. Shares are compared by
+/// cross-multiplying: a division each would cost more than all the rest of a round.
 void flow_network::recompute() {
   recompute_pending_ = false;
   ++recomputations_;
   advance();
-  for (const auto r : touched_) load_[r] = 0, count_[r] = 0;
-  touched_.clear();
-  std::vector<std::uint32_t> capped;  // transfers with a cap of their own
-  std::uint32_t unfixed = 0;
-  for (const auto i : live_) {
-    auto& f = flows_[i];
-    f.rate = 0;
-    fixed_[i] = 0;
-    ++unfixed;
-    if (std::isfinite(f.max_rate)) capped.push_back(i);
-    for (const auto& h : f.route()) {
-      if (count_[h.id]++ == 0) touched_.push_back(h.id);
-      unfixed_weight_[h.id] += h.weight;
-    }
-  }
-  // Each resource's transfers, grouped.
-  std::uint32_t next = 0;
-  for (const auto r : touched_) {
-    first_[r] = next;
-    next += count_[r];
-    count_[r] = 0;
+  for (const auto r : busy_) {
+    load_[r] = 0;
     capacity_left_[r] = resources_[r].bytes_per_second;
+    unfixed_weight_[r] = weight_on_[r];
   }
-  members_.resize(next);
-  for (const auto i : live_)
-    for (const auto& h : flows_[i].route()) members_[first_[h.id] + count_[h.id]++] = i;
-  std::sort(capped.begin(), capped.end(), [&](auto a, auto b) {
+  capped_.clear();
+  for (const auto i : live_) {
+    flows_[i].rate = 0;
+    fixed_[i] = 0;
+    if (std::isfinite(flows_[i].max_rate)) capped_.push_back(i);
+  }
+  std::sort(capped_.begin(), capped_.end(), [&](auto a, auto b) {
     return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate : a < b;
   });
 
-  auto next_capped = capped.begin();
-  std::vector<std::uint32_t> fixing;
+  auto next_capped = capped_.begin();
+  auto unfixed = live_.size();
   while (unfixed > 0) {
-    double level = std::numeric_limits<double>::infinity();
-    for (const auto r : touched_)
-      if (unfixed_weight_[r] > no_weight) level = std::min(level, capacity_left_[r] / unfixed_weight_[r]);
-    while (next_capped != capped.end() && fixed_[*next_capped]) ++next_capped;
-    if (next_capped != capped.end()) level = std::min(level, flows_[*next_capped].max_rate);
+    // The least capacity left per unfixed weight: c / w < best_c / best_w.
+    double best_c = std::numeric_limits<double>::infinity(), best_w = 1;
+    for (const auto r : busy_) {
+      const double w = unfixed_weight_[r];
+      if (w > no_weight && capacity_left_[r] * best_w < best_c * w) best_c = capacity_left_[r], best_w = w;
+    }
+    double level = best_c / best_w;
+    while (next_capped != capped_.end() && fixed_[*next_capped]) ++next_capped;
+    if (next_capped != capped_.end()) level = std::min(level, flows_[*next_capped].max_rate);
     if (std::isinf(level)) break;
     // Decide on this round's transfers before any of their shares is subtracted.
     const double limit = level * (1 + tie);
-    fixing.clear();
-    for (const auto r : touched_)
-      if (unfixed_weight_[r] > no_weight && capacity_left_[r] / unfixed_weight_[r] <= limit)
-        for (std::uint32_t k = first_[r]; k < first_[r] + count_[r]; ++k)
-          if (!fixed_[members_[k]]) fixed_[members_[k]] = 1, fixing.push_back(members_[k]);
-    for (; next_capped != capped.end() && flows_[*next_capped].max_rate <= limit; ++next_capped)
-      if (!fixed_[*next_capped]) fixed_[*next_capped] = 1, fixing.push_back(*next_capped);
-    for (const auto i : fixing) {
+    fixing_.clear();
+    for (const auto r : busy_) {
+      const double w = unfixed_weight_[r];
+      if (w > no_weight && capacity_left_[r] <= limit * w)
+        for (const auto i : on_[r])
+          if (!fixed_[i]) fixed_[i] = 1, fixing_.push_back(i);
+    }
+    for (; next_capped != capped_.end() && flows_[*next_capped].max_rate <= limit; ++next_capped)
+      if (!fixed_[*next_capped]) fixed_[*next_capped] = 1, fixing_.push_back(*next_capped);
+    for (const auto i : fixing_) {
       auto& f = flows_[i];
       f.rate = std::min(level, f.max_rate);
-      for (const auto& h : f.route()) {
+      for (const auto& h : f.path) {
         capacity_left_[h.id] = std::max(0.0, capacity_left_[h.id] - h.weight * f.rate);
         unfixed_weight_[h.id] -= h.weight;
         load_[h.id] += h.weight * f.rate;
       }
     }
-    unfixed -= static_cast<std::uint32_t>(fixing.size());
+    unfixed -= fixing_.size();
   }
-  for (const auto r : touched_) unfixed_weight_[r] = 0;
 
-  // One timer, at the next completion.
-  double soonest = std::numeric_limits<double>::infinity();
-  for (const auto i : live_)
-    if (flows_[i].rate > 0) soonest = std::min(soonest, std::max(0.0, flows_[i].remaining) / flows_[i].rate);
+  // One timer, at the next completion: the least remaining / rate, compared without dividing.
+  double soonest_bytes = std::numeric_limits<double>::infinity(), soonest_rate = 1;
+  for (const auto i : live_) {
+    const auto& f = flows_[i];
+    const double left = std::max(0.0, f.remaining);
+    if (f.rate > 0 && left * soonest_rate < soonest_bytes * f.rate) soonest_bytes = left, soonest_rate = f.rate;
+  }
   if (timer_armed_) {
     clock_.cancel(timer_);
     timer_armed_ = false;
   }
-  if (std::isinf(soonest)) return;
+  if (std::isinf(soonest_bytes)) return;
+  const double soonest = soonest_bytes / soonest_rate;
   const auto when =
       clock_.now() + clock::duration(static_cast<std::int64_t>(std::ceil(soonest * 1e9)));
   const auto generation = ++generation_;
@@ -201,7 +237,7 @@ void flow_network::on_timer(std::uint64_t) {
     auto& f = flows_[i];
     // Within a nanosecond's worth of bytes (the clock's grain) counts as arrived.
     if (f.rate == 0 || f.remaining > f.rate * 1e-9 + 1e-6) return false;
-    for (const auto& h : f.route()) --resources_[h.id].active;
+    detach(i);
     auto done = std::move(f.done);
     if (f.latency > clock::duration::zero()) {
       clock_.async_wait(f.latency, [done = std::move(done)](std::error_code) { done(); });

@@ -4,6 +4,7 @@
 /// fairly and recomputed whenever a transfer starts or ends. Far cheaper than packets and right
 /// for the large, long transfers a weight update is made of.
 #include <array>
+#include <boost/container/static_vector.hpp>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -40,10 +41,12 @@ struct hop {
 
 /// The most resources one transfer crosses.
 inline constexpr std::size_t max_hops = 8;
+/// The resources a transfer crosses, held in place: hundreds of thousands start and end.
+using path = boost::container::static_vector<hop, max_hops>;
 
 struct transfer_spec {
   std::uint64_t bytes = 0;
-  std::vector<hop> path;  ///< at most max_hops
+  sim::path path;
   /// Fixed cost of the operation, added after its last byte moved.
   clock::duration latency{};
   /// A cap of its own (one copy thread's speed, one NCCL channel's); infinity when none.
@@ -87,17 +90,20 @@ class flow_network {
     double remaining = 0;
     double rate = 0;
     double max_rate = 0;
-    std::uint32_t hops = 0;
-    std::array<hop, max_hops> path{};  ///< inline: hundreds of thousands start and end
+    sim::path path;
+    /// Its place in each hop's resource's list of flows (`on_`), for removal in constant time.
+    std::array<std::uint32_t, max_hops> place{};
     ferry::clock::duration latency{};
     std::function<void()> done;
-    std::span<const hop> route() const { return {path.data(), hops}; }
   };
 
   void advance();
   void schedule_recompute();
   void recompute();
   void on_timer(std::uint64_t generation);
+  /// Enters the flow in slot `slot` into, or takes it out of, the lists of the resources it crosses.
+  void attach(std::uint32_t slot);
+  void detach(std::uint32_t slot);
 
   event_loop& loop_;
   ferry::clock& clock_;
@@ -114,14 +120,18 @@ class flow_network {
   bool recompute_pending_ = false;
   bool timer_armed_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  // Kept as transfers start and end, per resource: the flows crossing it, their summed weight, and
+  // its place in `busy_`, the resources some flow crosses. A recomputation reads these as they are.
+  std::vector<std::vector<std::uint32_t>> on_;
+  std::vector<double> weight_on_;
+  std::vector<std::uint32_t> busy_place_;
+  std::vector<resource_id> busy_;
   // Scratch for the max-min computation, per resource unless said, kept to avoid allocating per
   // event.
   std::vector<double> capacity_left_, unfixed_weight_;
   std::vector<double> load_;  ///< weighted bytes/s crossing it at the current rates
-  std::vector<std::uint32_t> first_, count_;  ///< its flows in `members_`
-  std::vector<std::uint32_t> members_;        ///< flow slots, grouped by resource
-  std::vector<std::uint32_t> touched_;        ///< resources some transfer crosses
-  std::vector<char> fixed_;                   ///< per flow slot
+  std::vector<char> fixed_;   ///< per flow slot
+  std::vector<std::uint32_t> capped_, fixing_;  ///< flow slots
 };
 
 }  // namespace ferry::sim

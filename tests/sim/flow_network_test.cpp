@@ -174,7 +174,7 @@ TEST(flow_network, an_oversubscribed_fabric_is_shared_by_every_crossing) {
 
 TEST(collective_model, a_chain_broadcast_takes_the_bytes_once_plus_the_pipeline_fill) {
   bench b;
-  std::vector<std::vector<hop>> links;
+  std::vector<path> links;
   for (int i = 0; i < 3; ++i) links.push_back({{b.net.add_resource("link", 1 * G)}});
   // Three links of 1 GB/s: 1 GB streams through in 1 s, and the last rank starts two 1 MB
   // slices (1 ms each) and two latencies late, plus the last link's latency.
@@ -186,7 +186,7 @@ TEST(collective_model, a_chain_broadcast_takes_the_bytes_once_plus_the_pipeline_
 
 TEST(collective_model, a_ring_all_gather_moves_all_but_its_own_piece_over_each_link) {
   bench b;
-  std::vector<std::vector<hop>> links;
+  std::vector<path> links;
   std::vector<resource_id> ids;
   for (int i = 0; i < 4; ++i) {
     ids.push_back(b.net.add_resource("link", 1 * G));
