@@ -308,7 +308,7 @@ class sim_job {
 
   sim_config config_;
   sim_result result_;
-  event_loop loop_;
+  event_loop loop_{event_loop::posters::own_thread};  // virtual time: nothing else posts
   virtual_environment env_;
   sim::flow_network net_;
   sim::cluster cluster_;

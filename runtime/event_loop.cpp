@@ -94,7 +94,9 @@ class fiber_scheduler final : public boost::fibers::algo::algorithm {
   bool notified_ = false;
 };
 
-event_loop::event_loop() {
+event_loop::event_loop(posters who)
+    : own_thread_only_(who == posters::own_thread),
+      io_(own_thread_only_ ? BOOST_ASIO_CONCURRENCY_HINT_UNSAFE : BOOST_ASIO_CONCURRENCY_HINT_DEFAULT) {
   work_.emplace(io_.get_executor());
   boost::fibers::use_scheduling_algorithm<fiber_scheduler>(this);
 }

@@ -20,8 +20,12 @@ class fiber_scheduler;
 /// complete promises, push to mailboxes, or spawn fibers.
 class event_loop {
  public:
+  /// Who may `post` to the loop: any thread (the default), or only the loop's own thread (a
+  /// virtual-time job, where nothing else runs); Asio then takes no lock for the loop's handlers.
+  enum class posters { any_thread, own_thread };
+
   /// Installs the fiber scheduler on the calling thread; no fiber may exist on it yet.
-  event_loop();
+  explicit event_loop(posters who = posters::any_thread);
   ~event_loop();
   event_loop(const event_loop&) = delete;
   event_loop& operator=(const event_loop&) = delete;
@@ -50,11 +54,13 @@ class event_loop {
   void on_idle(std::function<bool()> idle) { idle_ = std::move(idle); }
   bool stalled() const { return stalled_; }
 
-  /// Queues `fn` to run on the loop; thread-safe. The way other threads hand results back.
+  /// Queues `fn` to run on the loop; thread-safe unless made for `own_thread` posters. The way
+  /// other threads hand results back.
   /// The destructor waits for posts still inside Asio, so a thread may post the completion that
   /// lets the owner destroy the loop (see `posting_`).
   template <class F>
   void post(F&& fn) {
+    if (own_thread_only_) return asio::post(io_, std::forward<F>(fn));
     posting_.fetch_add(1, std::memory_order_relaxed);
     asio::post(io_, std::forward<F>(fn));
     posting_.fetch_sub(1, std::memory_order_release);
@@ -63,6 +69,7 @@ class event_loop {
  private:
   void turn(bool may_block);
 
+  bool own_thread_only_;
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   fiber_scheduler* scheduler_ = nullptr;
