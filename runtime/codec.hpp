@@ -66,6 +66,8 @@ class body_cache {
 };
 
 namespace detail {
+/// Room reserved for a frame up front: most messages fit, so encoding one grows it no more.
+inline constexpr std::size_t typical_frame_bytes = 256;
 /// Appends msgpack output to a frame.
 struct frame_sink {
   frame& out;
@@ -82,7 +84,9 @@ void finish_prefix(frame& f);
 template <message M>
 frame encode(envelope_header head, const M& body) {
   head.kind = M::kind;
-  frame f(frame_prefix_bytes);
+  frame f;
+  f.reserve(detail::typical_frame_bytes);
+  f.resize(frame_prefix_bytes);
   detail::frame_sink sink{f};
   msgpack::packer<detail::frame_sink> packer(sink);
   detail::pack_header(packer, head);
