@@ -494,7 +494,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
       for (const auto& m : others_) send(m, chunk_announce{.version = w->version, .chunk = c.id, .checksum = w->checksum});
     }
     ++in_flight_;
-    deliver(g, plan, *w, slot);
+    deliver(g, plan, std::make_shared<const work>(std::move(*w)), slot);
   }
 }
 
@@ -571,48 +571,48 @@ void rollout_worker::relay(const std::shared_ptr<generation>& g, const chunk_sen
 }
 
 void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
-                             const work& w, std::span<std::byte> slot) {
-  const auto& c = plan->job->chunks.at(w.chunk);
+                             std::shared_ptr<const work> w, std::span<std::byte> slot) {
+  const auto& c = plan->job->chunks.at(w->chunk);
   const auto shard = plan->job->shards.at(c.shard);
   auto free_slot = [this, g, shard, w] {
-    if (current(g)) send(shard, slot_free{.slot = w.mine->slot});
+    if (current(g)) send(shard, slot_free{.slot = w->mine->slot});
   };
   // Where the instance's collective runs: a device slot, a host leader's receive slot, or a
   // host follower's broadcast slot.
   std::optional<std::uint32_t> dslot;
   buffer_ref target;
-  if (w.mine && !on_device()) {
-    target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{w.mine->slot} * plan->job->chunk_bytes};
+  if (w->mine && !on_device()) {
+    target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{w->mine->slot} * plan->job->chunk_bytes};
   } else {
     dslot = g->free_slots.front();
     g->free_slots.pop_front();
     target = broadcast_slot(*dslot, c.bytes);
   }
-  const bool slot_until_applied = w.mine && !on_device();
+  const bool slot_until_applied = w->mine && !on_device();
   auto finish = [this, g, w, dslot, slot_until_applied, free_slot](bool applied) {
     if (dslot) g->free_slots.push_back(*dslot);
     if (slot_until_applied) free_slot();
-    if (applied) chunk_applied(*w.plan, w.version, w.chunk);
+    if (applied) chunk_applied(*w->plan, w->version, w->chunk);
     g->credits->release();
     --in_flight_;
     changed();
   };
-  if (!w.mine || !on_device()) return collect(g, w, target, finish);
+  if (!w->mine || !on_device()) return collect(g, std::move(w), target, std::move(finish));
   // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
   const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
   const auto began = upload_meter_.begin();
   host().env().copies().async_copy({{target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
                      [=, this](std::error_code ec) {
-                       upload_meter_.end(began, w.version, w.chunk, part.bytes);
+                       upload_meter_.end(began, w->version, w->chunk, part.bytes);
                        free_slot();
                        if (ec) fail("upload of chunk " + std::to_string(c.id) + " failed: " + ec.message());
                        collect(g, w, target, finish);
                      });
 }
 
-void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w, buffer_ref target,
+void rollout_worker::collect(const std::shared_ptr<generation>& g, std::shared_ptr<const work> w, buffer_ref target,
                              std::function<void(bool applied)> finish) {
-  if (g->stripes == 1 && w.mine) {
+  if (g->stripes == 1 && w->mine) {
     // The only leader: it broadcasts and applies its own bytes at once.
     auto pending = std::make_shared<int>(2);
     auto both = [pending, finish] {
@@ -620,34 +620,34 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, const work& w
     };
     const auto began = broadcast_meter_.begin();
     g->broadcast->async_broadcast(target, [this, both, g, w, began, bytes = target.bytes.size()](std::error_code ec) {
-      broadcast_meter_.end(began, w.version, w.chunk, bytes);
+      broadcast_meter_.end(began, w->version, w->chunk, bytes);
       // A member died or the epoch moved on: the regroup resends what the instance lacks.
       if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
       both();
     });
-    return apply(*w.plan, w.version, w.chunk, target.bytes, both);
+    return apply(*w->plan, w->version, w->chunk, target.bytes, both);
   }
   const auto began = broadcast_meter_.begin();
-  auto collected = [this, g, w, target, finish, began](std::error_code ec) {
-    broadcast_meter_.end(began, w.version, w.chunk, target.bytes.size());
+  auto collected = [this, g, w, target, finish = std::move(finish), began](std::error_code ec) mutable {
+    broadcast_meter_.end(began, w->version, w->chunk, target.bytes.size());
     if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
     if (ec || !current(g)) return finish(false);  // the regroup resends what is missing
     // Who did not receive the whole chunk from a trainer verifies it, off the loop. Device slots
     // are not hashed: each leader verified the host bytes it uploaded.
     auto actual = std::make_shared<std::uint64_t>(0);
-    const bool check = options_.checksums && w.checksum != 0 && !on_device();
+    const bool check = options_.checksums && w->checksum != 0 && !on_device();
     const auto bytes = target.bytes;
     host().env().cpu().async_run(
         check ? bytes.size() : 0, [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
-        [this, g, w, check, actual, bytes, finish] {
+        [this, g, w, check, actual, bytes, finish = std::move(finish)]() mutable {
           if (!current(g)) return finish(false);  // the new epoch may already be writing this slot
-          if (check && *actual != w.checksum) {
+          if (check && *actual != w->checksum) {
             corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                      ": checksum mismatch in chunk " + std::to_string(w.chunk) + " of version " +
-                      std::to_string(w.version) + " from the instance's collective");
+                      ": checksum mismatch in chunk " + std::to_string(w->chunk) + " of version " +
+                      std::to_string(w->version) + " from the instance's collective");
             return finish(false);
           }
-          apply(*w.plan, w.version, w.chunk, bytes, [finish] { finish(true); });
+          apply(*w->plan, w->version, w->chunk, bytes, [finish = std::move(finish)] { finish(true); });
         });
   };
   if (g->stripes == 1) return g->broadcast->async_broadcast(target, collected);

@@ -170,10 +170,10 @@ class rollout_worker final : public job_member {
   /// after it that asked.
   void grant_slots(generation& g);
   /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
-  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, const work& w,
+  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, std::shared_ptr<const work> w,
                std::span<std::byte> slot);
   /// Broadcast or all-gather of `target` in the instance, verify, apply, then `finish`.
-  void collect(const std::shared_ptr<generation>& g, const work& w, buffer_ref target,
+  void collect(const std::shared_ptr<generation>& g, std::shared_ptr<const work> w, buffer_ref target,
                std::function<void(bool applied)> finish);
   /// Broadcast slot `slot`: on the device when there is one, else in the host slots.
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
