@@ -536,8 +536,7 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     apply(*plan, r.meta.version, c.id, bytes, [this, r, source, plan, release] {
       release();
       chunk_applied(*plan, r.meta.version, r.meta.chunk);
-      --in_flight_;
-      changed();
+      ended_in_flight();
     });
   }
 }
@@ -565,8 +564,7 @@ void rollout_worker::relay(const std::shared_ptr<generation>& g, const chunk_sen
           send(to, onward);
         }
         done();
-        --in_flight_;
-        changed();
+        ended_in_flight();
       });
 }
 
@@ -594,8 +592,7 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
     if (slot_until_applied) free_slot();
     if (applied) chunk_applied(*w->plan, w->version, w->chunk);
     g->credits->release();
-    --in_flight_;
-    changed();
+    ended_in_flight();
   };
   if (!w->mine || !on_device()) return collect(g, std::move(w), target, std::move(finish));
   // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
@@ -707,8 +704,7 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
     // Before the report: the job cannot move on to a later version while on_version runs.
     if (on_version) on_version(version);
     send(coordinator_, *report);
-    --in_flight_;
-    changed();
+    ended_in_flight();
   };
   if (std::any_of(tensors_->begin(), tensors_->end(), [](const tensor_ref& t) { return t.device >= 0; })) {
     // Device tensors are hashed from host bytes: each is copied into a pinned bounce buffer first.

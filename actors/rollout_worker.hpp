@@ -220,7 +220,12 @@ class rollout_worker final : public job_member {
   std::uint64_t complete_version_ = 0;
   stage_meter upload_meter_, broadcast_meter_;
   apply_stage apply_;
-  int in_flight_ = 0;
+  int in_flight_ = 0;  ///< chunks delivering, relays and reports under way
+  /// One of `in_flight_` ended. Only a new epoch waits on them, for none left: the fibers hear of
+  /// the last one, not of each (a worker ends hundreds of thousands in a simulated update).
+  void ended_in_flight() {
+    if (--in_flight_ == 0) changed();
+  }
 };
 
 }  // namespace ferry

@@ -366,8 +366,8 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     send_.write(std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->job->chunk_bytes + part.offset,
                 make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)), version, id,
                 [this, r, sent, generation](std::error_code ec) {
-                  --r->in_flight;
-                  changed();
+                  // Only the route's end waits for its writes: wake its fibers for the last one.
+                  if (--r->in_flight == 0) changed();
                   if (generation != send_generation_) return;
                   if (ec == errc::not_same_host) {
                     // No regroup mends that: the job is set up wrong.
