@@ -7,18 +7,24 @@
 namespace ferry {
 namespace detail {
 
-void pack_header(msgpack::packer<frame_sink>& packer, const envelope_header& head) {
-  packer.pack_array(6);
-  packer.pack(head.protocol);
-  packer.pack(head.kind);
-  packer.pack(head.from);
-  packer.pack(head.to);
-  packer.pack(head.epoch);
-}
-
 void finish_prefix(frame& f) {
   const auto n = static_cast<std::uint32_t>(f.size() - frame_prefix_bytes);
   for (int i = 0; i < 4; ++i) f[i] = static_cast<std::byte>(n >> (24 - 8 * i));
+}
+
+msgpack::sbuffer& packing_buffer() {
+  thread_local msgpack::sbuffer buffer;
+  // Kept for the next message, unless a large one (a registration of 100k tensors) grew it.
+  if (buffer.size() > (1u << 20)) buffer = msgpack::sbuffer();
+  buffer.clear();
+  return buffer;
+}
+
+frame framed(const msgpack::sbuffer& packed) {
+  frame f(frame_prefix_bytes + packed.size());
+  std::memcpy(f.data() + frame_prefix_bytes, packed.data(), packed.size());
+  finish_prefix(f);
+  return f;
 }
 
 }  // namespace detail
@@ -26,7 +32,7 @@ void finish_prefix(frame& f) {
 frame encode(envelope_header head, const encoded_body& body) {
   head.kind = body.kind;
   frame f;
-  f.reserve(detail::typical_frame_bytes + body.bytes.size());
+  f.reserve(frame_prefix_bytes + 64 + body.bytes.size());  // a header is at most 34 bytes
   f.resize(frame_prefix_bytes);
   detail::frame_sink sink{f};
   msgpack::packer<detail::frame_sink> packer(sink);

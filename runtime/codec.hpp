@@ -66,8 +66,6 @@ class body_cache {
 };
 
 namespace detail {
-/// Room reserved for a frame up front: most messages fit, so encoding one grows it no more.
-inline constexpr std::size_t typical_frame_bytes = 256;
 /// Appends msgpack output to a frame.
 struct frame_sink {
   frame& out;
@@ -76,23 +74,32 @@ struct frame_sink {
     out.insert(out.end(), p, p + n);
   }
 };
-void pack_header(msgpack::packer<frame_sink>& packer, const envelope_header& head);
+template <class Buffer>
+void pack_header(msgpack::packer<Buffer>& packer, const envelope_header& head) {
+  packer.pack_array(6);
+  packer.pack(head.protocol);
+  packer.pack(head.kind);
+  packer.pack(head.from);
+  packer.pack(head.to);
+  packer.pack(head.epoch);
+}
 void finish_prefix(frame& f);
+/// This thread's buffer to pack a message into, empty. msgpack writes a few bytes at a time, and
+/// appending each to a frame cost more than packing; the frame is then made in one copy.
+msgpack::sbuffer& packing_buffer();
+/// A frame of the bytes packed into `packed`.
+frame framed(const msgpack::sbuffer& packed);
 }  // namespace detail
 
 /// Encodes `body` under `head` (whose kind is set from `M`) into a length-prefixed frame.
 template <message M>
 frame encode(envelope_header head, const M& body) {
   head.kind = M::kind;
-  frame f;
-  f.reserve(detail::typical_frame_bytes);
-  f.resize(frame_prefix_bytes);
-  detail::frame_sink sink{f};
-  msgpack::packer<detail::frame_sink> packer(sink);
+  auto& buffer = detail::packing_buffer();
+  msgpack::packer<msgpack::sbuffer> packer(buffer);
   detail::pack_header(packer, head);
   packer.pack(body);
-  detail::finish_prefix(f);
-  return f;
+  return detail::framed(buffer);
 }
 
 /// A body encoded once for many recipients (the plan, sent to every member).
