@@ -81,6 +81,10 @@ std::error_code read_header(const msgpack::object* f, envelope_header& head) {
   return {};
 }
 
+/// Strings and binaries are read where they lie in the payload, not copied into the zone: the
+/// body is converted to its struct before the payload goes.
+bool in_place(msgpack::type::object_type, std::size_t, void*) { return true; }
+
 msgpack::unpack_limit caps_of(const codec_limits& limits, std::size_t depth) {
   return {limits.max_array, limits.max_map, limits.max_str, limits.max_bin, limits.max_bin, depth};
 }
@@ -151,8 +155,8 @@ result<decoded_message> decode_payload(std::span<const std::byte> payload, const
   msgpack::object root;
   std::size_t offset = 0;
   try {
-    root = msgpack::unpack(zone, reinterpret_cast<const char*>(payload.data()), payload.size(), offset, nullptr,
-                           nullptr, caps_of(limits, limits.max_depth));
+    root = msgpack::unpack(zone, reinterpret_cast<const char*>(payload.data()), payload.size(), offset,
+                           in_place, nullptr, caps_of(limits, limits.max_depth));
   } catch (const msgpack::insufficient_bytes&) {
     return fail(errc::truncated_frame);
   } catch (const std::exception&) {  // parse errors and every size/depth limit
