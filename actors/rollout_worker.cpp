@@ -490,8 +490,9 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
       }
       if (!current(g)) return;
     }
-    if (g->stripe == 0) {
-      for (const auto& m : others_) send(m, chunk_announce{.version = w->version, .chunk = c.id, .checksum = w->checksum});
+    if (g->stripe == 0) {  // encoded once for the instance's other members
+      const auto announce = encode_body(chunk_announce{.version = w->version, .chunk = c.id, .checksum = w->checksum});
+      for (const auto& m : others_) send(m, announce, nullptr);
     }
     ++in_flight_;
     deliver(g, plan, std::make_shared<const work>(std::move(*w)), slot);
