@@ -3,13 +3,13 @@
 /// coordinator, heartbeats, leaves, stops or fails when the job says so, and lets its fibers wait
 /// for its state to change.
 #include <boost/fiber/condition_variable.hpp>
-#include <boost/fiber/mutex.hpp>
 #include <chrono>
 #include <functional>
 #include <string>
 
 #include "actors/messages.hpp"
 #include "runtime/actor.hpp"
+#include "runtime/await.hpp"
 
 namespace ferry {
 
@@ -73,14 +73,14 @@ class job_member : public actor {
   /// Fiber only: suspends until `pred()` holds or the member stopped or failed; false then.
   template <class Pred>
   bool wait_for(Pred pred) {
-    std::unique_lock lock(state_mutex_);
+    std::unique_lock lock(state_confined_);
     state_cv_.wait(lock, [&] { return failed_ || stopped_ || pred(); });
     return !failed_ && !stopped_;
   }
   /// Fiber only: suspends until `pred()` holds, stopped or not (work in flight must end).
   template <class Pred>
   void wait_even_if_stopped(Pred pred) {
-    std::unique_lock lock(state_mutex_);
+    std::unique_lock lock(state_confined_);
     state_cv_.wait(lock, pred);
   }
   /// Stops this member's work (the job stopped, it left, it is being destroyed).
@@ -111,8 +111,8 @@ class job_member : public actor {
   bool registering_ = false;                 ///< registered, and not admitted yet
   std::uint64_t admissions_ = 0;
   std::chrono::milliseconds registration_wait_{1000}, since_registration_{0};
-  boost::fibers::mutex state_mutex_;
-  boost::fibers::condition_variable state_cv_;
+  loop_confined state_confined_;
+  boost::fibers::condition_variable_any state_cv_;
 };
 
 }  // namespace ferry

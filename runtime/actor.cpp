@@ -29,20 +29,14 @@ void actor::start() {
 }
 
 void actor::stop() {
-  {
-    std::unique_lock lock(mutex_);
-    open_ = false;
-    mailbox_.clear();
-  }
+  open_ = false;
+  mailbox_.clear();
   cv_.notify_all();
 }
 
 void actor::enqueue(decoded_message m) {
-  {
-    std::unique_lock lock(mutex_);
-    if (!open_) return;
-    mailbox_.push_back(std::move(m));
-  }
+  if (!open_) return;
+  mailbox_.push_back(std::move(m));
   cv_.notify_one();
 }
 
@@ -50,7 +44,7 @@ void actor::serve() {
   for (;;) {
     decoded_message m;
     {
-      std::unique_lock lock(mutex_);
+      std::unique_lock lock(confined_);
       cv_.wait(lock, [this] { return !open_ || !mailbox_.empty(); });
       if (!open_) break;
       m = std::move(mailbox_.front());

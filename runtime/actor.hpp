@@ -1,11 +1,11 @@
 #pragma once
 /// An actor: an address, a mailbox, and typed handlers that run one at a time on its own fiber.
 #include <boost/fiber/condition_variable.hpp>
-#include <boost/fiber/mutex.hpp>
 #include <deque>
 #include <functional>
 #include <map>
 
+#include "runtime/await.hpp"
 #include "runtime/codec.hpp"
 #include "runtime/log.hpp"
 #include "runtime/message.hpp"
@@ -68,8 +68,8 @@ class actor {
   std::uint32_t epoch_ = 0;
   std::map<msg_kind, std::function<void(const decoded_message&)>> handlers_;
   std::deque<decoded_message> mailbox_;
-  boost::fibers::mutex mutex_;
-  boost::fibers::condition_variable cv_;
+  loop_confined confined_;
+  boost::fibers::condition_variable_any cv_;
   bool open_ = false;
   bool finished_ = true;
 };

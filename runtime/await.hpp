@@ -1,5 +1,6 @@
 #pragma once
 /// Waiting, from a fiber, for a completion delivered on the event loop.
+#include <boost/fiber/condition_variable.hpp>
 #include <boost/fiber/future.hpp>
 #include <memory>
 #include <tuple>
@@ -20,6 +21,14 @@ std::tuple<Args...> await(Start&& start) {
   return future.get();
 }
 
+/// The lock of state that only one loop's fibers touch. They all run on the loop's thread and
+/// switch only where one waits, so such state needs no exclusion; Boost's condition variables
+/// still want a lock to wait with. A fiber mutex there cost atomics at every message and wait.
+struct loop_confined {
+  void lock() noexcept {}
+  void unlock() noexcept {}
+};
+
 /// A counting semaphore for fibers of one loop: the "slots" of a pipeline stage.
 /// Owning loop only.
 class slot_counter {
@@ -27,24 +36,21 @@ class slot_counter {
   explicit slot_counter(std::size_t free) : free_(free) {}
   /// Suspends the fiber until a slot is free, then takes it.
   void acquire() {
-    std::unique_lock lock(mutex_);
+    std::unique_lock lock(confined_);
     cv_.wait(lock, [this] { return free_ > 0; });
     --free_;
   }
   /// Gives a slot back; may be called from a handler (it never blocks for long).
   void release() {
-    {
-      std::unique_lock lock(mutex_);
-      ++free_;
-    }
+    ++free_;
     cv_.notify_one();
   }
   std::size_t available() const { return free_; }
 
  private:
   std::size_t free_;
-  boost::fibers::mutex mutex_;
-  boost::fibers::condition_variable cv_;
+  loop_confined confined_;
+  boost::fibers::condition_variable_any cv_;
 };
 
 }  // namespace ferry
