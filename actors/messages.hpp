@@ -249,10 +249,10 @@ struct participant_error {
   FERRY_DEFINE_MAP(reason)
 };
 
-/// Which chunks one leader still needs in an update.
+/// Which chunks one leader still needs in an update, of those the receiving trainer sources.
 struct route_chunks {
   leader_route route;
-  std::vector<std::uint32_t> chunks;  ///< plan chunk ids, every shard's; each shard sends its own
+  std::vector<std::uint32_t> chunks;  ///< plan chunk ids (a trainer sends only its own of any given)
   FERRY_DEFINE_MAP(route, chunks)
 };
 
