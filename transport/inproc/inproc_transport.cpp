@@ -26,8 +26,11 @@ void inproc_network::sever(node_id id, bool announced) {
   std::vector<std::shared_ptr<inproc_transport>> others;
   {
     std::lock_guard lock(mutex_);
-    for (const auto& [n, weak] : nodes_) {
-      if (auto t = weak.lock()) others.push_back(std::move(t));
+    std::vector<node_id> ids;  // told in the order of their ids, so that a run replays alike
+    for (const auto& [n, weak] : nodes_) ids.push_back(n);
+    std::sort(ids.begin(), ids.end());
+    for (const auto n : ids) {
+      if (auto t = nodes_.at(n).lock()) others.push_back(std::move(t));
     }
   }
   for (auto& t : others) t->loop_.post([t, id] { t->peer_died(id); });

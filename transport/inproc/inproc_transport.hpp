@@ -9,6 +9,8 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -59,7 +61,7 @@ class inproc_network {
   /// `by` closed its side of the link to `peer`.
   void closed(node_id by, node_id peer);
   mutable std::mutex mutex_;
-  std::map<node_id, std::weak_ptr<inproc_transport>> nodes_;
+  std::unordered_map<node_id, std::weak_ptr<inproc_transport>> nodes_;  ///< looked up per frame
   std::set<node_id> cut_;
   struct held {
     node_id from, to;
@@ -72,7 +74,7 @@ class inproc_network {
   void start_next_frame(node_id to);
   bulk_model model_;
   std::uint64_t frame_threshold_ = UINT64_MAX;
-  std::map<node_id, std::deque<std::function<void()>>> frames_to_;  ///< modelled frames, the first in flight
+  std::unordered_map<node_id, std::deque<std::function<void()>>> frames_to_;  ///< modelled frames, the first in flight
 };
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
@@ -113,9 +115,9 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   inproc_network& network_;
   node_id self_;
   std::set<node_id> peers_;  ///< added and not removed: who learns of this node's death
-  std::set<node_id> reached_;  ///< peers a frame or write of ours reached
+  std::unordered_set<node_id> reached_;  ///< peers a frame or write of ours reached
   /// Per peer, frames behind a modelled one still crossing the network (its head), in order.
-  std::map<node_id, std::deque<std::pair<frame, completion>>> outbox_;
+  std::unordered_map<node_id, std::deque<std::pair<frame, completion>>> outbox_;
   region_table regions_;
   transport_events events_;
   bool open_ = false;
