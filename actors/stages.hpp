@@ -17,7 +17,7 @@
 namespace ferry {
 
 /// Where one member holds the tensors of a plan: per plan tensor, its index in the member's table
-/// (-1: not held) and where its held bytes start. Made once per plan; members of a process that
+/// (-1: not held), and where each held tensor's bytes start. Made once per plan; members of a process that
 /// hold one table share it (`shared`), so a simulation's hundreds of workers keep one.
 class tensor_placement {
  public:
@@ -31,19 +31,19 @@ class tensor_placement {
   int local_index(std::uint32_t tensor) const { return local_of_[tensor]; }
   /// Byte `offset` of plan tensor `tensor`, which the member holds (its part, when it holds rows).
   std::byte* at(std::uint32_t tensor, std::uint64_t offset) const {
-    const auto& p = places_[tensor];
+    const auto& p = places_[local_of_[tensor]];
     return p.data + (offset - p.first);
   }
 
  private:
-  /// Apart from the table, whose entries (names, shapes) span cache lines: applying a chunk reads
-  /// one of these per piece.
+  /// Per tensor of the member's table, apart from the table, whose entries (names, shapes) span
+  /// cache lines: applying a chunk reads one of these per piece.
   struct place {
     std::byte* data = nullptr;
     std::uint64_t first = 0;  ///< the tensor's byte that `data` holds
   };
-  std::vector<int> local_of_;
-  std::vector<place> places_;
+  std::vector<int> local_of_;  ///< per plan tensor
+  std::vector<place> places_;  ///< per tensor of the member's table
 };
 
 /// The xxh3-64 of `bytes`, hashed on the environment's executor. Fiber only.
