@@ -97,8 +97,8 @@ struct plan {
   std::vector<instance_plan> instances;
   /// Trainers keep their host copies in shared memory and leaders read chunks there in place.
   bool shared_host_copies = false;
-  FERRY_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments, audiences,
-                     instances, shared_host_copies)
+  FERRY_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments,
+                   audiences, instances, shared_host_copies)
 
   /// Bytes the trainers send once: every chunk's.
   std::uint64_t total_bytes() const;

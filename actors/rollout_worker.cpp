@@ -678,10 +678,12 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
   }
   if (p.applied[chunk]) return;  // sent again after a regroup: same bytes, counted once
   p.applied[chunk] = true;
-  for (const auto& piece : p.tensor_bytes.empty() ? std::span<const tensor_piece>{} : plan_->job->chunks[chunk].pieces) {
-    const auto& t = (*tensors_)[plan_->placement->local_index(piece.tensor)];
-    auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
-    if (got == t.held().bytes) on_tensor(version, t.spec, std::span<const std::byte>(t.data, got));
+  if (!p.tensor_bytes.empty()) {
+    for (const auto& piece : plan_->job->chunks[chunk].pieces) {
+      const auto& t = (*tensors_)[plan_->placement->local_index(piece.tensor)];
+      auto& got = p.tensor_bytes[piece.tensor] += piece.bytes;
+      if (got == t.held().bytes) on_tensor(version, t.spec, std::span<const std::byte>(t.data, got));
+    }
   }
   if (++p.chunks < plan_->mine_count) return;
 

@@ -170,8 +170,8 @@ class rollout_worker final : public job_member {
   /// after it that asked.
   void grant_slots(generation& g);
   /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
-  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, std::shared_ptr<const work> w,
-               std::span<std::byte> slot);
+  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
+               std::shared_ptr<const work> w, std::span<std::byte> slot);
   /// Broadcast or all-gather of `target` in the instance, verify, apply, then `finish`.
   void collect(const std::shared_ptr<generation>& g, std::shared_ptr<const work> w, buffer_ref target,
                std::function<void(bool applied)> finish);
@@ -188,6 +188,11 @@ class rollout_worker final : public job_member {
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
   bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
   void corrupted(const std::string& reason);
+  /// One of `in_flight_` ended. Only a new epoch waits on them, for none left: the fibers hear of
+  /// the last one, not of each (a worker ends hundreds of thousands in a simulated update).
+  void ended_in_flight() {
+    if (--in_flight_ == 0) changed();
+  }
   /// Counts chunk `chunk` of `plan` as applied, unless a plan of another layout replaced it.
   void chunk_applied(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk);
   /// Fiber: the per-tensor digests of device tensors, hashed from a pinned host bounce buffer.
@@ -221,11 +226,6 @@ class rollout_worker final : public job_member {
   stage_meter upload_meter_, broadcast_meter_;
   apply_stage apply_;
   int in_flight_ = 0;  ///< chunks delivering, relays and reports under way
-  /// One of `in_flight_` ended. Only a new epoch waits on them, for none left: the fibers hear of
-  /// the last one, not of each (a worker ends hundreds of thousands in a simulated update).
-  void ended_in_flight() {
-    if (--in_flight_ == 0) changed();
-  }
 };
 
 }  // namespace ferry
