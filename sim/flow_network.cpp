@@ -79,7 +79,7 @@ void flow_network::attach(std::uint32_t slot) {
     f.place[k] = static_cast<std::uint32_t>(on_[r].size());
     on_[r].push_back(slot);
     weight_on_[r] += f.path[k].weight;
-    if (resources_[r].active++ == 0) {
+    if (on_[r].size() == 1) {
       busy_place_[r] = static_cast<std::uint32_t>(busy_.size());
       busy_.push_back(r);
     }
@@ -103,7 +103,7 @@ void flow_network::detach(std::uint32_t slot) {
         break;
       }
     weight_on_[r] -= f.path[k].weight;
-    if (--resources_[r].active == 0) {
+    if (flows.empty()) {
       weight_on_[r] = 0;  // no rounding left behind
       load_[r] = 0;
       busy_place_[busy_.back()] = busy_place_[r];

@@ -9,7 +9,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -29,7 +28,6 @@ struct resource {
   double bytes_per_second = 0;
   double carried_bytes = 0;  ///< Weighted bytes that crossed it.
   clock::duration busy{};    ///< Time with at least one transfer on it.
-  std::uint32_t active = 0;  ///< Transfers crossing it now.
 };
 
 /// A resource a transfer crosses; `weight` bytes of it per byte moved (a memcpy reads and writes
