@@ -110,11 +110,11 @@ struct encoded_body {
 
 template <message M>
 encoded_body encode_body(const M& body) {
-  encoded_body out{.kind = M::kind};
-  detail::frame_sink sink{out.bytes};
-  msgpack::packer<detail::frame_sink> packer(sink);
+  auto& buffer = detail::packing_buffer();
+  msgpack::packer<msgpack::sbuffer> packer(buffer);
   packer.pack(body);
-  return out;
+  const auto* packed = reinterpret_cast<const std::byte*>(buffer.data());
+  return {.kind = M::kind, .bytes = {packed, packed + buffer.size()}};
 }
 
 /// A frame of an already encoded body under `head` (whose kind is set from the body).
