@@ -12,17 +12,22 @@ void finish_prefix(frame& f) {
   for (int i = 0; i < 4; ++i) f[i] = static_cast<std::byte>(n >> (24 - 8 * i));
 }
 
-msgpack::sbuffer& packing_buffer() {
-  thread_local msgpack::sbuffer buffer;
+void pack_buffer::grow(std::size_t n) {
+  storage_.resize(std::max({2 * storage_.size(), size_ + n, std::size_t{256}}));
+}
+
+pack_buffer& packing_buffer() {
+  thread_local pack_buffer buffer;
   // Kept for the next message, unless a large one (a registration of 100k tensors) grew it.
-  if (buffer.size() > (1u << 20)) buffer = msgpack::sbuffer();
+  if (buffer.capacity() > (1u << 20)) buffer = pack_buffer();
   buffer.clear();
   return buffer;
 }
 
-frame framed(const msgpack::sbuffer& packed) {
-  frame f(frame_prefix_bytes + packed.size());
+frame framed(std::span<const std::byte> packed, std::span<const std::byte> more) {
+  frame f(frame_prefix_bytes + packed.size() + more.size());
   std::memcpy(f.data() + frame_prefix_bytes, packed.data(), packed.size());
+  if (!more.empty()) std::memcpy(f.data() + frame_prefix_bytes + packed.size(), more.data(), more.size());
   finish_prefix(f);
   return f;
 }
@@ -31,15 +36,10 @@ frame framed(const msgpack::sbuffer& packed) {
 
 frame encode(envelope_header head, const encoded_body& body) {
   head.kind = body.kind;
-  frame f;
-  f.reserve(frame_prefix_bytes + 64 + body.bytes.size());  // a header is at most 34 bytes
-  f.resize(frame_prefix_bytes);
-  detail::frame_sink sink{f};
-  msgpack::packer<detail::frame_sink> packer(sink);
+  auto& buffer = detail::packing_buffer();
+  msgpack::packer<detail::pack_buffer> packer(buffer);
   detail::pack_header(packer, head);
-  f.insert(f.end(), body.bytes.begin(), body.bytes.end());
-  detail::finish_prefix(f);
-  return f;
+  return detail::framed(buffer.bytes(), body.bytes);
 }
 
 std::shared_ptr<const void> body_cache::find(msg_kind kind, std::span<const std::byte> body) {
@@ -81,9 +81,31 @@ std::error_code read_header(const msgpack::object* f, envelope_header& head) {
   return {};
 }
 
+/// The same, from the bytes.
+std::error_code read_header(detail::wire_reader& in, envelope_header& head) {
+  auto address_of = [&](address& out) {
+    if (!in.at_array() || in.enter_array() != 2 || !in.read_unsigned(out.node) || !in.read_unsigned(out.actor))
+      return false;
+    in.leave();
+    return true;
+  };
+  if (!in.read_unsigned(head.protocol)) return errc::malformed_frame;
+  if (head.protocol != protocol_version) return errc::wrong_protocol;
+  if (!in.read_unsigned(head.kind) || !address_of(head.from) || !address_of(head.to) || !in.read_unsigned(head.epoch))
+    return errc::malformed_frame;
+  return {};
+}
+
 /// Strings and binaries are read where they lie in the payload, not copied into the zone: the
 /// body is converted to its struct before the payload goes.
 bool in_place(msgpack::type::object_type, std::size_t, void*) { return true; }
+
+/// Empties a thread's zone after a frame, but for its first chunk: a zone of each frame's own
+/// would take 8 KiB from the heap for every message.
+struct emptied {
+  msgpack::zone& zone;
+  ~emptied() { zone.clear(); }
+};
 
 msgpack::unpack_limit caps_of(const codec_limits& limits, std::size_t depth) {
   return {limits.max_array, limits.max_map, limits.max_str, limits.max_bin, limits.max_bin, depth};
@@ -145,18 +167,32 @@ result<decoded_message> decode_payload(std::span<const std::byte> payload, const
   if (shared && payload.size() >= body_cache::min_bytes) {
     if (auto m = decode_large(payload, registry, limits, *shared)) return std::move(*m);
   }
-  // One zone per thread, emptied after each frame but for its first chunk: a zone of its own
-  // would take 8 KiB from the heap for every message.
-  thread_local msgpack::zone zone;
-  struct emptied {
-    msgpack::zone& z;
-    ~emptied() { z.clear(); }
-  } after{zone};
+  // A good frame is read in one pass; msgpack-c's decoder says what is wrong with any other.
+  static thread_local msgpack::zone zone;
+  const emptied after{zone};
+  const auto caps = caps_of(limits, limits.max_depth);
+  try {
+    detail::wire_reader in(payload, zone, caps);
+    decoded_message m;
+    if (in.at_array() && in.enter_array() == 6 && !read_header(in, m.head)) {
+      const auto* entry = registry.find(m.head.kind);
+      if (entry && in.at_map() && (m.body = entry->read(in)) && in.at_end()) return m;
+    }
+  } catch (const std::exception&) {
+  }
+  return detail::decode_through_msgpack_c(payload, registry, limits);
+}
+
+result<decoded_message> detail::decode_through_msgpack_c(std::span<const std::byte> payload,
+                                                         const message_registry& registry, const codec_limits& limits) {
+  if (payload.size() > limits.max_frame_bytes) return fail(errc::oversize_frame);
+  static thread_local msgpack::zone zone;
+  const emptied after{zone};
   msgpack::object root;
   std::size_t offset = 0;
   try {
-    root = msgpack::unpack(zone, reinterpret_cast<const char*>(payload.data()), payload.size(), offset,
-                           in_place, nullptr, caps_of(limits, limits.max_depth));
+    root = msgpack::unpack(zone, reinterpret_cast<const char*>(payload.data()), payload.size(), offset, in_place,
+                           nullptr, caps_of(limits, limits.max_depth));
   } catch (const msgpack::insufficient_bytes&) {
     return fail(errc::truncated_frame);
   } catch (const std::exception&) {  // parse errors and every size/depth limit

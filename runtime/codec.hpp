@@ -4,6 +4,7 @@
 /// Decoding is strict; see docs/wire-format.md.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -66,14 +67,26 @@ class body_cache {
 };
 
 namespace detail {
-/// Appends msgpack output to a frame.
-struct frame_sink {
-  frame& out;
+/// Where messages are packed: msgpack output appended inline. msgpack-c's sbuffer takes a call
+/// for each of a message's many writes of a few bytes, and appending them to a frame's vector
+/// cost more than the packing; a frame is made from this in one copy.
+class pack_buffer {
+ public:
   void write(const char* data, std::size_t n) {
-    const auto* p = reinterpret_cast<const std::byte*>(data);
-    out.insert(out.end(), p, p + n);
+    if (n > storage_.size() - size_) grow(n);
+    std::memcpy(storage_.data() + size_, data, n);
+    size_ += n;
   }
+  std::span<const std::byte> bytes() const { return std::as_bytes(std::span(storage_.data(), size_)); }
+  std::size_t capacity() const { return storage_.size(); }
+  void clear() { size_ = 0; }
+
+ private:
+  void grow(std::size_t n);
+  std::vector<char> storage_;
+  std::size_t size_ = 0;
 };
+
 template <class Buffer>
 void pack_header(msgpack::packer<Buffer>& packer, const envelope_header& head) {
   packer.pack_array(6);
@@ -83,12 +96,12 @@ void pack_header(msgpack::packer<Buffer>& packer, const envelope_header& head) {
   packer.pack(head.to);
   packer.pack(head.epoch);
 }
+/// Writes the length prefix of a frame whose payload follows its first 4 bytes.
 void finish_prefix(frame& f);
-/// This thread's buffer to pack a message into, empty. msgpack writes a few bytes at a time, and
-/// appending each to a frame cost more than packing; the frame is then made in one copy.
-msgpack::sbuffer& packing_buffer();
-/// A frame of the bytes packed into `packed`.
-frame framed(const msgpack::sbuffer& packed);
+/// This thread's buffer to pack a message into, empty.
+pack_buffer& packing_buffer();
+/// A frame of `packed`, then `more`.
+frame framed(std::span<const std::byte> packed, std::span<const std::byte> more = {});
 }  // namespace detail
 
 /// Encodes `body` under `head` (whose kind is set from `M`) into a length-prefixed frame.
@@ -96,10 +109,10 @@ template <message M>
 frame encode(envelope_header head, const M& body) {
   head.kind = M::kind;
   auto& buffer = detail::packing_buffer();
-  msgpack::packer<msgpack::sbuffer> packer(buffer);
+  msgpack::packer<detail::pack_buffer> packer(buffer);
   detail::pack_header(packer, head);
   packer.pack(body);
-  return detail::framed(buffer);
+  return detail::framed(buffer.bytes());
 }
 
 /// A body encoded once for many recipients (the plan, sent to every member).
@@ -111,10 +124,9 @@ struct encoded_body {
 template <message M>
 encoded_body encode_body(const M& body) {
   auto& buffer = detail::packing_buffer();
-  msgpack::packer<msgpack::sbuffer> packer(buffer);
+  msgpack::packer<detail::pack_buffer> packer(buffer);
   packer.pack(body);
-  const auto* packed = reinterpret_cast<const std::byte*>(buffer.data());
-  return {.kind = M::kind, .bytes = {packed, packed + buffer.size()}};
+  return {.kind = M::kind, .bytes = {buffer.bytes().begin(), buffer.bytes().end()}};
 }
 
 /// A frame of an already encoded body under `head` (whose kind is set from the body).
@@ -128,6 +140,13 @@ result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const cod
 /// `shared`, a large body equal to one decoded recently is not decoded again.
 result<decoded_message> decode_payload(std::span<const std::byte> payload, const message_registry& registry,
                                        const codec_limits& limits, body_cache* shared = nullptr);
+
+namespace detail {
+/// `decode_payload` through msgpack-c's object tree alone: what decode_payload does with any
+/// payload its one-pass reader does not take, and what the tests compare that reader with.
+result<decoded_message> decode_through_msgpack_c(std::span<const std::byte> payload, const message_registry& registry,
+                                                 const codec_limits& limits);
+}  // namespace detail
 
 /// Decodes one whole frame (prefix + payload); trailing bytes are `malformed_frame`.
 result<decoded_message> decode_frame(std::span<const std::byte> bytes, const message_registry& registry,

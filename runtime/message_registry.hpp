@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "runtime/message.hpp"
+#include "runtime/wire_reader.hpp"
 
 namespace ferry {
 
@@ -17,6 +18,9 @@ class message_registry {
     /// The body as the kind's struct (type-erased), or null when it does not convert or fails
     /// its `valid()`.
     std::function<std::shared_ptr<const void>(const msgpack::object&)> convert;
+    /// The same, read straight from bytes `detail::check_msgpack` accepted; the reader stands at
+    /// the body.
+    std::function<std::shared_ptr<const void>(detail::wire_reader&)> read;
     bool accepts(const msgpack::object& body) const { return convert(body) != nullptr; }
   };
 
@@ -24,16 +28,12 @@ class message_registry {
   /// message with `bool valid() const` is accepted only when it holds.
   template <message M>
   void add(std::string_view name) {
-    add_entry(M::kind, entry{std::string(name), [](const msgpack::object& body) -> std::shared_ptr<const void> {
-                               try {
-                                 auto m = std::make_shared<const M>(body.as<M>());
-                                 if constexpr (requires { m->valid(); }) {
-                                   if (!m->valid()) return nullptr;
-                                 }
-                                 return m;
-                               } catch (const std::exception&) {
-                                 return nullptr;
-                               }
+    add_entry(M::kind, entry{.name = std::string(name),
+                             .convert = [](const msgpack::object& body) {
+                               return checked<M>([&](M& m) { body.convert(m); });
+                             },
+                             .read = [](detail::wire_reader& in) {
+                               return checked<M>([&](M& m) { in.read(m); });
                              }});
   }
 
@@ -41,6 +41,20 @@ class message_registry {
   std::size_t size() const { return entries_.size(); }
 
  private:
+  /// A new `M` filled by `fill`, or null when that throws or the result fails its `valid()`.
+  template <message M, class Fill>
+  static std::shared_ptr<const void> checked(Fill&& fill) {
+    try {
+      auto m = std::make_shared<M>();
+      fill(*m);
+      if constexpr (requires { m->valid(); }) {
+        if (!m->valid()) return nullptr;
+      }
+      return m;
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }
   void add_entry(msg_kind kind, entry e);
   std::map<msg_kind, entry> entries_;
 };

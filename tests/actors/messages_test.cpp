@@ -4,9 +4,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <map>
+#include <random>
+#include <variant>
 
 #include "runtime/codec.hpp"
+#include "tests/fuzz/sample_messages.hpp"
 
 namespace ferry {
 namespace {
@@ -55,6 +60,54 @@ TEST(protocol_messages, durations_out_of_range_are_malformed_bodies) {
   EXPECT_EQ(decode_frame(version_complete_with_apply(-1.0), r, {}).error(), errc::malformed_body);
   EXPECT_EQ(decode_frame(version_complete_with_apply(std::numeric_limits<double>::infinity()), r, {}).error(),
             errc::malformed_body);
+}
+
+/// What decoding `payload` came to: the error, or the frame of what it decoded, encoded again.
+using outcome = std::variant<std::error_code, frame>;
+
+/// decode_payload reads a frame in one pass and leaves any other to msgpack-c's decoder: over every
+/// message of the protocol and seeded damage to each, the two must come to the same outcome.
+TEST(protocol_messages, one_pass_decoding_agrees_with_msgpack_c_on_every_message_and_its_damage) {
+  const auto& registry = protocol();
+  std::map<msg_kind, std::function<frame(const decoded_message&)>> encode_again;
+  std::vector<frame> frames;
+  fuzz::for_each_message([&]<class M>(const M& m) {
+    encode_again[M::kind] = [](const decoded_message& d) { return encode(d.head, d.as<M>()); };
+    frames.push_back(encode(fuzz::sample_header(), m));
+  });
+  auto outcome_of = [&](const result<decoded_message>& r) -> outcome {
+    if (!r) return r.error();
+    return encode_again.at(r->head.kind)(*r);
+  };
+  const unsigned seed = 1127;
+  std::mt19937 rng(seed);
+  const codec_limits limits{};
+  const codec_limits tight{.max_depth = 3, .max_array = 8, .max_map = 8, .max_str = 16, .max_bin = 16};
+  int decoded = 0;
+  for (const auto& f : frames) {
+    const std::vector<std::byte> good(f.begin() + frame_prefix_bytes, f.end());
+    for (int round = 0; round < 400; ++round) {
+      auto payload = good;
+      if (round > 0) {
+        for (int edits = 1 + static_cast<int>(rng() % 2); edits > 0 && !payload.empty(); --edits) {
+          const auto at = rng() % payload.size();
+          if (rng() % 5 == 0) {
+            payload.resize(at);
+          } else {
+            payload[at] = std::byte(rng() & 0xff);
+          }
+        }
+      }
+      for (const auto* caps : {&limits, &tight}) {
+        const auto theirs = outcome_of(detail::decode_through_msgpack_c(payload, registry, *caps));
+        ASSERT_EQ(outcome_of(decode_payload(payload, registry, *caps)), theirs)
+            << "seed " << seed << ", kind " << static_cast<int>(std::to_integer<int>(good.size() > 2 ? good[2] : std::byte{}))
+            << ", round " << round << (caps == &tight ? ", tight caps" : "");
+        decoded += std::holds_alternative<frame>(theirs);
+      }
+    }
+  }
+  EXPECT_GT(decoded, static_cast<int>(frames.size()));  // undamaged frames and some damaged ones decode
 }
 
 }  // namespace

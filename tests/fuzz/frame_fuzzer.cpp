@@ -1,9 +1,11 @@
 /// libFuzzer target: control-frame decoding (`decode_frame`, `decode_payload`) over the full
 /// protocol registry, and every kind's body decoder over whatever body the input carries.
 /// Properties beyond "does not crash": whatever decodes as a message type re-encodes to a frame
-/// that decodes again, and re-encoding that is byte-identical (encode is a fixed point).
+/// that decodes again, and re-encoding that is byte-identical (encode is a fixed point); the
+/// one-pass decoder and msgpack-c's come to the same error or the same message.
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <span>
 #include <vector>
@@ -89,6 +91,30 @@ void every_body_decoder(const envelope_header& head, std::span<const std::byte> 
   for (auto check : kind_checks()) check(head, root.via.array.ptr[5]);
 }
 
+/// Each kind's message encoded again, to compare what two decoders made of one payload.
+frame encoded_again(const decoded_message& m) {
+  static const auto encoders = [] {
+    std::map<msg_kind, frame (*)(const decoded_message&)> e;
+    fuzz::for_each_message([&]<class M>(const M&) {
+      e[M::kind] = [](const decoded_message& d) { return encode(d.head, d.as<M>()); };
+    });
+    return e;
+  }();
+  return encoders.at(m.head.kind)(m);
+}
+
+void same_as_msgpack_c(std::span<const std::byte> payload, const result<decoded_message>& ours,
+                       const codec_limits& limits) {
+  const auto theirs = detail::decode_through_msgpack_c(payload, protocol(), limits);
+  if (ours.has_value() != theirs.has_value()) broken("one-pass and msgpack-c decoding disagree", 0);
+  if (!ours) {
+    if (ours.error() != theirs.error()) broken("one-pass and msgpack-c decoding give different errors", 0);
+    return;
+  }
+  if (encoded_again(*ours) != encoded_again(*theirs))
+    broken("one-pass and msgpack-c decoding give different messages", ours->head.kind);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -107,6 +133,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size >= frame_prefix_bytes) {
     const auto payload = bytes.subspan(frame_prefix_bytes);
     const auto m = decode_payload(payload, registry, limits);
+    same_as_msgpack_c(payload, m, limits);
     every_body_decoder(m ? m->head : fuzz::sample_header(), payload, limits);
   }
   return 0;

@@ -56,14 +56,13 @@ int main(int argc, char** argv) {
     if (!entry || seeded.contains(kind)) continue;
     std::fprintf(stderr, "ferry_fuzz_seeds: kind %u (%s) has no example; seeding an empty body\n",
                  k, entry->name.c_str());
-    frame f(frame_prefix_bytes);
-    detail::frame_sink sink{f};
-    msgpack::packer<detail::frame_sink> packer(sink);
+    auto& buffer = detail::packing_buffer();
+    msgpack::packer<detail::pack_buffer> packer(buffer);
     auto head = fuzz::sample_header();
     head.kind = kind;
     detail::pack_header(packer, head);
     packer.pack_map(0);
-    detail::finish_prefix(f);
+    const frame f = detail::framed(buffer.bytes());
     ok = write_seed(dir, "kind-" + std::to_string(k) + "-" + entry->name, f) && ok;
     ++written;
   }
