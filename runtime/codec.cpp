@@ -13,7 +13,10 @@ void finish_prefix(frame& f) {
 }
 
 void pack_buffer::grow(std::size_t n) {
-  storage_.resize(std::max({2 * storage_.size(), size_ + n, std::size_t{256}}));
+  capacity_ = std::max({2 * capacity_, size_ + n, std::size_t{256}});
+  auto larger = std::make_unique_for_overwrite<char[]>(capacity_);
+  if (size_ > 0) std::memcpy(larger.get(), storage_.get(), size_);
+  storage_ = std::move(larger);
 }
 
 pack_buffer& packing_buffer() {
