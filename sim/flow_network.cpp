@@ -56,7 +56,7 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   } else {
     slot = static_cast<std::uint32_t>(flows_.size());
     flows_.emplace_back();
-    fixed_.push_back(0);
+    fixed_in_.push_back(0);
   }
   live_.push_back(slot);
   auto& f = flows_[slot];
@@ -67,6 +67,7 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   f.path = spec.path;
   f.latency = spec.latency;
   f.done = std::move(done);
+  if (std::isfinite(f.max_rate)) capped_.insert(std::upper_bound(capped_.begin(), capped_.end(), slot, by_cap()), slot);
   attach(slot);
   schedule_recompute();
   return id;
@@ -147,53 +148,60 @@ void flow_network::schedule_recompute() {
 
 /// Max-min fair shares by progressive filling: raise every unfixed transfer's rate together until
 /// a resource (or a transfer's own cap) saturates, fix the transfers it limits, repeat. A round
-/// scans the busy resources and touches only the transfers it fixes, and each resource's flows
-/// are kept as they start and end, so a recomputation costs rounds x resources + transfers x
-/// hops, for the tens of thousands of transfers a cluster runs. Shares are compared by
-/// cross-multiplying: a division each would cost more than all the rest of a round.
+/// scans once the resources that still carry unfixed transfers and touches only the transfers it
+/// fixes; each resource's flows and the capped transfers are kept as they start and end, and a
+/// transfer counts as fixed when stamped with this recomputation's number. So a recomputation
+/// costs rounds x resources + transfers x hops, for the tens of thousands of transfers a cluster
+/// runs. Shares are compared by cross-multiplying: a division each would cost more than all the
+/// rest of a round.
 void flow_network::recompute() {
   recompute_pending_ = false;
-  ++recomputations_;
+  const auto stamp = ++recomputations_;
   advance();
+  unfilled_.clear();
   for (const auto r : busy_) {
     load_[r] = 0;
     capacity_left_[r] = resources_[r].bytes_per_second;
     unfixed_weight_[r] = weight_on_[r];
+    unfilled_.push_back(r);
   }
-  capped_.clear();
-  for (const auto i : live_) {
-    flows_[i].rate = 0;
-    fixed_[i] = 0;
-    if (std::isfinite(flows_[i].max_rate)) capped_.push_back(i);
-  }
-  std::sort(capped_.begin(), capped_.end(), [&](auto a, auto b) {
-    return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate : a < b;
-  });
 
+  // The next completion, found as rates are fixed: the least remaining / rate, compared without
+  // dividing; of equals, the transfer that started first.
+  double soonest_bytes = std::numeric_limits<double>::infinity(), soonest_rate = 1;
+  std::uint64_t soonest_id = 0;
   auto next_capped = capped_.begin();
   auto unfixed = live_.size();
   while (unfixed > 0) {
-    // The least capacity left per unfixed weight: c / w < best_c / best_w.
+    // One pass over the resources some unfixed transfer crosses: those left with none drop out;
+    // the least capacity left per unfixed weight (c / w < best_c / best_w) is found, and every
+    // resource that may turn out to share it is kept, in the order of `busy_`.
     double best_c = std::numeric_limits<double>::infinity(), best_w = 1;
-    for (const auto r : busy_) {
+    saturating_.clear();
+    std::size_t kept = 0;
+    for (const auto r : unfilled_) {
       const double w = unfixed_weight_[r];
-      if (w > no_weight && capacity_left_[r] * best_w < best_c * w) best_c = capacity_left_[r], best_w = w;
+      if (!(w > no_weight)) continue;
+      unfilled_[kept++] = r;
+      const double c = capacity_left_[r];
+      if (c * best_w < best_c * w) best_c = c, best_w = w;
+      if (c * best_w <= best_c * w * (1 + 2 * tie)) saturating_.push_back(r);  // looser than below
     }
+    unfilled_.resize(kept);
     double level = best_c / best_w;
-    while (next_capped != capped_.end() && fixed_[*next_capped]) ++next_capped;
+    while (next_capped != capped_.end() && fixed_in_[*next_capped] == stamp) ++next_capped;
     if (next_capped != capped_.end()) level = std::min(level, flows_[*next_capped].max_rate);
     if (std::isinf(level)) break;
     // Decide on this round's transfers before any of their shares is subtracted.
     const double limit = level * (1 + tie);
     fixing_.clear();
-    for (const auto r : busy_) {
-      const double w = unfixed_weight_[r];
-      if (w > no_weight && capacity_left_[r] <= limit * w)
+    for (const auto r : saturating_) {
+      if (capacity_left_[r] <= limit * unfixed_weight_[r])
         for (const auto i : on_[r])
-          if (!fixed_[i]) fixed_[i] = 1, fixing_.push_back(i);
+          if (fixed_in_[i] != stamp) fixed_in_[i] = stamp, fixing_.push_back(i);
     }
     for (; next_capped != capped_.end() && flows_[*next_capped].max_rate <= limit; ++next_capped)
-      if (!fixed_[*next_capped]) fixed_[*next_capped] = 1, fixing_.push_back(*next_capped);
+      if (fixed_in_[*next_capped] != stamp) fixed_in_[*next_capped] = stamp, fixing_.push_back(*next_capped);
     for (const auto i : fixing_) {
       auto& f = flows_[i];
       f.rate = std::min(level, f.max_rate);
@@ -202,17 +210,19 @@ void flow_network::recompute() {
         unfixed_weight_[h.id] -= h.weight;
         load_[h.id] += h.weight * f.rate;
       }
+      const double left = std::max(0.0, f.remaining);
+      if (f.rate > 0) {
+        const double mine = left * soonest_rate, best = soonest_bytes * f.rate;
+        if (mine < best || (mine == best && f.id < soonest_id))
+          soonest_bytes = left, soonest_rate = f.rate, soonest_id = f.id;
+      }
     }
     unfixed -= fixing_.size();
   }
+  if (unfixed > 0)  // transfers no resource and no cap limits: none can, but they would not move
+    for (const auto i : live_)
+      if (fixed_in_[i] != stamp) flows_[i].rate = 0;
 
-  // One timer, at the next completion: the least remaining / rate, compared without dividing.
-  double soonest_bytes = std::numeric_limits<double>::infinity(), soonest_rate = 1;
-  for (const auto i : live_) {
-    const auto& f = flows_[i];
-    const double left = std::max(0.0, f.remaining);
-    if (f.rate > 0 && left * soonest_rate < soonest_bytes * f.rate) soonest_bytes = left, soonest_rate = f.rate;
-  }
   if (timer_armed_) {
     clock_.cancel(timer_);
     timer_armed_ = false;
@@ -238,6 +248,7 @@ void flow_network::on_timer(std::uint64_t) {
     // Within a nanosecond's worth of bytes (the clock's grain) counts as arrived.
     if (f.rate == 0 || f.remaining > f.rate * 1e-9 + 1e-6) return false;
     detach(i);
+    if (std::isfinite(f.max_rate)) capped_.erase(std::lower_bound(capped_.begin(), capped_.end(), i, by_cap()));
     auto done = std::move(f.done);
     if (f.latency > clock::duration::zero()) {
       clock_.async_wait(f.latency, [done = std::move(done)](std::error_code) { done(); });

@@ -102,6 +102,12 @@ class flow_network {
   /// Enters the flow in slot `slot` into, or takes it out of, the lists of the resources it crosses.
   void attach(std::uint32_t slot);
   void detach(std::uint32_t slot);
+  /// Orders flow slots by their own cap, then by slot: the order of `capped_`.
+  auto by_cap() const {
+    return [this](std::uint32_t a, std::uint32_t b) {
+      return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate : a < b;
+    };
+  }
 
   event_loop& loop_;
   ferry::clock& clock_;
@@ -124,12 +130,15 @@ class flow_network {
   std::vector<double> weight_on_;
   std::vector<std::uint32_t> busy_place_;
   std::vector<resource_id> busy_;
+  /// Slots of the transfers with a cap of their own, by cap, then slot: kept as they start and end.
+  std::vector<std::uint32_t> capped_;
   // Scratch for the max-min computation, per resource unless said, kept to avoid allocating per
   // event.
   std::vector<double> capacity_left_, unfixed_weight_;
-  std::vector<double> load_;  ///< weighted bytes/s crossing it at the current rates
-  std::vector<char> fixed_;   ///< per flow slot
-  std::vector<std::uint32_t> capped_, fixing_;  ///< flow slots
+  std::vector<double> load_;            ///< weighted bytes/s crossing it at the current rates
+  std::vector<std::uint64_t> fixed_in_;  ///< per flow slot: the recomputation that fixed its rate
+  std::vector<std::uint32_t> fixing_;   ///< flow slots
+  std::vector<resource_id> unfilled_, saturating_;
 };
 
 }  // namespace ferry::sim
