@@ -7,15 +7,18 @@
 namespace ferry {
 
 void message_registry::add_entry(msg_kind kind, entry e) {
-  auto [it, inserted] = entries_.emplace(kind, std::move(e));
-  if (!inserted && it->second.name != e.name) {
-    throw std::logic_error("message kind " + std::to_string(kind) + " registered twice");
+  if (by_kind_.size() <= kind) by_kind_.resize(kind + 1u);
+  auto& slot = by_kind_[kind];
+  if (slot) {
+    if (slot->name != e.name) throw std::logic_error("message kind " + std::to_string(kind) + " registered twice");
+    return;
   }
+  slot = std::move(e);
+  ++size_;
 }
 
 const message_registry::entry* message_registry::find(msg_kind kind) const {
-  auto it = entries_.find(kind);
-  return it == entries_.end() ? nullptr : &it->second;
+  return kind < by_kind_.size() && by_kind_[kind] ? &*by_kind_[kind] : nullptr;
 }
 
 void register_runtime_messages(message_registry& registry) {

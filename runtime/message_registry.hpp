@@ -1,10 +1,11 @@
 #pragma once
 /// The message kinds a node understands, each with its strict body check.
 #include <functional>
-#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/message.hpp"
 #include "runtime/wire_reader.hpp"
@@ -38,7 +39,7 @@ class message_registry {
   }
 
   const entry* find(msg_kind kind) const;
-  std::size_t size() const { return entries_.size(); }
+  std::size_t size() const { return size_; }
 
  private:
   /// A new `M` filled by `fill`, or null when that throws or the result fails its `valid()`.
@@ -56,7 +57,8 @@ class message_registry {
     }
   }
   void add_entry(msg_kind kind, entry e);
-  std::map<msg_kind, entry> entries_;
+  std::vector<std::optional<entry>> by_kind_;  ///< indexed by kind: looked up for every frame
+  std::size_t size_ = 0;
 };
 
 /// Adds the runtime's own messages (ping, pong, ...).

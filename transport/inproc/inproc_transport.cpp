@@ -41,9 +41,11 @@ void inproc_network::cut(node_id id) {
   cut_.insert(id);
 }
 
-bool inproc_network::cut_between(node_id a, node_id b) const {
+inproc_network::reach_result inproc_network::reach(node_id from, node_id to) const {
   std::lock_guard lock(mutex_);
-  return cut_.contains(a) || cut_.contains(b);
+  auto it = nodes_.find(to);
+  if (it == nodes_.end()) return {};
+  return {.peer = it->second.lock(), .cut = !cut_.empty() && (cut_.contains(from) || cut_.contains(to))};
 }
 
 void inproc_network::hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive) {
@@ -133,14 +135,16 @@ void inproc_transport::lost_on_the_way(node_id peer) {
 }
 
 void inproc_transport::async_send(node_id to, frame f, completion done) {
+  // Frames wait only behind a modelled one still crossing (`outbox_` keeps no empty queue): with
+  // none waiting anywhere, this one needs no lookup.
+  if (outbox_.empty() && !modelled(f)) return hand_over(to, std::move(f), std::move(done));
   auto& queue = outbox_[to];
-  if (queue.empty() && !modelled(f)) return hand_over(to, std::move(f), std::move(done));
   queue.emplace_back(std::move(f), std::move(done));
   if (queue.size() == 1) send_queued(to);
 }
 
 void inproc_transport::hand_over(node_id to, frame f, completion done) {
-  auto peer = network_.find(to);
+  auto [peer, cut] = network_.reach(self_, to);
   if (!open_ || !peer) {
     loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
     lost_on_the_way(to);
@@ -148,7 +152,7 @@ void inproc_transport::hand_over(node_id to, frame f, completion done) {
   }
   reached_.insert(to);
   auto arrive = [from = self_, f = std::move(f)](inproc_transport& at) { at.deliver_frame(from, f); };
-  if (network_.cut_between(self_, to)) {
+  if (cut) {
     network_.hold(self_, to, std::move(arrive));
   } else {
     peer->loop_.post([peer, arrive = std::move(arrive)] { arrive(*peer); });
@@ -157,7 +161,9 @@ void inproc_transport::hand_over(node_id to, frame f, completion done) {
 }
 
 void inproc_transport::send_queued(node_id to) {
-  auto& queue = outbox_[to];
+  auto it = outbox_.find(to);
+  if (it == outbox_.end()) return;
+  auto& queue = it->second;
   while (!queue.empty()) {
     if (modelled(queue.front().first) && open_ && network_.find(to)) {
       network_.model_frame(self_, to, queue.front().first.size(), [self = weak_from_this(), to] {
@@ -169,6 +175,7 @@ void inproc_transport::send_queued(node_id to) {
     queue.pop_front();
     hand_over(to, std::move(f), std::move(done));
   }
+  outbox_.erase(it);
 }
 
 void inproc_network::model_frame(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
@@ -200,10 +207,10 @@ void inproc_network::start_next_frame(node_id to) {
 }
 
 void inproc_transport::landed(node_id to) {
-  auto& queue = outbox_[to];
-  if (queue.empty()) return;
-  auto [f, done] = std::move(queue.front());
-  queue.pop_front();
+  auto it = outbox_.find(to);
+  if (it == outbox_.end() || it->second.empty()) return;
+  auto [f, done] = std::move(it->second.front());
+  it->second.pop_front();
   hand_over(to, std::move(f), std::move(done));
   send_queued(to);
 }
@@ -220,7 +227,7 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
                                    write_imm imm, completion done) {
   auto complete_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
   if (!regions_.contains(local)) return complete_with(transport_errc::not_registered);
-  auto peer = network_.find(remote.owner);
+  auto [peer, cut] = network_.reach(self_, remote.owner);
   if (!peer) lost_on_the_way(remote.owner);
   if (!open_ || !peer) return complete_with(transport_errc::peer_unreachable);
   reached_.insert(remote.owner);
@@ -228,7 +235,7 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   if (!target) return complete_with(target.error());
 
   const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
-  if (network_.cut_between(self_, remote.owner)) {
+  if (cut) {
     // The bytes wait in "the kernel" (copied now), and are checked again on arrival.
     network_.hold(self_, remote.owner, [notice, key = remote.key, bytes = std::vector<std::byte>(local.begin(), local.end())](
                                             inproc_transport& at) {

@@ -55,7 +55,12 @@ class inproc_network {
   friend class inproc_transport;
   void attach(node_id id, std::weak_ptr<inproc_transport> t);
   void detach(node_id id);
-  bool cut_between(node_id a, node_id b) const;
+  /// Node `to` as a frame or write from `from` finds it, under one lock: null when it is gone.
+  struct reach_result {
+    std::shared_ptr<inproc_transport> peer;
+    bool cut = false;  ///< the link between them is cut
+  };
+  reach_result reach(node_id from, node_id to) const;
   /// Keeps `arrive` (run on `to`'s loop) until the cut link from `from` to `to` is mended.
   void hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive);
   /// `by` closed its side of the link to `peer`.
