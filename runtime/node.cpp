@@ -52,9 +52,13 @@ void node::detach(actor& a) { actors_.erase(a.self().actor); }
 
 void node::route(address to, frame f, std::function<void(std::error_code)> sent) {
   if (to.node != id_) {
-    transport_->async_send(to.node, std::move(f), [this, to, sent = std::move(sent)](std::error_code ec) {
+    auto failed = [this, to](std::error_code ec) {
       if (ec) log::debug("node {}: send to {}.{} failed: {}", id_, to.node, to.actor, ec.message());
-      if (sent) sent(ec);
+    };
+    if (!sent) return transport_->async_send(to.node, std::move(f), failed);  // small: no allocation
+    transport_->async_send(to.node, std::move(f), [failed, sent = std::move(sent)](std::error_code ec) {
+      failed(ec);
+      sent(ec);
     });
     return;
   }
