@@ -451,29 +451,24 @@ void job_coordinator::resume() {
 
 void job_coordinator::start_update(update_scheduler::update u) {
   updates_.start(u);
-  // Each trainer hears every route, with only the chunks it sources: a route's list of all of
-  // them, sent to every trainer, was most of a simulated update's messages by bytes.
-  std::vector<update_go> go(plan_->shards.size(), update_go{.version = u.version});
-  auto add_route = [&](const leader_route& route, const std::vector<std::uint32_t>& chunks) {
-    for (auto& g : go) g.routes.push_back({.route = route});
-    for (const auto id : chunks) go[plan_->chunks[id].shard].routes.back().chunks.push_back(id);
-  };
+  std::vector<route_chunks> all;
   for (const auto& inst : plan_->instances) {
     auto sends = update_scheduler::what_travels(*plan_, inst, members_, u.version);
     auto routes = leader_routes(inst);
     if (!routes) return;
     if (!sends.through_leaders.empty()) {
-      for (const auto& route : *routes) add_route(route, sends.through_leaders);
+      for (const auto& route : *routes) all.push_back({.route = route, .chunks = sends.through_leaders});
     }
     for (std::uint32_t r = 0; r < sends.direct.size(); ++r) {
       if (sends.direct[r].empty()) continue;
       auto route = direct_route(inst.id, inst.workers[r]);
       if (!route) return;
-      add_route(*route, sends.direct[r]);
+      all.push_back({.route = *route, .chunks = std::move(sends.direct[r])});
     }
   }
+  const auto go = update_scheduler::orders_by_shard(*plan_, u.version, all);
   log::debug("coordinator: epoch {}: {} version {} to {} route(s)", epoch(), u.catch_up ? "catch-up of" : "update",
-             u.version, go.empty() ? 0 : go.front().routes.size());
+             u.version, all.size());
   for (const auto& [rank, t] : members_.trainers)
     if (rank < go.size()) send(t.who, go[rank]);
   if (on_update) on_update(u.version, u.catch_up, leader_nodes());

@@ -70,4 +70,14 @@ update_scheduler::instance_sends update_scheduler::what_travels(const plan& p, c
   return out;
 }
 
+std::vector<update_go> update_scheduler::orders_by_shard(const plan& p, std::uint64_t version,
+                                                        std::span<const route_chunks> routes) {
+  std::vector<update_go> orders(p.shards.size(), update_go{.version = version});
+  for (const auto& r : routes) {
+    for (auto& o : orders) o.routes.push_back({.route = r.route});
+    for (const auto id : r.chunks) orders[p.chunks[id].shard].routes.back().chunks.push_back(id);
+  }
+  return orders;
+}
+
 }  // namespace ferry

@@ -7,9 +7,11 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "actors/membership.hpp"
+#include "actors/messages.hpp"
 #include "actors/plan.hpp"
 
 namespace ferry {
@@ -60,6 +62,11 @@ class update_scheduler {
   /// to each member that hears it and lacks it.
   static instance_sends what_travels(const plan& p, const instance_plan& inst, const job_membership& members,
                                      std::uint64_t version);
+  /// Each trainer shard's order to send `version` (indexed by shard): every route of `routes`, in
+  /// order, each with only the chunks that shard sources, in their order. Every trainer hearing
+  /// every route's whole list was most of a simulated update's messages by bytes.
+  static std::vector<update_go> orders_by_shard(const plan& p, std::uint64_t version,
+                                                std::span<const route_chunks> routes);
 
  private:
   std::optional<update> active_;

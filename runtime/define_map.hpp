@@ -7,7 +7,6 @@
 /// the end of each name; here names are compared in place, and decoding may skip msgpack-c's
 /// object tree altogether (`wire_reader`).
 #include <cstdint>
-#include <cstring>
 #include <msgpack.hpp>
 #include <span>
 #include <string_view>

@@ -1,7 +1,6 @@
 #include "runtime/wire_reader.hpp"
 
 #include <bit>
-
 #include <boost/container/small_vector.hpp>
 
 namespace ferry::detail {
@@ -20,33 +19,65 @@ constexpr shape shape_of(std::uint8_t b) {
   if (b <= 0x9f) return {shape::array, 0, static_cast<std::uint8_t>(b & 0x0f)};
   if (b <= 0xbf) return {shape::str, 0, static_cast<std::uint8_t>(b & 0x1f)};
   switch (b) {
-    case 0xc0: case 0xc2: case 0xc3: return {shape::scalar, 0, 0};
-    case 0xc4: return {shape::bin, 1, 0};
-    case 0xc5: return {shape::bin, 2, 0};
-    case 0xc6: return {shape::bin, 4, 0};
-    case 0xc7: return {shape::ext, 1, 0};
-    case 0xc8: return {shape::ext, 2, 0};
-    case 0xc9: return {shape::ext, 4, 0};
-    case 0xca: return {shape::scalar, 0, 4};
-    case 0xcb: return {shape::scalar, 0, 8};
-    case 0xcc: case 0xd0: return {shape::scalar, 0, 1};
-    case 0xcd: case 0xd1: return {shape::scalar, 0, 2};
-    case 0xce: case 0xd2: return {shape::scalar, 0, 4};
-    case 0xcf: case 0xd3: return {shape::scalar, 0, 8};
+    case 0xc0:
+    case 0xc2:
+    case 0xc3:
+      return {shape::scalar, 0, 0};
+    case 0xc4:
+      return {shape::bin, 1, 0};
+    case 0xc5:
+      return {shape::bin, 2, 0};
+    case 0xc6:
+      return {shape::bin, 4, 0};
+    case 0xc7:
+      return {shape::ext, 1, 0};
+    case 0xc8:
+      return {shape::ext, 2, 0};
+    case 0xc9:
+      return {shape::ext, 4, 0};
+    case 0xca:
+      return {shape::scalar, 0, 4};
+    case 0xcb:
+      return {shape::scalar, 0, 8};
+    case 0xcc:
+    case 0xd0:
+      return {shape::scalar, 0, 1};
+    case 0xcd:
+    case 0xd1:
+      return {shape::scalar, 0, 2};
+    case 0xce:
+    case 0xd2:
+      return {shape::scalar, 0, 4};
+    case 0xcf:
+    case 0xd3:
+      return {shape::scalar, 0, 8};
     // fixext: `fixed` is the data with its type byte, the size msgpack-c checks
-    case 0xd4: return {shape::ext, 0, 2};
-    case 0xd5: return {shape::ext, 0, 3};
-    case 0xd6: return {shape::ext, 0, 5};
-    case 0xd7: return {shape::ext, 0, 9};
-    case 0xd8: return {shape::ext, 0, 17};
-    case 0xd9: return {shape::str, 1, 0};
-    case 0xda: return {shape::str, 2, 0};
-    case 0xdb: return {shape::str, 4, 0};
-    case 0xdc: return {shape::array, 2, 0};
-    case 0xdd: return {shape::array, 4, 0};
-    case 0xde: return {shape::map, 2, 0};
-    case 0xdf: return {shape::map, 4, 0};
-    default: return {};  // 0xc1, which no type has
+    case 0xd4:
+      return {shape::ext, 0, 2};
+    case 0xd5:
+      return {shape::ext, 0, 3};
+    case 0xd6:
+      return {shape::ext, 0, 5};
+    case 0xd7:
+      return {shape::ext, 0, 9};
+    case 0xd8:
+      return {shape::ext, 0, 17};
+    case 0xd9:
+      return {shape::str, 1, 0};
+    case 0xda:
+      return {shape::str, 2, 0};
+    case 0xdb:
+      return {shape::str, 4, 0};
+    case 0xdc:
+      return {shape::array, 2, 0};
+    case 0xdd:
+      return {shape::array, 4, 0};
+    case 0xde:
+      return {shape::map, 2, 0};
+    case 0xdf:
+      return {shape::map, 4, 0};
+    default:
+      return {};  // 0xc1, which no type has
   }
 }
 
@@ -64,8 +95,8 @@ std::uint64_t big_endian(const std::uint8_t* p, std::size_t n) {
 
 /// Where the value at `at`, inside `outside` open containers, ends; 0 where msgpack-c's parser
 /// would fail on it.
-std::size_t scan(const std::uint8_t* data, std::size_t size, std::size_t at, const msgpack::unpack_limit& caps,
-                 std::size_t outside) {
+std::size_t scan(const std::uint8_t* data, std::size_t size, std::size_t at,
+                 const msgpack::unpack_limit& caps, std::size_t outside) {
   // Values still to come in each open container (a map's entries count twice).
   boost::container::small_vector<std::uint64_t, 16> open;
   for (;;) {
@@ -95,7 +126,9 @@ std::size_t scan(const std::uint8_t* data, std::size_t size, std::size_t at, con
         // An ext's data is its type byte and its length's bytes; the fixext sizes count both.
         const std::uint64_t data_bytes = s.kind == shape::ext && s.size_bytes ? n + 1 : n;
         if (left < data_bytes) return 0;
-        const std::size_t cap = s.kind == shape::str ? caps.str() : s.kind == shape::bin ? caps.bin() : caps.ext();
+        const std::size_t cap = s.kind == shape::str   ? caps.str()
+                                : s.kind == shape::bin ? caps.bin()
+                                                       : caps.ext();
         if (data_bytes > cap) return 0;
         at += data_bytes;
       }
@@ -193,7 +226,8 @@ bool wire_reader::read_bool() {
 double wire_reader::read_float() {
   if (at_ >= size_) throw wire_error();
   const auto b = data_[at_];
-  if (b == 0xca) return std::bit_cast<float>(static_cast<std::uint32_t>(big_endian(take(5) + 1, 4)));
+  if (b == 0xca)
+    return std::bit_cast<float>(static_cast<std::uint32_t>(big_endian(take(5) + 1, 4)));
   if (b == 0xcb) return std::bit_cast<double>(big_endian(take(9) + 1, 8));
   throw msgpack::type_error();
 }

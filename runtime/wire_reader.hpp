@@ -18,7 +18,6 @@
 #include <type_traits>
 #include <vector>
 
-
 namespace ferry::detail {
 
 /// Bytes that msgpack-c's parser would not accept (where a type does not match, the reader throws
@@ -30,25 +29,32 @@ struct wire_error : std::runtime_error {
 class wire_reader;
 
 template <class T>
-concept named_fields_struct = requires(T& t, wire_reader& r) { t.ferry_fields().read(r); };
+concept named_fields_struct = requires(T& t, wire_reader& r) {
+  t.ferry_fields().read(r);
+};
 
 template <class T>
-struct read_directly : std::bool_constant<named_fields_struct<T> || std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
-                                          std::is_floating_point_v<T> ||
-                                          (std::is_integral_v<T> && !std::is_same_v<T, char>)> {};
+struct read_directly
+    : std::bool_constant<named_fields_struct<T> || std::is_same_v<T, bool> ||
+                         std::is_same_v<T, std::string> || std::is_floating_point_v<T> ||
+                         (std::is_integral_v<T> && !std::is_same_v<T, char>)> {};
 // Vectors of bytes and of bools have msgpack-c rules of their own; those go through it.
 template <class T, class A>
 struct read_directly<std::vector<T, A>>
-    : std::bool_constant<read_directly<T>::value && !std::is_same_v<T, bool> && !std::is_same_v<T, unsigned char> &&
-                         !std::is_same_v<T, signed char>> {};
+    : std::bool_constant<read_directly<T>::value && !std::is_same_v<T, bool> &&
+                         !std::is_same_v<T, unsigned char> && !std::is_same_v<T, signed char>> {};
 
 /// A cursor over one msgpack value, read in place. Throws `wire_error` or `msgpack::type_error`
 /// (above); types it has no direct read for are parsed by msgpack-c into `zone` and converted
 /// there, strings left in the bytes.
 class wire_reader {
  public:
-  wire_reader(std::span<const std::byte> bytes, msgpack::zone& zone, const msgpack::unpack_limit& caps)
-      : data_(reinterpret_cast<const std::uint8_t*>(bytes.data())), size_(bytes.size()), zone_(zone), caps_(caps) {}
+  wire_reader(std::span<const std::byte> bytes, msgpack::zone& zone,
+              const msgpack::unpack_limit& caps)
+      : data_(reinterpret_cast<const std::uint8_t*>(bytes.data())),
+        size_(bytes.size()),
+        zone_(zone),
+        caps_(caps) {}
 
   bool at_end() const { return at_ == size_; }
   bool at_map() const { return at_ < size_ && is_map(data_[at_]); }
@@ -126,11 +132,13 @@ class wire_reader {
     integer v;
     if (!try_integer(v)) throw msgpack::type_error();
     if (!v.negative) {
-      if (v.u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) throw msgpack::type_error();
+      if (v.u > static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
+        throw msgpack::type_error();
       return static_cast<T>(v.u);
     }
     if constexpr (std::is_signed_v<T>) {
-      if (v.i < static_cast<std::int64_t>(std::numeric_limits<T>::min())) throw msgpack::type_error();
+      if (v.i < static_cast<std::int64_t>(std::numeric_limits<T>::min()))
+        throw msgpack::type_error();
       return static_cast<T>(v.i);
     } else {
       throw msgpack::type_error();
@@ -149,7 +157,8 @@ class wire_reader {
     // msgpack-c counts depth from this value; the containers open around it count too.
     const auto caps = caps_within();
     std::size_t offset = at_;
-    const auto o = msgpack::unpack(zone_, reinterpret_cast<const char*>(data_), size_, offset, in_place, nullptr, caps);
+    const auto o = msgpack::unpack(zone_, reinterpret_cast<const char*>(data_), size_, offset,
+                                   in_place, nullptr, caps);
     at_ = offset;
     o.convert(out);
   }

@@ -101,8 +101,8 @@ TEST(protocol_messages, one_pass_decoding_agrees_with_msgpack_c_on_every_message
       for (const auto* caps : {&limits, &tight}) {
         const auto theirs = outcome_of(detail::decode_through_msgpack_c(payload, registry, *caps));
         ASSERT_EQ(outcome_of(decode_payload(payload, registry, *caps)), theirs)
-            << "seed " << seed << ", kind " << static_cast<int>(std::to_integer<int>(good.size() > 2 ? good[2] : std::byte{}))
-            << ", round " << round << (caps == &tight ? ", tight caps" : "");
+            << "seed " << seed << ", frame of kind " << std::to_integer<int>(good[2]) << ", round " << round
+            << (caps == &tight ? ", tight caps" : "");
         decoded += std::holds_alternative<frame>(theirs);
       }
     }

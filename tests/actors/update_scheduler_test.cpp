@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace ferry {
 namespace {
 
@@ -120,6 +122,47 @@ TEST(update_scheduler, only_what_some_member_lacks_travels) {
   EXPECT_EQ(to_b, 2000u);
   EXPECT_EQ(shared, 256u);
   EXPECT_EQ(sends.through_leaders.size() + sends.direct[0].size() + sends.direct[1].size(), split->chunks.size());
+}
+
+TEST(update_scheduler, each_trainer_is_ordered_every_route_with_only_its_own_chunks) {
+  plan_inputs in{.chunk_bytes = 1024, .shards = {{1, 1}, {2, 1}},
+                 .shard_tensors = {{make_tensor_spec("a", dtype::f32, {1000})}, {make_tensor_spec("b", dtype::f32, {700})}},
+                 .instances = {{.id = 0, .workers = {worker_a, worker_b}}}};
+  std::string why;
+  const auto p = make_plan(in, why);
+  ASSERT_TRUE(p) << why;
+  std::vector<std::uint32_t> every, odd;
+  for (std::uint32_t c = 0; c < p->chunks.size(); ++c) {
+    every.push_back(c);
+    if (c % 2) odd.push_back(c);
+  }
+  std::ranges::reverse(odd);  // a route's own order is kept, whatever it is
+  const std::vector<route_chunks> routes{
+      {.route = {.instance = 0, .leader = worker_a, .stripe = 0, .stripes = 2}, .chunks = every},
+      {.route = {.instance = 0, .leader = worker_b, .stripe = 1, .stripes = 2}, .chunks = every},
+      {.route = {.instance = 0, .leader = worker_b, .direct = true}, .chunks = odd},
+      {.route = {.instance = 0, .leader = worker_a, .direct = true}, .chunks = {}}};
+
+  const auto orders = update_scheduler::orders_by_shard(*p, 7, routes);
+  ASSERT_EQ(orders.size(), 2u);
+  for (std::uint32_t shard = 0; shard < 2; ++shard) {
+    const auto& o = orders[shard];
+    EXPECT_EQ(o.version, 7u);
+    ASSERT_EQ(o.routes.size(), routes.size());  // every route, even one with none of its chunks
+    for (std::size_t r = 0; r < routes.size(); ++r) {
+      EXPECT_EQ(o.routes[r].route.leader, routes[r].route.leader);
+      EXPECT_EQ(o.routes[r].route.stripe, routes[r].route.stripe);
+      EXPECT_EQ(o.routes[r].route.direct, routes[r].route.direct);
+      std::vector<std::uint32_t> own;
+      for (const auto c : routes[r].chunks)
+        if (p->chunks[c].shard == shard) own.push_back(c);
+      EXPECT_EQ(o.routes[r].chunks, own) << "shard " << shard << ", route " << r;
+    }
+  }
+  // Both shards source chunks, so the split is not trivial.
+  EXPECT_FALSE(orders[0].routes[0].chunks.empty());
+  EXPECT_FALSE(orders[1].routes[0].chunks.empty());
+  EXPECT_EQ(orders[0].routes[0].chunks.size() + orders[1].routes[0].chunks.size(), every.size());
 }
 
 }  // namespace

@@ -54,7 +54,11 @@ template <class T>
 bool same(const T& a, const T& b) {
   if constexpr (std::is_floating_point_v<T>) {
     return a == b || (a != a && b != b);
-  } else if constexpr (requires { a.begin(); a.size(); } && !std::is_same_v<T, std::string>) {
+  } else if constexpr (requires {
+                         a.begin();
+                         a.size();
+                       } &&
+                       !std::is_same_v<T, std::string>) {
     if (a.size() != b.size()) return false;
     auto i = b.begin();
     for (const auto& x : a)
@@ -66,8 +70,8 @@ bool same(const T& a, const T& b) {
 }
 
 bool same(const leaf& a, const leaf& b) {
-  return a.small == b.small && a.signed_value == b.signed_value && same(a.real, b.real) && a.flag == b.flag &&
-         a.text == b.text;
+  return a.small == b.small && a.signed_value == b.signed_value && same(a.real, b.real) &&
+         a.flag == b.flag && a.text == b.text;
 }
 
 bool same(const tree& a, const tree& b) {
@@ -88,12 +92,13 @@ struct outcome {
 };
 
 template <class T>
-outcome<T> through_msgpack_c(const std::vector<std::byte>& bytes, const msgpack::unpack_limit& caps) {
+outcome<T> through_msgpack_c(const std::vector<std::byte>& bytes,
+                             const msgpack::unpack_limit& caps) {
   try {
     msgpack::zone zone;
     std::size_t offset = 0;
-    const auto o =
-        msgpack::unpack(zone, reinterpret_cast<const char*>(bytes.data()), bytes.size(), offset, nullptr, nullptr, caps);
+    const auto o = msgpack::unpack(zone, reinterpret_cast<const char*>(bytes.data()), bytes.size(),
+                                   offset, nullptr, nullptr, caps);
     T value;
     o.convert(value);
     return {std::move(value), offset != bytes.size()};
@@ -103,7 +108,8 @@ outcome<T> through_msgpack_c(const std::vector<std::byte>& bytes, const msgpack:
 }
 
 template <class T>
-outcome<T> through_wire_reader(const std::vector<std::byte>& bytes, const msgpack::unpack_limit& caps) {
+outcome<T> through_wire_reader(const std::vector<std::byte>& bytes,
+                               const msgpack::unpack_limit& caps) {
   try {
     msgpack::zone zone;
     detail::wire_reader in(bytes, zone, caps);
@@ -118,14 +124,15 @@ outcome<T> through_wire_reader(const std::vector<std::byte>& bytes, const msgpac
 const msgpack::unpack_limit roomy(1024, 1024, 1024, 1024, 1024, 16);
 
 tree sample_tree() {
-  return {.id = (1ull << 40) + 3,
-          .leaves = {{.small = 200, .signed_value = -300, .real = 2.5, .flag = true, .text = "alpha"},
-                     {.small = 1, .signed_value = 7, .real = -1e300, .text = std::string(40, 'x')}},
-          .numbers = {0, 127, 128, 65536, std::numeric_limits<std::uint32_t>::max()},
-          .extra = {{"k", -5}, {"z", 1 << 20}},
-          .where = {.node = 9, .actor = 4},
-          .ratio = 0.75f,
-          .grid = {{-1, 1}, {}, {std::numeric_limits<std::int64_t>::min()}}};
+  return {
+      .id = (1ull << 40) + 3,
+      .leaves = {{.small = 200, .signed_value = -300, .real = 2.5, .flag = true, .text = "alpha"},
+                 {.small = 1, .signed_value = 7, .real = -1e300, .text = std::string(40, 'x')}},
+      .numbers = {0, 127, 128, 65536, std::numeric_limits<std::uint32_t>::max()},
+      .extra = {{"k", -5}, {"z", 1 << 20}},
+      .where = {.node = 9, .actor = 4},
+      .ratio = 0.75f,
+      .grid = {{-1, 1}, {}, {std::numeric_limits<std::int64_t>::min()}}};
 }
 
 TEST(wire_reader, reads_a_value_as_msgpack_c_converts_it) {
@@ -147,7 +154,9 @@ TEST(wire_reader, converts_scalars_by_msgpack_c_rules) {
            -1, -32, -33, -128, -129, -32768, -32769, std::numeric_limits<std::int64_t>::min()})
     values.push_back(packed(i));
   // Signed encodings of values >= 0, which msgpack's packer never makes but a peer may.
-  for (const auto& raw : {std::vector<std::uint8_t>{0xd0, 0x05}, {0xd1, 0x00, 0x80}, {0xd3, 0, 0, 0, 0, 0, 0, 0, 1}}) {
+  for (const auto& raw : {std::vector<std::uint8_t>{0xd0, 0x05},
+                          {0xd1, 0x00, 0x80},
+                          {0xd3, 0, 0, 0, 0, 0, 0, 0, 1}}) {
     values.emplace_back();
     for (auto b : raw) values.back().push_back(std::byte{b});
   }
@@ -160,7 +169,8 @@ TEST(wire_reader, converts_scalars_by_msgpack_c_rules) {
 
   auto same_as_msgpack_c = [&]<class T>(T) {
     for (std::size_t v = 0; v < values.size(); ++v)
-      EXPECT_TRUE(through_wire_reader<T>(values[v], roomy) == through_msgpack_c<T>(values[v], roomy))
+      EXPECT_TRUE(through_wire_reader<T>(values[v], roomy) ==
+                  through_msgpack_c<T>(values[v], roomy))
           << "value " << v << " as " << typeid(T).name();
   };
   same_as_msgpack_c(std::uint8_t{});
@@ -183,9 +193,9 @@ TEST(wire_reader, accepts_and_refuses_what_msgpack_c_does) {
   const auto good = packed(sample_tree());
   const msgpack::unpack_limit tight(4, 6, 8, 8, 8, 2);
   // Bytes that start each kind of value, so that damage often makes another well-formed value.
-  const std::uint8_t starts[] = {0x00, 0x7f, 0x80, 0x81, 0x8f, 0x90, 0x93, 0xa0, 0xa3, 0xbf, 0xc0, 0xc1, 0xc2, 0xc3,
-                                 0xc4, 0xc7, 0xca, 0xcb, 0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd3, 0xd4, 0xd8, 0xd9, 0xdc,
-                                 0xdd, 0xde, 0xdf, 0xe0, 0xff};
+  const std::uint8_t starts[] = {0x00, 0x7f, 0x80, 0x81, 0x8f, 0x90, 0x93, 0xa0, 0xa3, 0xbf, 0xc0,
+                                 0xc1, 0xc2, 0xc3, 0xc4, 0xc7, 0xca, 0xcb, 0xcc, 0xcd, 0xce, 0xcf,
+                                 0xd0, 0xd3, 0xd4, 0xd8, 0xd9, 0xdc, 0xdd, 0xde, 0xdf, 0xe0, 0xff};
   const unsigned seed = 20261127;
   std::mt19937 rng(seed);
   int accepted = 0;
@@ -194,10 +204,18 @@ TEST(wire_reader, accepts_and_refuses_what_msgpack_c_does) {
     for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0 && !bytes.empty(); --edits) {
       const auto at = rng() % bytes.size();
       switch (rng() % 4) {
-        case 0: bytes[at] = std::byte(starts[rng() % std::size(starts)]); break;
-        case 1: bytes[at] = std::byte(rng() & 0xff); break;
-        case 2: bytes.resize(at); break;
-        default: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at), std::byte(starts[rng() % std::size(starts)]));
+        case 0:
+          bytes[at] = std::byte(starts[rng() % std::size(starts)]);
+          break;
+        case 1:
+          bytes[at] = std::byte(rng() & 0xff);
+          break;
+        case 2:
+          bytes.resize(at);
+          break;
+        default:
+          bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at),
+                       std::byte(starts[rng() % std::size(starts)]));
       }
     }
     for (const auto* caps : {&roomy, &tight}) {
