@@ -138,6 +138,7 @@ class flow_network {
   std::vector<double> load_;            ///< weighted bytes/s crossing it at the current rates
   std::vector<std::uint64_t> fixed_in_;  ///< per flow slot: the recomputation that fixed its rate
   std::vector<std::uint32_t> fixing_;   ///< flow slots
+  /// Resources still carrying unfixed transfers, and of those the ones a round may saturate.
   std::vector<resource_id> unfilled_, saturating_;
 };
 
