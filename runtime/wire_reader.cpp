@@ -1,7 +1,9 @@
 #include "runtime/wire_reader.hpp"
 
+#include <array>
 #include <bit>
 #include <boost/container/small_vector.hpp>
+#include <iterator>
 
 namespace ferry::detail {
 namespace {
@@ -13,72 +15,34 @@ struct shape {
   std::uint8_t fixed = 0;       ///< scalar: payload bytes; fix types: the length or count itself
 };
 
+/// 0xc4-0xdf, in order, as msgpack-c's parser lays them out (its table of trail bytes).
+// clang-format off
+constexpr shape typed[] = {
+    {shape::bin, 1, 0},    {shape::bin, 2, 0},    {shape::bin, 4, 0},     // bin 8/16/32
+    {shape::ext, 1, 0},    {shape::ext, 2, 0},    {shape::ext, 4, 0},     // ext 8/16/32
+    {shape::scalar, 0, 4}, {shape::scalar, 0, 8},                         // float 32/64
+    {shape::scalar, 0, 1}, {shape::scalar, 0, 2}, {shape::scalar, 0, 4},  // uint 8/16/32
+    {shape::scalar, 0, 8},                                                // uint 64
+    {shape::scalar, 0, 1}, {shape::scalar, 0, 2}, {shape::scalar, 0, 4},  // int 8/16/32
+    {shape::scalar, 0, 8},                                                // int 64
+    // fixext 1/2/4/8/16: `fixed` is the data with its type byte, the size msgpack-c checks
+    {shape::ext, 0, 2},    {shape::ext, 0, 3},    {shape::ext, 0, 5},    {shape::ext, 0, 9},
+    {shape::ext, 0, 17},
+    {shape::str, 1, 0},    {shape::str, 2, 0},    {shape::str, 4, 0},     // str 8/16/32
+    {shape::array, 2, 0},  {shape::array, 4, 0},                          // array 16/32
+    {shape::map, 2, 0},    {shape::map, 4, 0},                            // map 16/32
+};
+// clang-format on
+static_assert(std::size(typed) == 0xdf - 0xc4 + 1);
+
 constexpr shape shape_of(std::uint8_t b) {
   if (b <= 0x7f || b >= 0xe0) return {shape::scalar, 0, 0};
   if (b <= 0x8f) return {shape::map, 0, static_cast<std::uint8_t>(b & 0x0f)};
   if (b <= 0x9f) return {shape::array, 0, static_cast<std::uint8_t>(b & 0x0f)};
   if (b <= 0xbf) return {shape::str, 0, static_cast<std::uint8_t>(b & 0x1f)};
-  switch (b) {
-    case 0xc0:
-    case 0xc2:
-    case 0xc3:
-      return {shape::scalar, 0, 0};
-    case 0xc4:
-      return {shape::bin, 1, 0};
-    case 0xc5:
-      return {shape::bin, 2, 0};
-    case 0xc6:
-      return {shape::bin, 4, 0};
-    case 0xc7:
-      return {shape::ext, 1, 0};
-    case 0xc8:
-      return {shape::ext, 2, 0};
-    case 0xc9:
-      return {shape::ext, 4, 0};
-    case 0xca:
-      return {shape::scalar, 0, 4};
-    case 0xcb:
-      return {shape::scalar, 0, 8};
-    case 0xcc:
-    case 0xd0:
-      return {shape::scalar, 0, 1};
-    case 0xcd:
-    case 0xd1:
-      return {shape::scalar, 0, 2};
-    case 0xce:
-    case 0xd2:
-      return {shape::scalar, 0, 4};
-    case 0xcf:
-    case 0xd3:
-      return {shape::scalar, 0, 8};
-    // fixext: `fixed` is the data with its type byte, the size msgpack-c checks
-    case 0xd4:
-      return {shape::ext, 0, 2};
-    case 0xd5:
-      return {shape::ext, 0, 3};
-    case 0xd6:
-      return {shape::ext, 0, 5};
-    case 0xd7:
-      return {shape::ext, 0, 9};
-    case 0xd8:
-      return {shape::ext, 0, 17};
-    case 0xd9:
-      return {shape::str, 1, 0};
-    case 0xda:
-      return {shape::str, 2, 0};
-    case 0xdb:
-      return {shape::str, 4, 0};
-    case 0xdc:
-      return {shape::array, 2, 0};
-    case 0xdd:
-      return {shape::array, 4, 0};
-    case 0xde:
-      return {shape::map, 2, 0};
-    case 0xdf:
-      return {shape::map, 4, 0};
-    default:
-      return {};  // 0xc1, which no type has
-  }
+  if (b == 0xc1) return {};                     // no type has it
+  if (b <= 0xc3) return {shape::scalar, 0, 0};  // nil, false, true
+  return typed[b - 0xc4];
 }
 
 constexpr auto shapes = [] {
@@ -91,6 +55,11 @@ std::uint64_t big_endian(const std::uint8_t* p, std::size_t n) {
   std::uint64_t v = 0;
   for (std::size_t i = 0; i < n; ++i) v = (v << 8) | p[i];
   return v;
+}
+
+/// The length or count of the value whose type byte is at `p`, which the shape's size bytes follow.
+std::uint64_t size_of(const shape& s, const std::uint8_t* p) {
+  return s.size_bytes ? big_endian(p + 1, s.size_bytes) : s.fixed;
 }
 
 /// Where the value at `at`, inside `outside` open containers, ends; 0 where msgpack-c's parser
@@ -109,7 +78,7 @@ std::size_t scan(const std::uint8_t* data, std::size_t size, std::size_t at,
       std::size_t left = size - at - 1;
       if (s.kind == shape::invalid) return 0;
       if (left < s.size_bytes) return 0;
-      const std::uint64_t n = s.size_bytes ? big_endian(data + at + 1, s.size_bytes) : s.fixed;
+      const std::uint64_t n = size_of(s, data + at);
       at += 1 + s.size_bytes;
       left -= s.size_bytes;
       if (s.kind == shape::scalar) {
@@ -151,8 +120,7 @@ std::uint32_t wire_reader::enter(bool map) {
   const auto b = data_[at_];
   if (map ? !is_map(b) : !is_array(b)) throw msgpack::type_error();
   const auto s = shapes[b];
-  const auto* p = take(1 + s.size_bytes);
-  const auto n = s.size_bytes ? big_endian(p + 1, s.size_bytes) : s.fixed;
+  const auto n = size_of(s, take(1 + s.size_bytes));
   if (n > (map ? caps_.map() : caps_.array()) || depth_ + 1 > caps_.depth()) throw wire_error();
   ++depth_;
   return static_cast<std::uint32_t>(n);
@@ -173,8 +141,7 @@ std::string_view wire_reader::read_str_or_bin() {
   if (at_ >= size_) throw wire_error();
   const auto s = shapes[data_[at_]];
   if (s.kind != shape::str && s.kind != shape::bin) throw msgpack::type_error();
-  const auto* p = take(1 + s.size_bytes);
-  const auto n = s.size_bytes ? big_endian(p + 1, s.size_bytes) : s.fixed;
+  const auto n = size_of(s, take(1 + s.size_bytes));
   if (n > (s.kind == shape::str ? caps_.str() : caps_.bin())) throw wire_error();
   return {reinterpret_cast<const char*>(take(n)), n};
 }
