@@ -103,11 +103,16 @@ std::error_code read_header(detail::wire_reader& in, envelope_header& head) {
 /// body is converted to its struct before the payload goes.
 bool in_place(msgpack::type::object_type, std::size_t, void*) { return true; }
 
-/// Empties a thread's zone after a frame, but for its first chunk: a zone of each frame's own
-/// would take 8 KiB from the heap for every message.
-struct emptied {
+/// This thread's zone for decoding a frame, emptied after it but for its first chunk (a zone of
+/// each frame's own would take 8 KiB from the heap for every message).
+struct frame_zone {
+  frame_zone() : zone(thread_zone()) {}
+  ~frame_zone() { zone.clear(); }
+  static msgpack::zone& thread_zone() {
+    thread_local msgpack::zone z;
+    return z;
+  }
   msgpack::zone& zone;
-  ~emptied() { zone.clear(); }
 };
 
 msgpack::unpack_limit caps_of(const codec_limits& limits, std::size_t depth) {
@@ -171,11 +176,10 @@ result<decoded_message> decode_payload(std::span<const std::byte> payload, const
     if (auto m = decode_large(payload, registry, limits, *shared)) return std::move(*m);
   }
   // A good frame is read in one pass; msgpack-c's decoder says what is wrong with any other.
-  static thread_local msgpack::zone zone;
-  const emptied after{zone};
   const auto caps = caps_of(limits, limits.max_depth);
   try {
-    detail::wire_reader in(payload, zone, caps);
+    const frame_zone z;
+    detail::wire_reader in(payload, z.zone, caps);
     decoded_message m;
     if (in.at_array() && in.enter_array() == 6 && !read_header(in, m.head)) {
       const auto* entry = registry.find(m.head.kind);
@@ -189,12 +193,11 @@ result<decoded_message> decode_payload(std::span<const std::byte> payload, const
 result<decoded_message> detail::decode_through_msgpack_c(std::span<const std::byte> payload,
                                                          const message_registry& registry, const codec_limits& limits) {
   if (payload.size() > limits.max_frame_bytes) return fail(errc::oversize_frame);
-  static thread_local msgpack::zone zone;
-  const emptied after{zone};
+  const frame_zone z;
   msgpack::object root;
   std::size_t offset = 0;
   try {
-    root = msgpack::unpack(zone, reinterpret_cast<const char*>(payload.data()), payload.size(), offset, in_place,
+    root = msgpack::unpack(z.zone, reinterpret_cast<const char*>(payload.data()), payload.size(), offset, in_place,
                            nullptr, caps_of(limits, limits.max_depth));
   } catch (const msgpack::insufficient_bytes&) {
     return fail(errc::truncated_frame);
