@@ -1,8 +1,10 @@
 #include "runtime/clock.hpp"
 
+#include <algorithm>
 #include <boost/asio/error.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <stdexcept>
 
 #include "runtime/await.hpp"
 
@@ -38,35 +40,64 @@ void real_clock::cancel(std::uint64_t timer) {
 }
 
 std::uint64_t virtual_clock::async_wait_until(time_point when, handler h) {
-  const auto id = next_id_++;
-  timers_.emplace(std::max(when, now_), std::pair{id, std::move(h)});
+  std::uint32_t s;
+  if (!free_.empty()) {
+    s = free_.back();
+    free_.pop_back();
+  } else {
+    if (slots_.size() > slot_mask)
+      throw std::length_error("virtual_clock: too many timers pending");
+    s = static_cast<std::uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  const auto id = next_order_++ << slot_bits | s;
+  slots_[s] = {.id = id, .h = std::move(h)};
+  queue_.push_back({std::max(when, now_), id});
+  std::push_heap(queue_.begin(), queue_.end(), later{});
   return id;
 }
 
+clock::handler virtual_clock::release(std::uint64_t id) {
+  auto& s = slots_[id & slot_mask];
+  auto h = std::move(s.h);
+  s = {};
+  free_.push_back(static_cast<std::uint32_t>(id & slot_mask));
+  return h;
+}
+
 void virtual_clock::cancel(std::uint64_t timer) {
-  for (auto it = timers_.begin(); it != timers_.end(); ++it) {
-    if (it->second.first == timer) {
-      boost::asio::post(io_, [h = std::move(it->second.second)] {
-        h(std::error_code(boost::asio::error::make_error_code(boost::asio::error::operation_aborted)));
-      });
-      timers_.erase(it);
-      return;
-    }
+  const auto s = timer & slot_mask;
+  if (timer == 0 || s >= slots_.size() || slots_[s].id != timer) return;
+  boost::asio::post(io_, [h = release(timer)] {
+    h(std::error_code(boost::asio::error::make_error_code(boost::asio::error::operation_aborted)));
+  });
+  // Cancelled entries wait in the queue for their time; a queue mostly of them is rebuilt.
+  if (queue_.size() > 64 && queue_.size() > 4 * pending()) {
+    std::erase_if(queue_, [this](const entry& e) { return cancelled(e); });
+    std::make_heap(queue_.begin(), queue_.end(), later{});
   }
 }
 
+void virtual_clock::pop() {
+  std::pop_heap(queue_.begin(), queue_.end(), later{});
+  queue_.pop_back();
+}
+
 void virtual_clock::advance_to(time_point t) {
-  while (!timers_.empty() && timers_.begin()->first <= t) {
-    auto node = timers_.extract(timers_.begin());
-    now_ = node.key();
-    boost::asio::post(io_, [h = std::move(node.mapped().second)] { h({}); });
+  while (!queue_.empty() && queue_.front().when <= t) {
+    const auto e = queue_.front();
+    pop();
+    if (cancelled(e)) continue;
+    now_ = e.when;
+    boost::asio::post(io_, [h = release(e.id)] { h({}); });
   }
   if (t > now_) now_ = t;
 }
 
 bool virtual_clock::advance_to_next() {
-  if (timers_.empty()) return false;
-  advance_to(timers_.begin()->first);
+  while (!queue_.empty() && cancelled(queue_.front())) pop();
+  if (queue_.empty()) return false;
+  advance_to(queue_.front().when);
   return true;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/steady_timer.hpp>
 #include <thread>
@@ -150,6 +151,43 @@ TEST(virtual_clock, fires_timers_only_as_time_advances) {
   loop.io().poll();
   EXPECT_EQ(fired, (std::vector<int>{1, 5}));
   EXPECT_EQ(clock.now().time_since_epoch(), std::chrono::seconds(5));
+}
+
+TEST(virtual_clock, fires_one_instant_in_the_order_set_and_cancelled_timers_never) {
+  event_loop loop;
+  virtual_clock clock(loop.io());
+  std::vector<std::pair<int, bool>> fired;  // (timer, aborted)
+  std::vector<std::uint64_t> ids;
+  // Many timers, most cancelled before their time: the queue is compacted on the way.
+  for (int i = 0; i < 1000; ++i)
+    ids.push_back(clock.async_wait(std::chrono::seconds(1 + i % 3), [&, i](std::error_code ec) {
+      fired.emplace_back(i, ec == std::errc::operation_canceled);
+    }));
+  for (int i = 0; i < 1000; ++i)
+    if (i % 10 != 0) clock.cancel(ids[i]);
+  clock.cancel(ids[1]);  // twice: ignored
+  clock.cancel(0);
+  EXPECT_EQ(clock.pending(), 100u);
+  loop.io().poll();
+  EXPECT_EQ(fired.size(), 900u);
+  EXPECT_TRUE(std::all_of(fired.begin(), fired.end(), [](const auto& f) { return f.second && f.first % 10 != 0; }));
+  fired.clear();
+  // The slot freed last (by timer 999's cancel) is taken again: the old id must not cancel it.
+  const auto reused = clock.async_wait(std::chrono::seconds(2), [&](std::error_code ec) {
+    fired.emplace_back(-1, ec == std::errc::operation_canceled);
+  });
+  clock.cancel(ids[999]);
+  while (clock.advance_to_next()) loop.io().poll();
+  EXPECT_EQ(clock.pending(), 0u);
+  std::vector<std::pair<int, bool>> expected;
+  for (const int second : {1, 2, 3}) {
+    for (int i = 0; i < 1000; i += 10)
+      if (1 + i % 3 == second) expected.emplace_back(i, false);
+    if (second == 2) expected.emplace_back(-1, false);  // set last of all, so last of its instant
+  }
+  EXPECT_EQ(fired, expected);
+  EXPECT_NE(reused, ids[999]);
+  EXPECT_EQ(clock.now().time_since_epoch(), std::chrono::seconds(3));
 }
 
 }  // namespace
