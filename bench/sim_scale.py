@@ -6,8 +6,14 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
   python3 bench/sim_scale.py build/cli/ferry --steady   the steady state: each size run for 1 and
                                                         for 3 versions; the extra versions' events
                                                         over their wall time, set-up excluded
+  python3 bench/sim_scale.py NEW --against OLD [--rounds 3] [--gpus 384]
+                                                        two binaries' steady state, run alternately
+                                                        (1 and 9 versions; 1 and 3 at 384 GPUs) so
+                                                        that both see the same VM: per round, then
+                                                        the medians and their ratio
 """
 import json
+import statistics
 import subprocess
 import sys
 
@@ -18,8 +24,12 @@ ferry = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") el
 steady = "--steady" in sys.argv
 
 
-def run(scenario, trainers, instances, versions=1):
-    out = subprocess.run([ferry, "sim", f"examples/sim/{scenario}.toml", "--json", "--set", f"versions={versions}",
+def flag(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+def run(scenario, trainers, instances, versions=1, binary=None):
+    out = subprocess.run([binary or ferry, "sim", f"examples/sim/{scenario}.toml", "--json", "--set", f"versions={versions}",
                           "--set", f"placement.trainers={trainers}", "--set", f"placement.instances={instances}"],
                          capture_output=True, text=True, check=True).stdout
     r = json.loads(out)
@@ -27,18 +37,48 @@ def run(scenario, trainers, instances, versions=1):
     return r
 
 
+def steady_state(scenario, trainers, instances, versions, binary=None):
+    """Seconds per version and events per version beyond the first (the set-up is in both runs),
+    and the one-version run."""
+    one, many = run(scenario, trainers, instances, 1, binary), run(scenario, trainers, instances, versions, binary)
+    per_version = (many["wall_seconds"] - one["wall_seconds"]) / (versions - 1)
+    events = (many["chunk_stage_events"] - one["chunk_stage_events"]) / (versions - 1)
+    return per_version, events, one
+
+
+if "--against" in sys.argv:
+    old, rounds, gpus = flag("--against", None), int(flag("--rounds", "3")), flag("--gpus", "64")
+    if gpus not in ("64", "384"):
+        sys.exit("--gpus: 64 or 384")
+    trainers, instances = SIZES[0] if gpus == "64" else SIZES[-1]
+    versions = 9 if gpus == "64" else 3  # a version at 384 GPUs takes 16 s
+    print(f"kimi-k2, {trainers + 16 * instances} GPUs, versions 1 and {versions}\n")
+    print(f"| round | s per version, {old} | s per version, {ferry} | events/s, old | events/s, new |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    results = []  # per round: (old, new), each (s per version, events/s)
+    for r in range(1, rounds + 1):
+        pair = []
+        for binary in (old, ferry):
+            per_version, events, _ = steady_state("kimi-k2", trainers, instances, versions, binary)
+            pair.append((per_version, events / per_version))
+        results.append(pair)
+        (before, before_rate), (after, after_rate) = pair
+        print(f"| {r} | {before:.4f} | {after:.4f} | {before_rate:,.0f} | {after_rate:,.0f} |", flush=True)
+    medians = [[statistics.median(p[i][k] for p in results) for k in (0, 1)] for i in (0, 1)]
+    print(f"| median | {medians[0][0]:.4f} | {medians[1][0]:.4f} | {medians[0][1]:,.0f} | {medians[1][1]:,.0f} |")
+    print(f"\nnew / old, time per version (medians): {medians[1][0] / medians[0][0]:.3f}")
+    sys.exit(0)
+
 if steady:
     print("| scenario | GPUs | wall s, 1 version | wall s, 3 versions | s per extra version | events per version | "
           "steady events/s | set-up s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for scenario in ["kimi-k2", "kimi-k2-ep16"]:
         for trainers, instances in [SIZES[0], SIZES[-1]]:
-            one, three = run(scenario, trainers, instances, 1), run(scenario, trainers, instances, 3)
-            per_version = (three["wall_seconds"] - one["wall_seconds"]) / 2
-            events = (three["chunk_stage_events"] - one["chunk_stage_events"]) / 2
+            per_version, events, one = steady_state(scenario, trainers, instances, 3)
             print(f"| {scenario} | {trainers + 16 * instances} | {one['wall_seconds']:.2f} | "
-                  f"{three['wall_seconds']:.2f} | {per_version:.3f} | {events:,.0f} | {events / per_version:,.0f} | "
-                  f"{one['wall_seconds'] - per_version:.2f} |", flush=True)
+                  f"{one['wall_seconds'] + 2 * per_version:.2f} | {per_version:.3f} | {events:,.0f} | "
+                  f"{events / per_version:,.0f} | {one['wall_seconds'] - per_version:.2f} |", flush=True)
     sys.exit(0)
 
 print("| scenario | GPUs | actors | predicted s | bound s | transfers | chunk-stage events | wall s | events/s | "
