@@ -12,12 +12,8 @@ namespace ferry {
 
 tensor_placement::tensor_placement(const plan& job, std::span<const tensor_ref> local)
     : local_of_(job.indices_in(names_of(local))) {
-  places_.resize(local_of_.size());
-  for (std::size_t i = 0; i < local_of_.size(); ++i) {
-    if (local_of_[i] < 0) continue;
-    const auto& t = local[static_cast<std::size_t>(local_of_[i])];
-    places_[i] = {.data = t.data, .first = t.held().offset};
-  }
+  places_.reserve(local.size());
+  for (const auto& t : local) places_.push_back({.data = t.data, .first = t.held().offset});
 }
 
 std::shared_ptr<const tensor_placement> tensor_placement::shared(

@@ -31,20 +31,19 @@ class tensor_placement {
   int local_index(std::uint32_t tensor) const { return local_of_[tensor]; }
   /// Byte `offset` of plan tensor `tensor`, which the member holds (its part, when it holds rows).
   std::byte* at(std::uint32_t tensor, std::uint64_t offset) const {
-    const auto& p = places_[tensor];
+    const auto& p = places_[local_of_[tensor]];
     return p.data + (offset - p.first);
   }
 
  private:
-  /// Where a held tensor's bytes are, apart from the table, whose entries (names, shapes) span
-  /// cache lines. Indexed by plan tensor like `local_of_`, not through it: applying a chunk reads
-  /// one of these per piece, and the lookup in between missed the cache as often as this did.
+  /// Per tensor of the member's table, apart from the table, whose entries (names, shapes) span
+  /// cache lines: applying a chunk reads one of these per piece.
   struct place {
     std::byte* data = nullptr;
     std::uint64_t first = 0;  ///< the tensor's byte that `data` holds
   };
   std::vector<int> local_of_;  ///< per plan tensor
-  std::vector<place> places_;  ///< per plan tensor; empty where not held
+  std::vector<place> places_;  ///< per tensor of the member's table
 };
 
 /// The xxh3-64 of `bytes`, hashed on the environment's executor. Fiber only.
