@@ -13,6 +13,11 @@ namespace {
 constexpr double tie = 1e-9;
 /// A resource's weight of unfixed transfers below this is rounding left by the subtractions.
 constexpr double no_weight = 1e-9;
+/// How much later than the soonest completion a transfer may be due and still arrive when the
+/// timer fires: the timer's rounding up to the nanosecond and `on_timer`'s tolerance (1 ns of bytes
+/// and 1e-6 bytes), each with a margin.
+constexpr double arrival_slack_seconds = 3e-9;
+constexpr double arrival_slack_bytes = 2e-6;
 
 double seconds(clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -21,7 +26,7 @@ double seconds(clock::duration d) {
 }  // namespace
 
 flow_network::flow_network(event_loop& loop, class clock& clock)
-    : loop_(loop), clock_(clock), last_(clock.now()) {}
+    : loop_(loop), clock_(clock), last_(clock.now()), rates_since_(last_) {}
 
 flow_network::~flow_network() {
   *alive_ = false;
@@ -58,8 +63,9 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
     flows_.emplace_back();
     fixed_in_.push_back(0);
   }
-  live_.push_back(slot);
   auto& f = flows_[slot];
+  f.live_place = static_cast<std::uint32_t>(live_.size());
+  live_.push_back(slot);
   f.id = id;
   f.remaining = static_cast<double>(spec.bytes);
   f.rate = 0;
@@ -129,7 +135,6 @@ void flow_network::advance() {
   const auto now = clock_.now();
   const double dt = seconds(now - last_);
   if (dt <= 0) return;
-  for (const auto i : live_) flows_[i].remaining -= flows_[i].rate * dt;
   for (const auto r : busy_) {
     resources_[r].carried_bytes += load_[r] * dt;
     resources_[r].busy += now - last_;
@@ -152,12 +157,16 @@ void flow_network::schedule_recompute() {
 /// fixes; each resource's flows and the capped transfers are kept as they start and end, and a
 /// transfer counts as fixed when stamped with this recomputation's number. So a recomputation
 /// costs rounds x resources + transfers x hops, for the tens of thousands of transfers a cluster
-/// runs. Shares are compared by cross-multiplying: a division each would cost more than all the
+/// runs. Each transfer's bytes left are brought up to now as its new rate is set: between
+/// recomputations nothing walks the transfers in flight. Shares are compared by cross-multiplying: a division each would cost more than all the
 /// rest of a round.
 void flow_network::recompute() {
   recompute_pending_ = false;
   const auto stamp = ++recomputations_;
   advance();
+  const double elapsed = seconds(clock_.now() - rates_since_);
+  rates_since_ = clock_.now();
+  finishing_.clear();
   unfilled_.clear();
   for (const auto r : busy_) {
     load_[r] = 0;
@@ -204,6 +213,7 @@ void flow_network::recompute() {
       if (fixed_in_[*next_capped] != stamp) fixed_in_[*next_capped] = stamp, fixing_.push_back(*next_capped);
     for (const auto i : fixing_) {
       auto& f = flows_[i];
+      f.remaining -= f.rate * elapsed;
       f.rate = std::min(level, f.max_rate);
       for (const auto& h : f.path) {
         capacity_left_[h.id] = std::max(0.0, capacity_left_[h.id] - h.weight * f.rate);
@@ -215,13 +225,18 @@ void flow_network::recompute() {
         const double mine = left * soonest_rate, best = soonest_bytes * f.rate;
         if (mine < best || (mine == best && f.id < soonest_id))
           soonest_bytes = left, soonest_rate = f.rate, soonest_id = f.id;
+        // May arrive when the timer fires: due within the timer's rounding up to the nanosecond and
+        // `on_timer`'s tolerance of the soonest so far, which only comes sooner.
+        if (left * soonest_rate <= (soonest_bytes + arrival_slack_seconds * soonest_rate) * f.rate +
+                                       arrival_slack_bytes * soonest_rate)
+          finishing_.push_back(i);
       }
     }
     unfixed -= fixing_.size();
   }
   if (unfixed > 0)  // transfers no resource and no cap limits: none can, but they would not move
     for (const auto i : live_)
-      if (fixed_in_[i] != stamp) flows_[i].rate = 0;
+      if (fixed_in_[i] != stamp) flows_[i].remaining -= flows_[i].rate * elapsed, flows_[i].rate = 0;
 
   if (timer_armed_) {
     clock_.cancel(timer_);
@@ -241,14 +256,23 @@ void flow_network::recompute() {
 void flow_network::on_timer(std::uint64_t) {
   timer_armed_ = false;
   advance();
+  const double elapsed = seconds(clock_.now() - rates_since_);
+  // Within a nanosecond's worth of bytes (the clock's grain) counts as arrived.
+  std::erase_if(finishing_, [&](std::uint32_t i) {
+    const auto& f = flows_[i];
+    return f.rate == 0 || f.remaining - f.rate * elapsed > f.rate * 1e-9 + 1e-6;
+  });
+  // Completions in the order the transfers started, as their latencies' timers and their callbacks
+  // are ordered by.
+  std::ranges::sort(finishing_, {}, [this](std::uint32_t i) { return flows_[i].id; });
   std::vector<std::function<void()>> finished;
-  // Keeps the live transfers in the order they started.
-  std::erase_if(live_, [&](std::uint32_t i) {
+  for (const auto i : finishing_) {
     auto& f = flows_[i];
-    // Within a nanosecond's worth of bytes (the clock's grain) counts as arrived.
-    if (f.rate == 0 || f.remaining > f.rate * 1e-9 + 1e-6) return false;
     detach(i);
     if (std::isfinite(f.max_rate)) capped_.erase(std::lower_bound(capped_.begin(), capped_.end(), i, by_cap()));
+    flows_[live_.back()].live_place = f.live_place;
+    live_[f.live_place] = live_.back();
+    live_.pop_back();
     auto done = std::move(f.done);
     if (f.latency > clock::duration::zero()) {
       clock_.async_wait(f.latency, [done = std::move(done)](std::error_code) { done(); });
@@ -257,8 +281,8 @@ void flow_network::on_timer(std::uint64_t) {
     }
     f = flow{};
     free_.push_back(i);
-    return true;
-  });
+  }
+  finishing_.clear();
   schedule_recompute();
   for (auto& done : finished) done();
 }

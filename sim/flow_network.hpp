@@ -85,7 +85,8 @@ class flow_network {
  private:
   struct flow {
     std::uint64_t id = 0;  ///< 0: a free slot.
-    double remaining = 0;
+    double remaining = 0;  ///< as of `rates_since_`: rates change only then
+    std::uint32_t live_place = 0;  ///< its place in `live_`
     double rate = 0;
     double max_rate = 0;
     sim::path path;
@@ -95,6 +96,7 @@ class flow_network {
     std::function<void()> done;
   };
 
+  /// Brings the resources' carried bytes and busy time up to now.
   void advance();
   void schedule_recompute();
   void recompute();
@@ -114,8 +116,13 @@ class flow_network {
   std::vector<resource> resources_;
   std::vector<flow> flows_;
   std::vector<std::uint32_t> free_;
-  std::vector<std::uint32_t> live_;  ///< slots of transfers in flight, in the order they started
+  std::vector<std::uint32_t> live_;  ///< slots of transfers in flight, in no order
   ferry::clock::time_point last_{};
+  /// When the rates were last set: each transfer's `remaining` is as of then.
+  ferry::clock::time_point rates_since_{};
+  /// Flow slots that may arrive when the timer fires, found by the recomputation that set it: a
+  /// completion checks these, not every transfer in flight.
+  std::vector<std::uint32_t> finishing_;
   std::uint64_t next_id_ = 1;
   std::uint64_t started_ = 0;
   std::uint64_t recomputations_ = 0;
