@@ -19,8 +19,8 @@ constexpr double no_weight = 1e-9;
 constexpr double arrival_slack_seconds = 3e-9;
 constexpr double arrival_slack_bytes = 2e-6;
 /// A round's transfers come in the order of the resources' lists, scattered over `flows_`; at 384
-/// GPUs (1,269 in flight) each read of one missed the cache. Asking for the one this many ahead
-/// took 0.71 of the time per version there (bench/results/sim_scale.md).
+/// GPUs (1,269 in flight) the first read of each missed the cache. Asking for the one this many
+/// ahead took the flow network from 34% to 27-30% of `perf` samples there (bench/results/sim_scale.md).
 constexpr std::size_t prefetch_ahead = 8;
 
 double seconds(clock::duration d) {
