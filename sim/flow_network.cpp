@@ -20,7 +20,8 @@ constexpr double arrival_slack_seconds = 3e-9;
 constexpr double arrival_slack_bytes = 2e-6;
 /// A round's transfers come in the order of the resources' lists, scattered over `flows_`; at 384
 /// GPUs (1,269 in flight) the first read of each missed the cache. Asking for the one this many
-/// ahead took the flow network from 34% to 27-30% of `perf` samples there (bench/results/sim_scale.md).
+/// ahead took the flow network from 34% to 27-30% of `perf` samples there
+/// (bench/results/sim_scale.md).
 constexpr std::size_t prefetch_ahead = 8;
 
 double seconds(clock::duration d) {
@@ -162,8 +163,8 @@ void flow_network::schedule_recompute() {
 /// transfer counts as fixed when stamped with this recomputation's number. So a recomputation
 /// costs rounds x resources + transfers x hops, for the tens of thousands of transfers a cluster
 /// runs. Each transfer's bytes left are brought up to now as its new rate is set: between
-/// recomputations nothing walks the transfers in flight. Shares are compared by cross-multiplying: a division each would cost more than all the
-/// rest of a round.
+/// recomputations nothing walks the transfers in flight. Shares are compared by cross-multiplying:
+/// a division each would cost more than all the rest of a round.
 void flow_network::recompute() {
   recompute_pending_ = false;
   const auto stamp = ++recomputations_;
@@ -247,7 +248,7 @@ void flow_network::recompute() {
   }
   if (unfixed > 0)  // transfers no resource and no cap limits: none can, but they would not move
     for (const auto i : live_)
-      if (fixed_in_[i] != stamp) flows_[i].remaining -= flows_[i].rate * elapsed, flows_[i].rate = 0;
+      if (auto& f = flows_[i]; fixed_in_[i] != stamp) f.remaining -= f.rate * elapsed, f.rate = 0;
 
   if (timer_armed_) {
     clock_.cancel(timer_);

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
+#include <string>
 
 #include "runtime/event_loop.hpp"
 #include "runtime/virtual_environment.hpp"
@@ -102,6 +105,43 @@ TEST(flow_network, latency_is_added_once_after_the_last_byte) {
   b.net.start({.bytes = 0, .path = {{link}}, .latency = 7us}, b.record());
   b.finish(2);
   EXPECT_EQ(b.done_at, (std::vector<clock::duration>{7us, 1ms + 5us}));
+}
+
+TEST(flow_network, transfers_due_within_a_nanosecond_arrive_together_in_the_order_they_started) {
+  bench b;
+  const auto slow = b.net.add_resource("slow", 1 * G);
+  const auto fast = b.net.add_resource("fast", 1 * G * (1 + 1e-7));  // 0.1 ns sooner over 1 ms
+  const auto other = b.net.add_resource("other", 1 * G);
+  std::vector<std::string> order;
+  auto named = [&](std::string name) {
+    return [&, name, record = b.record()] { order.push_back(name), record(); };
+  };
+  b.net.start({.bytes = 1'000'000, .path = {{slow}}}, named("first"));
+  b.net.start({.bytes = 1'000'000, .path = {{fast}}}, named("second, due sooner"));
+  b.net.start({.bytes = 1'000'003, .path = {{other}}}, named("3 ns later"));
+  b.finish(3);
+  EXPECT_EQ(order, (std::vector<std::string>{"first", "second, due sooner", "3 ns later"}));
+  EXPECT_EQ(b.done_at, (std::vector<clock::duration>{1ms, 1ms, 1ms + 3ns}));
+}
+
+TEST(flow_network, many_transfers_on_one_link_arrive_smallest_first) {
+  bench b;
+  const auto link = b.net.add_resource("link", 1 * G);
+  std::vector<std::uint64_t> sizes, arrived;
+  for (std::uint64_t i = 0; i < 200; ++i) sizes.push_back(1'000 + (i * 7'919) % 200 * 1'000);
+  for (const auto bytes : sizes)
+    b.net.start({.bytes = bytes, .path = {{link}}}, [&, bytes, record = b.record()] {
+      arrived.push_back(bytes);
+      record();
+    });
+  b.finish(sizes.size());
+  auto expected = sizes;
+  std::ranges::sort(expected);
+  EXPECT_EQ(arrived, expected);
+  EXPECT_EQ(b.net.in_flight(), 0u);
+  // Fair shares: the last byte of all leaves when the link has carried them all.
+  const auto total = std::accumulate(sizes.begin(), sizes.end(), std::uint64_t{0});
+  EXPECT_NEAR(std::chrono::duration<double>(b.done_at.back()).count(), total / G, 1e-9);
 }
 
 TEST(flow_network, a_copy_uses_its_memory_twice_and_one_thread_at_most) {
