@@ -9,8 +9,9 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
   python3 bench/sim_scale.py NEW --against OLD [--rounds 3] [--gpus 384]
                                                         two binaries' steady state, run alternately
                                                         (1 and 9 versions; 1 and 3 at 384 GPUs) so
-                                                        that both see the same VM: per round, then
-                                                        the medians and their ratio
+                                                        that both see the same VM, the first one
+                                                        swapped every round: per round with its
+                                                        ratio, then the medians
 """
 import json
 import statistics
@@ -53,20 +54,27 @@ if "--against" in sys.argv:
     trainers, instances = SIZES[0] if gpus == "64" else SIZES[-1]
     versions = 9 if gpus == "64" else 3  # a version at 384 GPUs takes 16 s
     print(f"kimi-k2, {trainers + 16 * instances} GPUs, versions 1 and {versions}\n")
-    print(f"| round | s per version, {old} | s per version, {ferry} | events/s, old | events/s, new |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| round | s per version, {old} | s per version, {ferry} | events/s, old | events/s, new | new / old |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     results = []  # per round: (old, new), each (s per version, events/s)
     for r in range(1, rounds + 1):
-        pair = []
-        for binary in (old, ferry):
+        # The VM's speed drifts within minutes: whichever runs first must not always be the same one.
+        order = (old, ferry) if r % 2 else (ferry, old)
+        measured = {}
+        for binary in order:
             per_version, events, _ = steady_state("kimi-k2", trainers, instances, versions, binary)
-            pair.append((per_version, events / per_version))
+            measured[binary] = (per_version, events / per_version)
+        pair = [measured[old], measured[ferry]]
         results.append(pair)
         (before, before_rate), (after, after_rate) = pair
-        print(f"| {r} | {before:.4f} | {after:.4f} | {before_rate:,.0f} | {after_rate:,.0f} |", flush=True)
+        print(f"| {r} | {before:.4f} | {after:.4f} | {before_rate:,.0f} | {after_rate:,.0f} | {after / before:.3f} |",
+              flush=True)
     medians = [[statistics.median(p[i][k] for p in results) for k in (0, 1)] for i in (0, 1)]
-    print(f"| median | {medians[0][0]:.4f} | {medians[1][0]:.4f} | {medians[0][1]:,.0f} | {medians[1][1]:,.0f} |")
-    print(f"\nnew / old, time per version (medians): {medians[1][0] / medians[0][0]:.3f}")
+    ratio = statistics.median(p[1][0] / p[0][0] for p in results)
+    print(f"| median | {medians[0][0]:.4f} | {medians[1][0]:.4f} | {medians[0][1]:,.0f} | {medians[1][1]:,.0f} | "
+          f"{ratio:.3f} |")
+    print(f"\nnew / old, time per version: {medians[1][0] / medians[0][0]:.3f} (medians), "
+          f"{ratio:.3f} (median of the rounds' ratios)")
     sys.exit(0)
 
 if steady:
