@@ -13,38 +13,41 @@ namespace {
 constexpr double tie = 1e-9;
 /// A resource's weight of unfixed transfers below this is rounding left by the subtractions.
 constexpr double no_weight = 1e-9;
-/// How much later than the soonest completion a transfer may be due and still arrive when the
-/// timer fires: the timer's rounding up to the nanosecond and `on_timer`'s tolerance (1 ns of bytes
-/// and 1e-6 bytes), each with a margin.
-constexpr double arrival_slack_seconds = 3e-9;
-constexpr double arrival_slack_bytes = 2e-6;
+/// A rate that a re-solve moves by less than this, relatively, is rounding and is kept.
+constexpr double same_rate = 1e-12;
+/// None of a resource's region flows is bottlenecked there.
+constexpr double not_saturated = -1;
 /// A round's transfers come in the order of the resources' lists, scattered over `flows_`; at 384
 /// GPUs (1,269 in flight) the first read of each missed the cache. Asking for the one this many
 /// ahead took the flow network from 34% to 27-30% of `perf` samples there
 /// (bench/results/sim_scale.md).
 constexpr std::size_t prefetch_ahead = 8;
 
-double seconds(clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
 }  // namespace
 
-flow_network::flow_network(event_loop& loop, class clock& clock)
-    : loop_(loop), clock_(clock), last_(clock.now()), rates_since_(last_) {}
+flow_network::flow_network(event_loop& loop, class clock& clock) : loop_(loop), clock_(clock) {}
 
 flow_network::~flow_network() {
   *alive_ = false;
   if (timer_armed_) clock_.cancel(timer_);
 }
 
+double flow_network::now_ns() const {
+  return static_cast<double>(clock_.now().time_since_epoch().count());
+}
+
 resource_id flow_network::add_resource(std::string name, double bytes_per_second) {
   if (!(bytes_per_second > 0) || !std::isfinite(bytes_per_second))
     throw std::invalid_argument("resource " + name + ": its rate must be positive and finite");
   resources_.push_back({.name = std::move(name), .bytes_per_second = bytes_per_second});
-  for (auto* v : {&capacity_left_, &unfixed_weight_, &load_, &weight_on_}) v->push_back(0);
   on_.emplace_back();
-  busy_place_.push_back(0);
+  for (auto* v : {&load_, &own_weight_, &level_, &fastest_, &capacity_left_, &unfixed_weight_, &region_own_, &saturated_at_})
+    v->push_back(0);
+  accounted_.push_back(now_ns());
+  grouped_in_.push_back(0);
+  reached_in_.push_back(0);
+  region_begin_.push_back(0);
+  region_count_.push_back(0);
   return static_cast<resource_id>(resources_.size() - 1);
 }
 
@@ -58,7 +61,6 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
     clock_.async_wait(spec.latency, [done = std::move(done)](std::error_code) { done(); });
     return id;
   }
-  advance();
   std::uint32_t slot;
   if (!free_.empty()) {
     slot = free_.back();
@@ -66,42 +68,56 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   } else {
     slot = static_cast<std::uint32_t>(flows_.size());
     flows_.emplace_back();
+    in_region_.push_back(0);
     fixed_in_.push_back(0);
+    new_rate_.push_back(0);
+    new_bottleneck_.push_back(unsolved);
   }
   auto& f = flows_[slot];
+  f.id = id;
+  f.rate = 0;
+  f.remaining = static_cast<double>(spec.bytes);
+  f.since = now_ns();
+  f.max_rate = spec.max_rate;
+  f.bottleneck = unsolved;
   f.live_place = static_cast<std::uint32_t>(live_.size());
   live_.push_back(slot);
-  f.id = id;
-  f.remaining = static_cast<double>(spec.bytes);
-  f.rate = 0;
-  f.max_rate = spec.max_rate;
   f.path = spec.path;
   f.latency = spec.latency;
   f.done = std::move(done);
-  if (std::isfinite(f.max_rate)) capped_.insert(std::upper_bound(capped_.begin(), capped_.end(), slot, by_cap()), slot);
   attach(slot);
+  started_now_.push_back(slot);
   schedule_recompute();
   return id;
 }
 
+void flow_network::account(resource_id r, double now) {
+  const double dt = now - accounted_[r];
+  accounted_[r] = now;
+  if (!(dt > 0) || on_[r].empty()) return;
+  resources_[r].carried_bytes += load_[r] * dt * 1e-9;
+  resources_[r].busy += clock::duration(static_cast<std::int64_t>(dt));
+}
+
 void flow_network::attach(std::uint32_t slot) {
   auto& f = flows_[slot];
+  const double now = f.since;
   for (std::size_t k = 0; k < f.path.size(); ++k) {
     const auto r = f.path[k].id;
+    if (on_[r].empty()) account(r, now);  // its idle time ends
     f.place[k] = static_cast<std::uint32_t>(on_[r].size());
     on_[r].push_back(slot);
-    weight_on_[r] += f.path[k].weight;
-    if (on_[r].size() == 1) {
-      busy_place_[r] = static_cast<std::uint32_t>(busy_.size());
-      busy_.push_back(r);
-    }
   }
 }
 
 void flow_network::detach(std::uint32_t slot) {
   const auto& f = flows_[slot];
+  const double now = now_ns();
   for (std::size_t k = 0; k < f.path.size(); ++k) {
     const auto r = f.path[k].id;
+    account(r, now);
+    load_[r] -= f.path[k].weight * f.rate;
+    if (f.bottleneck == static_cast<std::int32_t>(r)) own_weight_[r] -= f.path[k].weight;
     auto& flows = on_[r];
     const auto moved = flows.back();
     const auto last = static_cast<std::uint32_t>(flows.size() - 1);
@@ -114,13 +130,12 @@ void flow_network::detach(std::uint32_t slot) {
         m.place[j] = f.place[k];
         break;
       }
-    weight_on_[r] -= f.path[k].weight;
     if (flows.empty()) {
-      weight_on_[r] = 0;  // no rounding left behind
-      load_[r] = 0;
-      busy_place_[busy_.back()] = busy_place_[r];
-      busy_[busy_place_[r]] = busy_.back();
-      busy_.pop_back();
+      load_[r] = 0;  // no rounding left behind
+      own_weight_[r] = 0;
+      fastest_[r] = 0;
+    } else if (own_weight_[r] > no_weight) {
+      freed_.push_back(r);  // the transfers bottlenecked here may rise
     }
   }
 }
@@ -133,18 +148,8 @@ double flow_network::rate_of(std::uint64_t transfer) {
 }
 
 void flow_network::settle() {
-  advance();
-}
-
-void flow_network::advance() {
-  const auto now = clock_.now();
-  const double dt = seconds(now - last_);
-  if (dt <= 0) return;
-  for (const auto r : busy_) {
-    resources_[r].carried_bytes += load_[r] * dt;
-    resources_[r].busy += now - last_;
-  }
-  last_ = now;
+  const double now = now_ns();
+  for (resource_id r = 0; r < resources_.size(); ++r) account(r, now);
 }
 
 void flow_network::schedule_recompute() {
@@ -156,40 +161,99 @@ void flow_network::schedule_recompute() {
   });
 }
 
-/// Max-min fair shares by progressive filling: raise every unfixed transfer's rate together until
-/// a resource (or a transfer's own cap) saturates, fix the transfers it limits, repeat. A round
-/// scans once the resources that still carry unfixed transfers and touches only the transfers it
-/// fixes; each resource's flows and the capped transfers are kept as they start and end, and a
-/// transfer counts as fixed when stamped with this recomputation's number. So a recomputation
-/// costs rounds x resources + transfers x hops, for the tens of thousands of transfers a cluster
-/// runs. Each transfer's bytes left are brought up to now as its new rate is set: between
-/// recomputations nothing walks the transfers in flight. Shares are compared by cross-multiplying:
-/// a division each would cost more than all the rest of a round.
+/// Max-min fair shares, re-solved only where they can move. The last solution is kept: each
+/// transfer's rate and bottleneck (the saturated resource where no transfer has a higher rate, or
+/// its own cap), and each resource's level (its bottlenecked transfers' rate) and load. The region
+/// re-solved starts as the transfers that started and those bottlenecked where one ended; the rest
+/// are held at their rates. If the region's new rates would leave a held transfer without its
+/// bottleneck (its resource no longer saturated, or passed by a region transfer) or give a region
+/// transfer a bottleneck where a held one moves faster, those held transfers join the region and
+/// it is solved again. The fair allocation is unique, so what comes out is the one a solve of
+/// every transfer gives, to rounding; at 384 GPUs nine in ten transfers keep their rate from one
+/// recomputation to the next (bench/results/sim_scale.md).
 void flow_network::recompute() {
   recompute_pending_ = false;
-  const auto stamp = ++recomputations_;
-  advance();
-  const double elapsed = seconds(clock_.now() - rates_since_);
-  rates_since_ = clock_.now();
-  finishing_.clear();
-  unfilled_.clear();
-  for (const auto r : busy_) {
-    load_[r] = 0;
-    capacity_left_[r] = resources_[r].bytes_per_second;
-    unfixed_weight_[r] = weight_on_[r];
-    unfilled_.push_back(r);
+  ++recomputations_;
+  ++stamp_;
+  region_.clear();
+  for (const auto slot : started_now_) add_to_region(slot);
+  for (const auto r : freed_) add_group(r);
+  started_now_.clear();
+  freed_.clear();
+  if (!region_.empty()) {
+    do {
+      if (2 * region_.size() > live_.size())  // most of it: solving it all is cheaper than checking
+        for (const auto i : live_) add_to_region(i);
+      fill_region();
+    } while (grow_region());
+    commit_region(now_ns());
   }
+  arm_timer();
+}
 
-  // The next completion, found as rates are fixed: the least remaining / rate, compared without
-  // dividing; of equals, the transfer that started first.
-  double soonest_bytes = std::numeric_limits<double>::infinity(), soonest_rate = 1;
-  std::uint64_t soonest_id = 0;
+void flow_network::add_to_region(std::uint32_t slot) {
+  if (in_region_[slot] == stamp_) return;
+  in_region_[slot] = stamp_;
+  region_.push_back(slot);
+}
+
+void flow_network::add_group(resource_id r) {
+  if (grouped_in_[r] == stamp_) return;
+  grouped_in_[r] = stamp_;
+  for (const auto i : on_[r])
+    if (flows_[i].bottleneck == static_cast<std::int32_t>(r)) add_to_region(i);
+}
+
+/// Progressive filling of the region: raise every unfixed region transfer's rate together until a
+/// resource (or a transfer's own cap) saturates, fix the transfers it limits, repeat. A resource's
+/// capacity is what the held transfers leave. A round scans once the resources that still carry
+/// unfixed transfers and touches only the transfers it fixes. Shares are compared by
+/// cross-multiplying: a division each would cost more than all the rest of a round.
+void flow_network::fill_region() {
+  ++fill_;
+  reached_.clear();
+  capped_.clear();
+  for (const auto i : region_) {
+    const auto& f = flows_[i];
+    if (std::isfinite(f.max_rate)) capped_.push_back(i);
+    for (const auto& h : f.path) {
+      const auto r = h.id;
+      if (reached_in_[r] != fill_) {
+        reached_in_[r] = fill_;
+        reached_.push_back(r);
+        capacity_left_[r] = resources_[r].bytes_per_second - load_[r];
+        unfixed_weight_[r] = region_own_[r] = 0;
+        region_count_[r] = 0;
+        saturated_at_[r] = not_saturated;
+      }
+      capacity_left_[r] += h.weight * f.rate;  // the region's own share is free again
+      unfixed_weight_[r] += h.weight;
+      if (f.bottleneck == static_cast<std::int32_t>(r)) region_own_[r] += h.weight;
+      ++region_count_[r];
+    }
+  }
+  // Each reached resource's region transfers, side by side in `region_on_`.
+  std::uint32_t begin = 0;
+  for (const auto r : reached_) {
+    capacity_left_[r] = std::max(0.0, capacity_left_[r]);
+    region_begin_[r] = begin;
+    begin += region_count_[r];
+    region_count_[r] = 0;
+  }
+  region_on_.resize(begin);
+  for (const auto i : region_)
+    for (const auto& h : flows_[i].path) region_on_[region_begin_[h.id] + region_count_[h.id]++] = i;
+  std::ranges::sort(capped_, [this](std::uint32_t a, std::uint32_t b) {
+    return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate : a < b;
+  });
+
+  unfilled_.assign(reached_.begin(), reached_.end());
   auto next_capped = capped_.begin();
-  auto unfixed = live_.size();
+  auto unfixed = region_.size();
   while (unfixed > 0) {
     // One pass over the resources some unfixed transfer crosses: those left with none drop out;
     // the least capacity left per unfixed weight (c / w < best_c / best_w) is found, and every
-    // resource that may turn out to share it is kept, in the order of `busy_`.
+    // resource that may turn out to share it is kept.
     double best_c = std::numeric_limits<double>::infinity(), best_w = 1;
     saturating_.clear();
     std::size_t kept = 0;
@@ -203,85 +267,232 @@ void flow_network::recompute() {
     }
     unfilled_.resize(kept);
     double level = best_c / best_w;
-    while (next_capped != capped_.end() && fixed_in_[*next_capped] == stamp) ++next_capped;
+    while (next_capped != capped_.end() && fixed_in_[*next_capped] == fill_) ++next_capped;
     if (next_capped != capped_.end()) level = std::min(level, flows_[*next_capped].max_rate);
     if (std::isinf(level)) break;
     // Decide on this round's transfers before any of their shares is subtracted.
     const double limit = level * (1 + tie);
     fixing_.clear();
     for (const auto r : saturating_) {
-      if (capacity_left_[r] <= limit * unfixed_weight_[r])
-        for (const auto i : on_[r])
-          if (fixed_in_[i] != stamp) fixed_in_[i] = stamp, fixing_.push_back(i);
+      if (capacity_left_[r] > limit * unfixed_weight_[r]) continue;
+      const auto fixed_before = fixing_.size();
+      for (auto k = region_begin_[r], end = k + region_count_[r]; k < end; ++k)
+        if (const auto i = region_on_[k]; fixed_in_[i] != fill_)
+          fixed_in_[i] = fill_, new_bottleneck_[i] = static_cast<std::int32_t>(r), fixing_.push_back(i);
+      if (fixing_.size() > fixed_before) saturated_at_[r] = level;
     }
     for (; next_capped != capped_.end() && flows_[*next_capped].max_rate <= limit; ++next_capped)
-      if (fixed_in_[*next_capped] != stamp) fixed_in_[*next_capped] = stamp, fixing_.push_back(*next_capped);
+      if (const auto i = *next_capped; fixed_in_[i] != fill_)
+        fixed_in_[i] = fill_, new_bottleneck_[i] = own_cap, fixing_.push_back(i);
     for (std::size_t k = 0; k < fixing_.size(); ++k) {
       if (k + prefetch_ahead < fixing_.size()) {
-        // Its rates and its first hops: the first two cache lines.
+        // Its cap and its first hops: the first two cache lines.
         const auto* ahead = reinterpret_cast<const char*>(&flows_[fixing_[k + prefetch_ahead]]);
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + 64);
       }
       const auto i = fixing_[k];
-      auto& f = flows_[i];
-      f.remaining -= f.rate * elapsed;
-      f.rate = std::min(level, f.max_rate);
+      const auto& f = flows_[i];
+      const double rate = new_rate_[i] = std::min(level, f.max_rate);
       for (const auto& h : f.path) {
-        capacity_left_[h.id] = std::max(0.0, capacity_left_[h.id] - h.weight * f.rate);
+        capacity_left_[h.id] = std::max(0.0, capacity_left_[h.id] - h.weight * rate);
         unfixed_weight_[h.id] -= h.weight;
-        load_[h.id] += h.weight * f.rate;
-      }
-      const double left = std::max(0.0, f.remaining);
-      if (f.rate > 0) {
-        const double mine = left * soonest_rate, best = soonest_bytes * f.rate;
-        if (mine < best || (mine == best && f.id < soonest_id))
-          soonest_bytes = left, soonest_rate = f.rate, soonest_id = f.id;
-        // May arrive when the timer fires: due within the timer's rounding up to the nanosecond and
-        // `on_timer`'s tolerance of the soonest so far, which only comes sooner.
-        if (left * soonest_rate <= (soonest_bytes + arrival_slack_seconds * soonest_rate) * f.rate +
-                                       arrival_slack_bytes * soonest_rate)
-          finishing_.push_back(i);
       }
     }
     unfixed -= fixing_.size();
   }
   if (unfixed > 0)  // transfers no resource and no cap limits: none can, but they would not move
-    for (const auto i : live_)
-      if (auto& f = flows_[i]; fixed_in_[i] != stamp) f.remaining -= f.rate * elapsed, f.rate = 0;
-
-  if (timer_armed_) {
-    clock_.cancel(timer_);
-    timer_armed_ = false;
-  }
-  if (std::isinf(soonest_bytes)) return;
-  const double soonest = soonest_bytes / soonest_rate;
-  const auto when =
-      clock_.now() + clock::duration(static_cast<std::int64_t>(std::ceil(soonest * 1e9)));
-  const auto generation = ++generation_;
-  timer_armed_ = true;
-  timer_ = clock_.async_wait_until(when, [this, generation, alive = alive_](std::error_code ec) {
-    if (!ec && *alive && generation == generation_) on_timer(generation);
-  });
+    for (const auto i : region_)
+      if (fixed_in_[i] != fill_) new_rate_[i] = 0, new_bottleneck_[i] = unsolved;
 }
 
-void flow_network::on_timer(std::uint64_t) {
-  timer_armed_ = false;
-  advance();
-  const double elapsed = seconds(clock_.now() - rates_since_);
-  // Within a nanosecond's worth of bytes (the clock's grain) counts as arrived.
-  std::erase_if(finishing_, [&](std::uint32_t i) {
+bool flow_network::grow_region() {
+  if (region_.size() == live_.size()) return false;
+  const auto before = region_.size();
+  for (const auto r : reached_) {
+    // Held transfers bottlenecked here keep their rate only if the resource stays saturated and no
+    // region transfer passes them on it.
+    const double held = own_weight_[r] - region_own_[r];
+    if (held > no_weight) {
+      bool kept = capacity_left_[r] <= tie * level_[r] * held;
+      for (auto k = region_begin_[r], end = k + region_count_[r]; kept && k < end; ++k)
+        kept = new_rate_[region_on_[k]] <= level_[r] * (1 + tie);
+      if (!kept) add_group(r);
+    }
+    // Region transfers bottlenecked here need every held one on it to be no faster.
+    const double level = saturated_at_[r];
+    if (level == not_saturated || fastest_[r] <= level * (1 + tie)) continue;
+    // The held transfers that must slow down are those above the level this resource alone would
+    // give, the others kept at their rates (the filling's level, all held, is lower): if none were
+    // above it, it would be the filling's.
+    const double fair = fair_level(r, level);
+    for (const auto& s : shares_) {
+      if (s.slot == nowhere || s.rate <= fair * (1 + tie)) continue;
+      if (const auto b = flows_[s.slot].bottleneck; b >= 0)
+        add_group(static_cast<resource_id>(b));
+      else
+        add_to_region(s.slot);
+    }
+  }
+  return region_.size() > before;
+}
+
+/// Max-min on resource `r` alone: its region transfers bottlenecked here rise together from
+/// `level`, every other transfer on it at most to the rate it has (held) or was just given
+/// (region). Each pass lets those below the last estimate keep their rate and shares the rest;
+/// the estimate only rises, and a few passes settle it. Leaves the others in `shares_` and makes
+/// `fastest_[r]` exact.
+double flow_network::fair_level(resource_id r, double level) {
+  shares_.clear();
+  double rising = 0, fastest = 0;
+  for (const auto i : on_[r]) {
     const auto& f = flows_[i];
-    return f.rate == 0 || f.remaining - f.rate * elapsed > f.rate * 1e-9 + 1e-6;
-  });
+    double weight = 0;
+    for (const auto& h : f.path)
+      if (h.id == r) weight += h.weight;
+    if (in_region_[i] != stamp_) {
+      shares_.push_back({f.rate, weight, i});
+      fastest = std::max(fastest, f.rate);
+    } else if (new_bottleneck_[i] != static_cast<std::int32_t>(r)) {
+      shares_.push_back({new_rate_[i], weight, nowhere});
+      fastest = std::max(fastest, new_rate_[i]);
+    } else {
+      rising += weight;
+    }
+  }
+  fastest_[r] = std::max(fastest, level);
+  for (;;) {
+    double left = resources_[r].bytes_per_second, weight = rising;
+    for (const auto& s : shares_) {
+      if (s.rate <= level)
+        left -= s.rate * s.weight;
+      else
+        weight += s.weight;
+    }
+    const double next = left / weight;
+    if (!(next > level * (1 + tie))) return std::max(level, next);
+    level = next;
+  }
+}
+
+void flow_network::commit_region(double now) {
+  for (const auto r : reached_)
+    if (saturated_at_[r] != not_saturated)
+      level_[r] = own_weight_[r] - region_own_[r] > no_weight ? std::max(level_[r], saturated_at_[r]) : saturated_at_[r];
+  for (const auto i : region_) {
+    auto& f = flows_[i];
+    if (f.bottleneck != new_bottleneck_[i]) {
+      for (const auto& h : f.path) {
+        if (static_cast<std::int32_t>(h.id) == f.bottleneck) own_weight_[h.id] -= h.weight;
+        if (static_cast<std::int32_t>(h.id) == new_bottleneck_[i]) own_weight_[h.id] += h.weight;
+      }
+      f.bottleneck = new_bottleneck_[i];
+    }
+    const double rate = new_rate_[i];
+    if (std::abs(rate - f.rate) <= same_rate * f.rate) continue;
+    for (const auto& h : f.path) {
+      account(h.id, now);
+      load_[h.id] += h.weight * (rate - f.rate);
+      fastest_[h.id] = std::max(fastest_[h.id], rate);
+    }
+    f.remaining = std::max(0.0, f.remaining - f.rate * (now - f.since) * 1e-9);
+    f.since = now;
+    f.rate = rate;
+    if (rate > 0) {
+      f.due = now + f.remaining / rate * 1e9;
+      due_set(i);
+    } else {
+      due_erase(i);
+    }
+  }
+}
+
+bool flow_network::due_before(std::uint32_t a, std::uint32_t b) const {
+  const auto &x = flows_[a], &y = flows_[b];
+  return x.due != y.due ? x.due < y.due : x.id < y.id;
+}
+
+void flow_network::due_set(std::uint32_t slot) {
+  auto& f = flows_[slot];
+  if (f.due_place == nowhere) {
+    f.due_place = static_cast<std::uint32_t>(due_.size());
+    due_.push_back(slot);
+  }
+  due_sift(f.due_place);
+}
+
+void flow_network::due_erase(std::uint32_t slot) {
+  auto& f = flows_[slot];
+  if (f.due_place == nowhere) return;
+  const auto place = f.due_place;
+  f.due_place = nowhere;
+  const auto last = due_.back();
+  due_.pop_back();
+  if (last == slot) return;
+  due_[place] = last;
+  flows_[last].due_place = place;
+  due_sift(place);
+}
+
+void flow_network::due_sift(std::size_t place) {
+  const auto slot = due_[place];
+  while (place > 0) {
+    const auto parent = (place - 1) / 2;
+    if (!due_before(slot, due_[parent])) break;
+    due_[place] = due_[parent];
+    flows_[due_[place]].due_place = static_cast<std::uint32_t>(place);
+    place = parent;
+  }
+  for (;;) {
+    auto child = 2 * place + 1;
+    if (child >= due_.size()) break;
+    if (child + 1 < due_.size() && due_before(due_[child + 1], due_[child])) ++child;
+    if (!due_before(due_[child], slot)) break;
+    due_[place] = due_[child];
+    flows_[due_[place]].due_place = static_cast<std::uint32_t>(place);
+    place = child;
+  }
+  due_[place] = slot;
+  flows_[slot].due_place = static_cast<std::uint32_t>(place);
+}
+
+void flow_network::arm_timer() {
+  if (due_.empty()) {
+    if (timer_armed_) clock_.cancel(timer_);
+    timer_armed_ = false;
+    return;
+  }
+  const auto at = static_cast<std::int64_t>(std::ceil(flows_[due_.front()].due));
+  if (timer_armed_ && at == timer_at_) return;
+  if (timer_armed_) clock_.cancel(timer_);
+  timer_armed_ = true;
+  timer_at_ = at;
+  const auto generation = ++generation_;
+  timer_ = clock_.async_wait_until(clock::time_point(clock::duration(at)),
+                                   [this, generation, alive = alive_](std::error_code ec) {
+                                     if (!ec && *alive && generation == generation_) on_timer();
+                                   });
+}
+
+void flow_network::on_timer() {
+  timer_armed_ = false;
+  const double now = now_ns();
+  // Within a nanosecond (the clock's grain) or a millionth of a byte counts as arrived.
+  arrived_.clear();
+  while (!due_.empty()) {
+    const auto i = due_.front();
+    if (flows_[i].due > now + 1 + 1e-6 / flows_[i].rate * 1e9) break;
+    due_erase(i);
+    arrived_.push_back(i);
+  }
+  if (arrived_.empty()) return arm_timer();
   // Completions in the order the transfers started, as their latencies' timers and their callbacks
   // are ordered by.
-  std::ranges::sort(finishing_, {}, [this](std::uint32_t i) { return flows_[i].id; });
+  std::ranges::sort(arrived_, {}, [this](std::uint32_t i) { return flows_[i].id; });
   std::vector<std::function<void()>> finished;
-  for (const auto i : finishing_) {
+  for (const auto i : arrived_) {
     auto& f = flows_[i];
     detach(i);
-    if (std::isfinite(f.max_rate)) capped_.erase(std::lower_bound(capped_.begin(), capped_.end(), i, by_cap()));
     flows_[live_.back()].live_place = f.live_place;
     live_[f.live_place] = live_.back();
     live_.pop_back();
@@ -294,7 +505,6 @@ void flow_network::on_timer(std::uint64_t) {
     f = flow{};
     free_.push_back(i);
   }
-  finishing_.clear();
   schedule_recompute();
   for (auto& done : finished) done();
 }

@@ -83,12 +83,21 @@ class flow_network {
   std::uint64_t recomputations() const { return recomputations_; }
 
  private:
+  /// What limits a transfer's rate: a resource's id, or one of these.
+  static constexpr std::int32_t own_cap = -1;
+  static constexpr std::int32_t unsolved = -2;
+  static constexpr std::uint32_t nowhere = ~std::uint32_t{0};
+
   struct flow {
     std::uint64_t id = 0;  ///< 0: a free slot.
-    double remaining = 0;  ///< as of `rates_since_`: rates change only then
-    std::uint32_t live_place = 0;  ///< its place in `live_`
     double rate = 0;
+    double remaining = 0;  ///< bytes left as of `since`, when its rate last changed
+    double since = 0;      ///< virtual ns
+    double due = 0;        ///< virtual ns when its last byte arrives at this rate
     double max_rate = 0;
+    std::int32_t bottleneck = unsolved;
+    std::uint32_t live_place = 0;     ///< its place in `live_`
+    std::uint32_t due_place = nowhere;  ///< its place in `due_`, while it moves
     sim::path path;
     /// Its place in each hop's resource's list of flows (`on_`), for removal in constant time.
     std::array<std::uint32_t, max_hops> place{};
@@ -96,20 +105,30 @@ class flow_network {
     std::function<void()> done;
   };
 
-  /// Brings the resources' carried bytes and busy time up to now.
-  void advance();
+  double now_ns() const;
+  /// Adds a resource's carried bytes and busy time up to now: before its load or flows change.
+  void account(resource_id r, double now);
   void schedule_recompute();
   void recompute();
-  void on_timer(std::uint64_t generation);
+  void on_timer();
   /// Enters the flow in slot `slot` into, or takes it out of, the lists of the resources it crosses.
   void attach(std::uint32_t slot);
   void detach(std::uint32_t slot);
-  /// Orders flow slots by their own cap, then by slot: the order of `capped_`.
-  auto by_cap() const {
-    return [this](std::uint32_t a, std::uint32_t b) {
-      return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate : a < b;
-    };
-  }
+  // The region a recomputation re-solves, the rest held at their rates.
+  void add_to_region(std::uint32_t slot);
+  /// The transfers bottlenecked at `r`.
+  void add_group(resource_id r);
+  void fill_region();
+  /// Adds to the region what its new rates would leave unfair; false when nothing.
+  bool grow_region();
+  double fair_level(resource_id r, double level);
+  void commit_region(double now);
+  /// `due_`: the transfers that move, soonest first, as a binary heap on (due, id).
+  bool due_before(std::uint32_t a, std::uint32_t b) const;
+  void due_set(std::uint32_t slot);
+  void due_erase(std::uint32_t slot);
+  void due_sift(std::size_t place);
+  void arm_timer();
 
   event_loop& loop_;
   ferry::clock& clock_;
@@ -117,36 +136,52 @@ class flow_network {
   std::vector<flow> flows_;
   std::vector<std::uint32_t> free_;
   std::vector<std::uint32_t> live_;  ///< slots of transfers in flight, in no order
-  ferry::clock::time_point last_{};
-  /// When the rates were last set: each transfer's `remaining` is as of then.
-  ferry::clock::time_point rates_since_{};
-  /// Flow slots that may arrive when the timer fires, found by the recomputation that set it: a
-  /// completion checks these, not every transfer in flight.
-  std::vector<std::uint32_t> finishing_;
+  std::vector<std::uint32_t> due_;
   std::uint64_t next_id_ = 1;
   std::uint64_t started_ = 0;
   std::uint64_t recomputations_ = 0;
   std::uint64_t timer_ = 0;
   std::uint64_t generation_ = 0;
+  std::int64_t timer_at_ = 0;  ///< virtual ns
   bool recompute_pending_ = false;
   bool timer_armed_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  // Kept as transfers start and end, per resource: the flows crossing it, their summed weight, and
-  // its place in `busy_`, the resources some flow crosses. A recomputation reads these as they are.
+  /// Since the last recomputation: transfers started, and resources that lost a transfer while
+  /// others stay bottlenecked there.
+  std::vector<std::uint32_t> started_now_;
+  std::vector<resource_id> freed_;
+
+  // Per resource, kept as transfers start, end and change rate: the flows crossing it, the
+  // weighted bytes/s they carry, the weight of those bottlenecked there and their rate (`level_`),
+  // and when its carried bytes were last added up.
   std::vector<std::vector<std::uint32_t>> on_;
-  std::vector<double> weight_on_;
-  std::vector<std::uint32_t> busy_place_;
-  std::vector<resource_id> busy_;
-  /// Slots of the transfers with a cap of their own, by cap, then slot: kept as they start and end.
-  std::vector<std::uint32_t> capped_;
-  // Scratch for the max-min computation, per resource unless said, kept to avoid allocating per
-  // event.
-  std::vector<double> capacity_left_, unfixed_weight_;
-  std::vector<double> load_;            ///< weighted bytes/s crossing it at the current rates
-  std::vector<std::uint64_t> fixed_in_;  ///< per flow slot: the recomputation that fixed its rate
-  std::vector<std::uint32_t> fixing_;   ///< flow slots
-  /// Resources still carrying unfixed transfers, and of those the ones a round may saturate.
-  std::vector<resource_id> unfilled_, saturating_;
+  std::vector<double> load_, own_weight_, level_, accounted_;
+  /// Per resource: no transfer on it is faster (exact after a `fair_level`, else a bound).
+  std::vector<double> fastest_;
+
+  // Scratch of a recomputation, kept to avoid allocating per event.
+  std::uint64_t stamp_ = 0;  ///< the recomputation's number
+  std::uint64_t fill_ = 0;   ///< one filling of the region
+  std::vector<std::uint32_t> region_, capped_, fixing_, arrived_;
+  /// Per flow slot: the recomputation that put it in the region, the filling that fixed it, its
+  /// new rate and bottleneck.
+  std::vector<std::uint64_t> in_region_, fixed_in_;
+  std::vector<double> new_rate_;
+  std::vector<std::int32_t> new_bottleneck_;
+  /// Per resource: the recomputation whose region took its group, the filling that reached it,
+  /// its capacity left and unfixed weight in that filling, the weight of the region transfers
+  /// bottlenecked there before, the level at which the filling bottlenecked region transfers there
+  /// (-1: none), and its region transfers (`region_count_[r]` from `region_on_[region_begin_[r]]`).
+  std::vector<std::uint64_t> grouped_in_, reached_in_;
+  std::vector<double> capacity_left_, unfixed_weight_, region_own_, saturated_at_;
+  std::vector<std::uint32_t> region_begin_, region_count_, region_on_;
+  std::vector<resource_id> reached_, unfilled_, saturating_;
+  /// For `fair_level`: the transfers on a resource that do not rise with it, `slot` those held.
+  struct share {
+    double rate, weight;
+    std::uint32_t slot;
+  };
+  std::vector<share> shares_;
 };
 
 }  // namespace ferry::sim

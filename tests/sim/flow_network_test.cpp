@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <random>
 #include <numeric>
 #include <string>
 
@@ -210,6 +212,110 @@ TEST(flow_network, an_oversubscribed_fabric_is_shared_by_every_crossing) {
     ids.push_back(b.net.start(c.network(g, (g + 1) % 4).of(1'000'000), b.record()));
   for (const auto id : ids) EXPECT_DOUBLE_EQ(b.net.rate_of(id), 25 * G);
   b.finish(4);
+}
+
+/// Max-min fair rates by progressive filling over every transfer, written plainly: what the
+/// network's incremental solver must agree with.
+std::vector<double> fair_rates(const std::vector<double>& capacity, const std::vector<transfer_spec>& specs) {
+  std::vector<double> rate(specs.size(), 0), left = capacity;
+  std::vector<bool> fixed(specs.size(), false);
+  for (std::size_t unfixed = specs.size(); unfixed > 0;) {
+    std::vector<double> weight(capacity.size(), 0);
+    double level = std::numeric_limits<double>::infinity();
+    for (std::size_t f = 0; f < specs.size(); ++f)
+      if (!fixed[f]) {
+        level = std::min(level, specs[f].max_rate);
+        for (const auto& h : specs[f].path) weight[h.id] += h.weight;
+      }
+    for (std::size_t r = 0; r < capacity.size(); ++r)
+      if (weight[r] > 0) level = std::min(level, std::max(0.0, left[r]) / weight[r]);
+    const double limit = level * (1 + 1e-9);
+    std::vector<std::size_t> fixing;
+    for (std::size_t f = 0; f < specs.size(); ++f) {
+      if (fixed[f]) continue;
+      bool bound = specs[f].max_rate <= limit;
+      for (const auto& h : specs[f].path) bound = bound || std::max(0.0, left[h.id]) <= limit * weight[h.id];
+      if (bound) fixing.push_back(f);
+    }
+    for (const auto f : fixing) {
+      fixed[f] = true;
+      rate[f] = std::min(level, specs[f].max_rate);
+      for (const auto& h : specs[f].path) left[h.id] -= h.weight * rate[f];
+    }
+    unfixed -= fixing.size();
+  }
+  return rate;
+}
+
+/// Transfers start at random times over random paths of shared resources, with rates and caps
+/// from a few values so that levels tie. After every start and every arrival each transfer's rate
+/// must be the one a solve of all of them gives, and each must arrive when those rates have moved
+/// its bytes.
+TEST(flow_network, incremental_rates_match_a_solve_of_every_transfer) {
+  for (std::uint32_t seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 random(seed);
+    auto pick = [&](std::uint32_t n) { return static_cast<std::uint32_t>(random() % n); };
+    bench b;
+    std::vector<double> capacity;
+    const auto resources = 4 + pick(24);
+    for (std::uint32_t r = 0; r < resources; ++r) {
+      capacity.push_back(std::array{1.0, 2.0, 4.0, 5.0, 10.0}[pick(5)] * G);
+      b.net.add_resource("r" + std::to_string(r), capacity.back());
+    }
+    struct moving {
+      transfer_spec spec;
+      double left, rate = 0;  // bytes and bytes/s by the solve of all, as of `since`
+    };
+    std::map<std::uint64_t, moving> live;
+    double since = 0;
+    auto seconds = [&] { return std::chrono::duration<double>(b.env.clock().now().time_since_epoch()).count(); };
+    auto move_bytes = [&] {
+      for (auto& [id, m] : live) m.left -= m.rate * (seconds() - since);
+      since = seconds();
+    };
+    std::size_t checks = 0, arrived = 0;
+    auto check = [&] {
+      move_bytes();
+      std::vector<transfer_spec> specs;
+      for (const auto& [id, m] : live) specs.push_back(m.spec);
+      const auto expected = fair_rates(capacity, specs);
+      ASSERT_EQ(b.net.in_flight(), live.size());
+      std::size_t k = 0;
+      for (auto& [id, m] : live) {
+        m.rate = expected[k++];
+        ASSERT_NEAR(b.net.rate_of(id), m.rate, m.rate * 1e-6) << "transfer " << id;
+      }
+      ++checks;
+    };
+    const std::size_t transfers = 60 + pick(60);
+    for (std::size_t n = 0; n < transfers; ++n) {
+      transfer_spec spec{.bytes = 1'000'000 * (1 + pick(50))};
+      for (auto hops = 1 + pick(4); spec.path.size() < hops;)
+        spec.path.push_back({pick(resources), pick(4) == 0 ? 2.0 : 1.0});
+      if (pick(5) == 0) spec.max_rate = std::array{0.5, 1.0, 3.0}[pick(3)] * G;
+      // Many start at the same instant, as chunks do.
+      const auto at = std::chrono::microseconds(1'000 * pick(4) * pick(10));
+      b.env.clock().async_wait(at, [&, spec](std::error_code) {
+        auto id = std::make_shared<std::uint64_t>();
+        *id = b.net.start(spec, [&, id] {
+          move_bytes();
+          const auto& m = live.at(*id);
+          // Arrival waits for the clock's next nanosecond.
+          EXPECT_NEAR(m.left, 0, 1e-6 * m.spec.bytes + m.rate * 1e-9) << "transfer " << *id;
+          live.erase(*id);
+          ++arrived;
+          b.loop.post(check);
+        });
+        live.emplace(*id, moving{.spec = spec, .left = static_cast<double>(spec.bytes)});
+        b.loop.post(check);
+      });
+    }
+    b.loop.run_until([&] { return arrived == transfers || ::testing::Test::HasFatalFailure(); });
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    EXPECT_EQ(b.net.in_flight(), 0u);
+    EXPECT_GE(checks, 2 * transfers);
+  }
 }
 
 TEST(collective_model, a_chain_broadcast_takes_the_bytes_once_plus_the_pipeline_fill) {
