@@ -72,6 +72,7 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
     fixed_in_.push_back(0);
     new_rate_.push_back(0);
     new_bottleneck_.push_back(unsolved);
+    due_place_.push_back(nowhere);
   }
   auto& f = flows_[slot];
   f.id = id;
@@ -399,61 +400,47 @@ void flow_network::commit_region(double now) {
     f.since = now;
     f.rate = rate;
     if (rate > 0) {
-      f.due = now + f.remaining / rate * 1e9;
-      due_set(i);
+      due_set(i, now + f.remaining / rate * 1e9);
     } else {
       due_erase(i);
     }
   }
 }
 
-bool flow_network::due_before(std::uint32_t a, std::uint32_t b) const {
-  const auto &x = flows_[a], &y = flows_[b];
-  return x.due != y.due ? x.due < y.due : x.id < y.id;
-}
-
-void flow_network::due_set(std::uint32_t slot) {
-  auto& f = flows_[slot];
-  if (f.due_place == nowhere) {
-    f.due_place = static_cast<std::uint32_t>(due_.size());
-    due_.push_back(slot);
+void flow_network::due_set(std::uint32_t slot, double at) {
+  auto& place = due_place_[slot];
+  if (place == nowhere) {
+    place = static_cast<std::uint32_t>(due_.size());
+    due_.emplace_back();
   }
-  due_sift(f.due_place);
+  due_sift(place, {at, flows_[slot].id, slot});
 }
 
 void flow_network::due_erase(std::uint32_t slot) {
-  auto& f = flows_[slot];
-  if (f.due_place == nowhere) return;
-  const auto place = f.due_place;
-  f.due_place = nowhere;
+  const auto place = due_place_[slot];
+  if (place == nowhere) return;
+  due_place_[slot] = nowhere;
   const auto last = due_.back();
   due_.pop_back();
-  if (last == slot) return;
-  due_[place] = last;
-  flows_[last].due_place = place;
-  due_sift(place);
+  if (last.slot != slot) due_sift(place, last);
 }
 
-void flow_network::due_sift(std::size_t place) {
-  const auto slot = due_[place];
-  while (place > 0) {
-    const auto parent = (place - 1) / 2;
-    if (!due_before(slot, due_[parent])) break;
-    due_[place] = due_[parent];
-    flows_[due_[place]].due_place = static_cast<std::uint32_t>(place);
-    place = parent;
+void flow_network::due_sift(std::size_t place, due_entry e) {
+  auto move_to = [&](std::size_t to, const due_entry& moved) {
+    due_[to] = moved;
+    due_place_[moved.slot] = static_cast<std::uint32_t>(to);
+  };
+  while (place > 0 && e < due_[(place - 1) / 2]) {
+    move_to(place, due_[(place - 1) / 2]);
+    place = (place - 1) / 2;
   }
-  for (;;) {
-    auto child = 2 * place + 1;
-    if (child >= due_.size()) break;
-    if (child + 1 < due_.size() && due_before(due_[child + 1], due_[child])) ++child;
-    if (!due_before(due_[child], slot)) break;
-    due_[place] = due_[child];
-    flows_[due_[place]].due_place = static_cast<std::uint32_t>(place);
+  for (auto child = 2 * place + 1; child < due_.size(); child = 2 * place + 1) {
+    if (child + 1 < due_.size() && due_[child + 1] < due_[child]) ++child;
+    if (!(due_[child] < e)) break;
+    move_to(place, due_[child]);
     place = child;
   }
-  due_[place] = slot;
-  flows_[slot].due_place = static_cast<std::uint32_t>(place);
+  move_to(place, e);
 }
 
 void flow_network::arm_timer() {
@@ -462,7 +449,7 @@ void flow_network::arm_timer() {
     timer_armed_ = false;
     return;
   }
-  const auto at = static_cast<std::int64_t>(std::ceil(flows_[due_.front()].due));
+  const auto at = static_cast<std::int64_t>(std::ceil(due_.front().at));
   if (timer_armed_ && at == timer_at_) return;
   if (timer_armed_) clock_.cancel(timer_);
   timer_armed_ = true;
@@ -480,8 +467,8 @@ void flow_network::on_timer() {
   // Within a nanosecond (the clock's grain) or a millionth of a byte counts as arrived.
   arrived_.clear();
   while (!due_.empty()) {
-    const auto i = due_.front();
-    if (flows_[i].due > now + 1 + 1e-6 / flows_[i].rate * 1e9) break;
+    const auto i = due_.front().slot;
+    if (due_.front().at > now + 1 + 1e-6 / flows_[i].rate * 1e9) break;
     due_erase(i);
     arrived_.push_back(i);
   }

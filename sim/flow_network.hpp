@@ -93,11 +93,9 @@ class flow_network {
     double rate = 0;
     double remaining = 0;  ///< bytes left as of `since`, when its rate last changed
     double since = 0;      ///< virtual ns
-    double due = 0;        ///< virtual ns when its last byte arrives at this rate
     double max_rate = 0;
     std::int32_t bottleneck = unsolved;
-    std::uint32_t live_place = 0;     ///< its place in `live_`
-    std::uint32_t due_place = nowhere;  ///< its place in `due_`, while it moves
+    std::uint32_t live_place = 0;  ///< its place in `live_`
     sim::path path;
     /// Its place in each hop's resource's list of flows (`on_`), for removal in constant time.
     std::array<std::uint32_t, max_hops> place{};
@@ -123,11 +121,18 @@ class flow_network {
   bool grow_region();
   double fair_level(resource_id r, double level);
   void commit_region(double now);
-  /// `due_`: the transfers that move, soonest first, as a binary heap on (due, id).
-  bool due_before(std::uint32_t a, std::uint32_t b) const;
-  void due_set(std::uint32_t slot);
+  /// When a transfer that moves will have moved its last byte (virtual ns); of equals, the one
+  /// that started first comes first.
+  struct due_entry {
+    double at;
+    std::uint64_t id;
+    std::uint32_t slot;
+    bool operator<(const due_entry& o) const { return at != o.at ? at < o.at : id < o.id; }
+  };
+  // `due_`: a binary heap, soonest first; `due_place_` per flow slot its place there, or `nowhere`.
+  void due_set(std::uint32_t slot, double at);
   void due_erase(std::uint32_t slot);
-  void due_sift(std::size_t place);
+  void due_sift(std::size_t place, due_entry e);
   void arm_timer();
 
   event_loop& loop_;
@@ -136,7 +141,8 @@ class flow_network {
   std::vector<flow> flows_;
   std::vector<std::uint32_t> free_;
   std::vector<std::uint32_t> live_;  ///< slots of transfers in flight, in no order
-  std::vector<std::uint32_t> due_;
+  std::vector<due_entry> due_;
+  std::vector<std::uint32_t> due_place_;
   std::uint64_t next_id_ = 1;
   std::uint64_t started_ = 0;
   std::uint64_t recomputations_ = 0;
