@@ -6,7 +6,7 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
   python3 bench/sim_scale.py build/cli/ferry --steady   the steady state: each size run for 1 and
                                                         for 3 versions; the extra versions' events
                                                         over their wall time, set-up excluded
-  python3 bench/sim_scale.py NEW --against OLD [--rounds 3] [--gpus 384]
+  python3 bench/sim_scale.py NEW --against OLD [--rounds 3] [--gpus 384] [--scenario kimi-k2-ep16]
                                                         two binaries' steady state, run alternately
                                                         (1 and 9 versions; 1 and 3 at 384 GPUs) so
                                                         that both see the same VM, the first one
@@ -49,11 +49,14 @@ def steady_state(scenario, trainers, instances, versions, binary=None):
 
 if "--against" in sys.argv:
     old, rounds, gpus = flag("--against", None), int(flag("--rounds", "3")), flag("--gpus", "64")
+    scenario = flag("--scenario", "kimi-k2")
     if gpus not in ("64", "384"):
         sys.exit("--gpus: 64 or 384")
+    if scenario not in ("kimi-k2", "kimi-k2-ep16"):
+        sys.exit("--scenario: kimi-k2 or kimi-k2-ep16")
     trainers, instances = SIZES[0] if gpus == "64" else SIZES[-1]
     versions = 9 if gpus == "64" else 3  # a version at 384 GPUs takes 16 s
-    print(f"kimi-k2, {trainers + 16 * instances} GPUs, versions 1 and {versions}\n")
+    print(f"{scenario}, {trainers + 16 * instances} GPUs, versions 1 and {versions}\n")
     print(f"| round | s per version, {old} | s per version, {ferry} | events/s, old | events/s, new | new / old |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     results = []  # per round: (old, new), each (s per version, events/s)
@@ -62,7 +65,7 @@ if "--against" in sys.argv:
         order = (old, ferry) if r % 2 else (ferry, old)
         measured = {}
         for binary in order:
-            per_version, events, _ = steady_state("kimi-k2", trainers, instances, versions, binary)
+            per_version, events, _ = steady_state(scenario, trainers, instances, versions, binary)
             measured[binary] = (per_version, events / per_version)
         pair = [measured[old], measured[ferry]]
         results.append(pair)
