@@ -17,9 +17,9 @@ constexpr double no_weight = 1e-9;
 constexpr double same_rate = 1e-12;
 /// None of a resource's region flows is bottlenecked there.
 constexpr double not_saturated = -1;
-/// A round's transfers come in the order of the resources' lists, scattered over `flows_`; at 384
-/// GPUs (1,269 in flight) the first read of each missed the cache. Asking for the one this many
-/// ahead took the flow network from 34% to 27-30% of `perf` samples there
+/// A round's transfers come in the order of the resources' lists, scattered over `flows_`, and the
+/// first read of each misses the cache. When every transfer was solved each time, asking for the
+/// one this many ahead took the flow network from 34% to 27-30% of `perf` samples at 384 GPUs
 /// (bench/results/sim_scale.md).
 constexpr std::size_t prefetch_ahead = 8;
 
@@ -112,7 +112,7 @@ void flow_network::attach(std::uint32_t slot) {
 }
 
 void flow_network::detach(std::uint32_t slot) {
-  const auto& f = flows_[slot];
+  auto& f = flows_[slot];
   const double now = now_ns();
   for (std::size_t k = 0; k < f.path.size(); ++k) {
     const auto r = f.path[k].id;
@@ -124,13 +124,15 @@ void flow_network::detach(std::uint32_t slot) {
     const auto last = static_cast<std::uint32_t>(flows.size() - 1);
     flows[f.place[k]] = moved;
     flows.pop_back();
-    // The flow that took this place: find its hop of r that sat last.
+    // The flow that took this place: find its hop of r that sat last. It may be this one, on a
+    // path that crosses r again: a hop already taken out must not match.
     auto& m = flows_[moved];
     for (std::size_t j = 0; j < m.path.size(); ++j)
       if (m.path[j].id == r && m.place[j] == last) {
         m.place[j] = f.place[k];
         break;
       }
+    f.place[k] = nowhere;
     if (flows.empty()) {
       load_[r] = 0;  // no rounding left behind
       own_weight_[r] = 0;
