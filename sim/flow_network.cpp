@@ -41,13 +41,7 @@ resource_id flow_network::add_resource(std::string name, double bytes_per_second
     throw std::invalid_argument("resource " + name + ": its rate must be positive and finite");
   resources_.push_back({.name = std::move(name), .bytes_per_second = bytes_per_second});
   on_.emplace_back();
-  for (auto* v : {&load_, &own_weight_, &level_, &fastest_, &capacity_left_, &unfixed_weight_, &region_own_, &saturated_at_})
-    v->push_back(0);
-  accounted_.push_back(now_ns());
-  grouped_in_.push_back(0);
-  reached_in_.push_back(0);
-  region_begin_.push_back(0);
-  region_count_.push_back(0);
+  state_.push_back({.capacity = bytes_per_second, .accounted = now_ns()});
   return static_cast<resource_id>(resources_.size() - 1);
 }
 
@@ -93,10 +87,10 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
 }
 
 void flow_network::account(resource_id r, double now) {
-  const double dt = now - accounted_[r];
-  accounted_[r] = now;
+  const double dt = now - state_[r].accounted;
+  state_[r].accounted = now;
   if (!(dt > 0) || on_[r].empty()) return;
-  resources_[r].carried_bytes += load_[r] * dt * 1e-9;
+  resources_[r].carried_bytes += state_[r].load * dt * 1e-9;
   resources_[r].busy += clock::duration(static_cast<std::int64_t>(dt));
 }
 
@@ -117,8 +111,8 @@ void flow_network::detach(std::uint32_t slot) {
   for (std::size_t k = 0; k < f.path.size(); ++k) {
     const auto r = f.path[k].id;
     account(r, now);
-    load_[r] -= f.path[k].weight * f.rate;
-    if (f.bottleneck == static_cast<std::int32_t>(r)) own_weight_[r] -= f.path[k].weight;
+    state_[r].load -= f.path[k].weight * f.rate;
+    if (f.bottleneck == static_cast<std::int32_t>(r)) state_[r].own_weight -= f.path[k].weight;
     auto& flows = on_[r];
     const auto moved = flows.back();
     const auto last = static_cast<std::uint32_t>(flows.size() - 1);
@@ -134,10 +128,10 @@ void flow_network::detach(std::uint32_t slot) {
       }
     f.place[k] = nowhere;
     if (flows.empty()) {
-      load_[r] = 0;  // no rounding left behind
-      own_weight_[r] = 0;
-      fastest_[r] = 0;
-    } else if (own_weight_[r] > no_weight) {
+      state_[r].load = 0;  // no rounding left behind
+      state_[r].own_weight = 0;
+      state_[r].fastest = 0;
+    } else if (state_[r].own_weight > no_weight) {
       freed_.push_back(r);  // the transfers bottlenecked here may rise
     }
   }
@@ -201,8 +195,8 @@ void flow_network::add_to_region(std::uint32_t slot) {
 }
 
 void flow_network::add_group(resource_id r) {
-  if (grouped_in_[r] == stamp_) return;
-  grouped_in_[r] = stamp_;
+  if (state_[r].grouped_in == stamp_) return;
+  state_[r].grouped_in = stamp_;
   for (const auto i : on_[r])
     if (flows_[i].bottleneck == static_cast<std::int32_t>(r)) add_to_region(i);
 }
@@ -221,31 +215,31 @@ void flow_network::fill_region() {
     if (std::isfinite(f.max_rate)) capped_.push_back(i);
     for (const auto& h : f.path) {
       const auto r = h.id;
-      if (reached_in_[r] != fill_) {
-        reached_in_[r] = fill_;
+      if (state_[r].reached_in != fill_) {
+        state_[r].reached_in = fill_;
         reached_.push_back(r);
-        capacity_left_[r] = resources_[r].bytes_per_second - load_[r];
-        unfixed_weight_[r] = region_own_[r] = 0;
-        region_count_[r] = 0;
-        saturated_at_[r] = not_saturated;
+        state_[r].capacity_left = state_[r].capacity - state_[r].load;
+        state_[r].unfixed_weight = state_[r].region_own = 0;
+        state_[r].region_count = 0;
+        state_[r].saturated_at = not_saturated;
       }
-      capacity_left_[r] += h.weight * f.rate;  // the region's own share is free again
-      unfixed_weight_[r] += h.weight;
-      if (f.bottleneck == static_cast<std::int32_t>(r)) region_own_[r] += h.weight;
-      ++region_count_[r];
+      state_[r].capacity_left += h.weight * f.rate;  // the region's own share is free again
+      state_[r].unfixed_weight += h.weight;
+      if (f.bottleneck == static_cast<std::int32_t>(r)) state_[r].region_own += h.weight;
+      ++state_[r].region_count;
     }
   }
   // Each reached resource's region transfers, side by side in `region_on_`.
   std::uint32_t begin = 0;
   for (const auto r : reached_) {
-    capacity_left_[r] = std::max(0.0, capacity_left_[r]);
-    region_begin_[r] = begin;
-    begin += region_count_[r];
-    region_count_[r] = 0;
+    state_[r].capacity_left = std::max(0.0, state_[r].capacity_left);
+    state_[r].region_begin = begin;
+    begin += state_[r].region_count;
+    state_[r].region_count = 0;
   }
   region_on_.resize(begin);
   for (const auto i : region_)
-    for (const auto& h : flows_[i].path) region_on_[region_begin_[h.id] + region_count_[h.id]++] = i;
+    for (const auto& h : flows_[i].path) region_on_[state_[h.id].region_begin + state_[h.id].region_count++] = i;
   std::ranges::sort(capped_, [this](std::uint32_t a, std::uint32_t b) {
     return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate : a < b;
   });
@@ -261,10 +255,10 @@ void flow_network::fill_region() {
     saturating_.clear();
     std::size_t kept = 0;
     for (const auto r : unfilled_) {
-      const double w = unfixed_weight_[r];
+      const double w = state_[r].unfixed_weight;
       if (!(w > no_weight)) continue;
       unfilled_[kept++] = r;
-      const double c = capacity_left_[r];
+      const double c = state_[r].capacity_left;
       if (c * best_w < best_c * w) best_c = c, best_w = w;
       if (c * best_w <= best_c * w * (1 + 2 * tie)) saturating_.push_back(r);  // looser than below
     }
@@ -277,12 +271,12 @@ void flow_network::fill_region() {
     const double limit = level * (1 + tie);
     fixing_.clear();
     for (const auto r : saturating_) {
-      if (capacity_left_[r] > limit * unfixed_weight_[r]) continue;
+      if (state_[r].capacity_left > limit * state_[r].unfixed_weight) continue;
       const auto fixed_before = fixing_.size();
-      for (auto k = region_begin_[r], end = k + region_count_[r]; k < end; ++k)
+      for (auto k = state_[r].region_begin, end = k + state_[r].region_count; k < end; ++k)
         if (const auto i = region_on_[k]; fixed_in_[i] != fill_)
           fixed_in_[i] = fill_, new_bottleneck_[i] = static_cast<std::int32_t>(r), fixing_.push_back(i);
-      if (fixing_.size() > fixed_before) saturated_at_[r] = level;
+      if (fixing_.size() > fixed_before) state_[r].saturated_at = level;
     }
     for (; next_capped != capped_.end() && flows_[*next_capped].max_rate <= limit; ++next_capped)
       if (const auto i = *next_capped; fixed_in_[i] != fill_)
@@ -298,8 +292,8 @@ void flow_network::fill_region() {
       const auto& f = flows_[i];
       const double rate = new_rate_[i] = std::min(level, f.max_rate);
       for (const auto& h : f.path) {
-        capacity_left_[h.id] = std::max(0.0, capacity_left_[h.id] - h.weight * rate);
-        unfixed_weight_[h.id] -= h.weight;
+        state_[h.id].capacity_left = std::max(0.0, state_[h.id].capacity_left - h.weight * rate);
+        state_[h.id].unfixed_weight -= h.weight;
       }
     }
     unfixed -= fixing_.size();
@@ -315,16 +309,16 @@ bool flow_network::grow_region() {
   for (const auto r : reached_) {
     // Held transfers bottlenecked here keep their rate only if the resource stays saturated and no
     // region transfer passes them on it.
-    const double held = own_weight_[r] - region_own_[r];
+    const double held = state_[r].own_weight - state_[r].region_own;
     if (held > no_weight) {
-      bool kept = capacity_left_[r] <= tie * level_[r] * held;
-      for (auto k = region_begin_[r], end = k + region_count_[r]; kept && k < end; ++k)
-        kept = new_rate_[region_on_[k]] <= level_[r] * (1 + tie);
+      bool kept = state_[r].capacity_left <= tie * state_[r].level * held;
+      for (auto k = state_[r].region_begin, end = k + state_[r].region_count; kept && k < end; ++k)
+        kept = new_rate_[region_on_[k]] <= state_[r].level * (1 + tie);
       if (!kept) add_group(r);
     }
     // Region transfers bottlenecked here need every held one on it to be no faster.
-    const double level = saturated_at_[r];
-    if (level == not_saturated || fastest_[r] <= level * (1 + tie)) continue;
+    const double level = state_[r].saturated_at;
+    if (level == not_saturated || state_[r].fastest <= level * (1 + tie)) continue;
     // The held transfers that must slow down are those above the level this resource alone would
     // give, the others kept at their rates (the filling's level, all held, is lower): if none were
     // above it, it would be the filling's.
@@ -344,7 +338,7 @@ bool flow_network::grow_region() {
 /// `level`, every other transfer on it at most to the rate it has (held) or was just given
 /// (region). Each pass lets those below the last estimate keep their rate and shares the rest;
 /// the estimate only rises, and a few passes settle it. Leaves the others in `shares_` and makes
-/// `fastest_[r]` exact.
+/// `state_[r].fastest` exact.
 double flow_network::fair_level(resource_id r, double level) {
   shares_.clear();
   double rising = 0, fastest = 0;
@@ -363,9 +357,9 @@ double flow_network::fair_level(resource_id r, double level) {
       rising += weight;
     }
   }
-  fastest_[r] = std::max(fastest, level);
+  state_[r].fastest = std::max(fastest, level);
   for (;;) {
-    double left = resources_[r].bytes_per_second, weight = rising;
+    double left = state_[r].capacity, weight = rising;
     for (const auto& s : shares_) {
       if (s.rate <= level)
         left -= s.rate * s.weight;
@@ -380,14 +374,14 @@ double flow_network::fair_level(resource_id r, double level) {
 
 void flow_network::commit_region(double now) {
   for (const auto r : reached_)
-    if (saturated_at_[r] != not_saturated)
-      level_[r] = own_weight_[r] - region_own_[r] > no_weight ? std::max(level_[r], saturated_at_[r]) : saturated_at_[r];
+    if (state_[r].saturated_at != not_saturated)
+      state_[r].level = state_[r].own_weight - state_[r].region_own > no_weight ? std::max(state_[r].level, state_[r].saturated_at) : state_[r].saturated_at;
   for (const auto i : region_) {
     auto& f = flows_[i];
     if (f.bottleneck != new_bottleneck_[i]) {
       for (const auto& h : f.path) {
-        if (static_cast<std::int32_t>(h.id) == f.bottleneck) own_weight_[h.id] -= h.weight;
-        if (static_cast<std::int32_t>(h.id) == new_bottleneck_[i]) own_weight_[h.id] += h.weight;
+        if (static_cast<std::int32_t>(h.id) == f.bottleneck) state_[h.id].own_weight -= h.weight;
+        if (static_cast<std::int32_t>(h.id) == new_bottleneck_[i]) state_[h.id].own_weight += h.weight;
       }
       f.bottleneck = new_bottleneck_[i];
     }
@@ -395,8 +389,8 @@ void flow_network::commit_region(double now) {
     if (std::abs(rate - f.rate) <= same_rate * f.rate) continue;
     for (const auto& h : f.path) {
       account(h.id, now);
-      load_[h.id] += h.weight * (rate - f.rate);
-      fastest_[h.id] = std::max(fastest_[h.id], rate);
+      state_[h.id].load += h.weight * (rate - f.rate);
+      state_[h.id].fastest = std::max(state_[h.id].fastest, rate);
     }
     f.remaining = std::max(0.0, f.remaining - f.rate * (now - f.since) * 1e-9);
     f.since = now;

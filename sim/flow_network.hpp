@@ -157,13 +157,26 @@ class flow_network {
   std::vector<std::uint32_t> started_now_;
   std::vector<resource_id> freed_;
 
-  // Per resource, kept as transfers start, end and change rate: the flows crossing it, the
-  // weighted bytes/s they carry, the weight of those bottlenecked there and their rate (`level_`),
-  // and when its carried bytes were last added up.
+  /// Per resource: the flow slots crossing it, kept as transfers start and end.
   std::vector<std::vector<std::uint32_t>> on_;
-  std::vector<double> load_, own_weight_, level_, accounted_;
-  /// Per resource: no transfer on it is faster (exact after a `fair_level`, else a bound).
-  std::vector<double> fastest_;
+  /// What a recomputation reads of a resource, side by side: the first cache line is what a filling
+  /// touches per hop.
+  struct alignas(64) resource_state {
+    double capacity = 0;  ///< bytes/s
+    double load = 0;      ///< weighted bytes/s crossing it at the current rates
+    // A filling's scratch: capacity left, unfixed weight, the weight of the region transfers
+    // bottlenecked here before, the level at which the filling bottlenecked region transfers here
+    // (-1: none), and its region transfers (`region_count` from `region_on_[region_begin]`).
+    double capacity_left = 0, unfixed_weight = 0, region_own = 0, saturated_at = 0;
+    std::uint32_t region_begin = 0, region_count = 0;
+    std::uint64_t reached_in = 0;  ///< the filling that reached it
+    // Kept: the weight of the transfers bottlenecked here and their rate, a rate no transfer on it
+    // exceeds (exact after a `fair_level`, else a bound), and up to when (virtual ns) its carried
+    // bytes and busy time were added up.
+    double own_weight = 0, level = 0, fastest = 0, accounted = 0;
+    std::uint64_t grouped_in = 0;  ///< the recomputation whose region took its group
+  };
+  std::vector<resource_state> state_;
 
   // Scratch of a recomputation, kept to avoid allocating per event.
   std::uint64_t stamp_ = 0;  ///< the recomputation's number
@@ -174,13 +187,7 @@ class flow_network {
   std::vector<std::uint64_t> in_region_, fixed_in_;
   std::vector<double> new_rate_;
   std::vector<std::int32_t> new_bottleneck_;
-  /// Per resource: the recomputation whose region took its group, the filling that reached it,
-  /// its capacity left and unfixed weight in that filling, the weight of the region transfers
-  /// bottlenecked there before, the level at which the filling bottlenecked region transfers there
-  /// (-1: none), and its region transfers (`region_count_[r]` from `region_on_[region_begin_[r]]`).
-  std::vector<std::uint64_t> grouped_in_, reached_in_;
-  std::vector<double> capacity_left_, unfixed_weight_, region_own_, saturated_at_;
-  std::vector<std::uint32_t> region_begin_, region_count_, region_on_;
+  std::vector<std::uint32_t> region_on_;
   std::vector<resource_id> reached_, unfilled_, saturating_;
   /// For `fair_level`: the transfers on a resource that do not rise with it, `slot` those held.
   struct share {
