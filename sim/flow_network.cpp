@@ -468,7 +468,10 @@ void flow_network::on_timer() {
     due_erase(i);
     arrived_.push_back(i);
   }
-  if (arrived_.empty()) return arm_timer();
+  if (arrived_.empty()) {
+    arm_timer();
+    return;
+  }
   // Completions in the order the transfers started, as their latencies' timers and their callbacks
   // are ordered by.
   std::ranges::sort(arrived_, {}, [this](std::uint32_t i) { return flows_[i].id; });
