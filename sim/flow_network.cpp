@@ -378,20 +378,23 @@ void flow_network::commit_region(double now) {
       state_[r].level = state_[r].own_weight - state_[r].region_own > no_weight ? std::max(state_[r].level, state_[r].saturated_at) : state_[r].saturated_at;
   for (const auto i : region_) {
     auto& f = flows_[i];
-    if (f.bottleneck != new_bottleneck_[i]) {
-      for (const auto& h : f.path) {
-        if (static_cast<std::int32_t>(h.id) == f.bottleneck) state_[h.id].own_weight -= h.weight;
-        if (static_cast<std::int32_t>(h.id) == new_bottleneck_[i]) state_[h.id].own_weight += h.weight;
-      }
-      f.bottleneck = new_bottleneck_[i];
-    }
     const double rate = new_rate_[i];
-    if (std::abs(rate - f.rate) <= same_rate * f.rate) continue;
+    const bool moves = std::abs(rate - f.rate) > same_rate * f.rate;
     for (const auto& h : f.path) {
-      account(h.id, now);
-      state_[h.id].load += h.weight * (rate - f.rate);
-      state_[h.id].fastest = std::max(state_[h.id].fastest, rate);
+      auto& state = state_[h.id];
+      if (f.bottleneck != new_bottleneck_[i]) {
+        if (static_cast<std::int32_t>(h.id) == f.bottleneck) state.own_weight -= h.weight;
+        if (static_cast<std::int32_t>(h.id) == new_bottleneck_[i]) state.own_weight += h.weight;
+      }
+      // Kept or not, its rate bounds the resource's fastest again: `fair_level` left it out.
+      state.fastest = std::max(state.fastest, moves ? rate : f.rate);
+      if (moves) {
+        account(h.id, now);
+        state.load += h.weight * (rate - f.rate);
+      }
     }
+    f.bottleneck = new_bottleneck_[i];
+    if (!moves) continue;
     f.remaining = std::max(0.0, f.remaining - f.rate * (now - f.since) * 1e-9);
     f.since = now;
     f.rate = rate;
