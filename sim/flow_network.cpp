@@ -239,9 +239,11 @@ void flow_network::fill_region() {
   }
   region_on_.resize(begin);
   for (const auto i : region_)
-    for (const auto& h : flows_[i].path) region_on_[state_[h.id].region_begin + state_[h.id].region_count++] = i;
+    for (const auto& h : flows_[i].path)
+      region_on_[state_[h.id].region_begin + state_[h.id].region_count++] = i;
   std::ranges::sort(capped_, [this](std::uint32_t a, std::uint32_t b) {
-    return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate : a < b;
+    return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate
+                                                    : a < b;
   });
 
   unfilled_.assign(reached_.begin(), reached_.end());
@@ -273,9 +275,13 @@ void flow_network::fill_region() {
     for (const auto r : saturating_) {
       if (state_[r].capacity_left > limit * state_[r].unfixed_weight) continue;
       const auto fixed_before = fixing_.size();
-      for (auto k = state_[r].region_begin, end = k + state_[r].region_count; k < end; ++k)
-        if (const auto i = region_on_[k]; fixed_in_[i] != fill_)
-          fixed_in_[i] = fill_, new_bottleneck_[i] = static_cast<std::int32_t>(r), fixing_.push_back(i);
+      for (auto k = state_[r].region_begin, end = k + state_[r].region_count; k < end; ++k) {
+        const auto i = region_on_[k];
+        if (fixed_in_[i] == fill_) continue;
+        fixed_in_[i] = fill_;
+        new_bottleneck_[i] = static_cast<std::int32_t>(r);
+        fixing_.push_back(i);
+      }
       if (fixing_.size() > fixed_before) state_[r].saturated_at = level;
     }
     for (; next_capped != capped_.end() && flows_[*next_capped].max_rate <= limit; ++next_capped)
@@ -342,11 +348,13 @@ bool flow_network::grow_region() {
 double flow_network::fair_level(resource_id r, double level) {
   shares_.clear();
   double rising = 0, fastest = 0;
-  for (const auto i : on_[r]) {
+  for (std::uint32_t place = 0; place < on_[r].size(); ++place) {
+    // One entry per hop: a path that crosses r twice has two, each with its own weight.
+    const auto i = on_[r][place];
     const auto& f = flows_[i];
     double weight = 0;
-    for (const auto& h : f.path)
-      if (h.id == r) weight += h.weight;
+    for (std::size_t k = 0; k < f.path.size(); ++k)
+      if (f.path[k].id == r && f.place[k] == place) weight = f.path[k].weight;
     if (in_region_[i] != stamp_) {
       shares_.push_back({f.rate, weight, i});
       fastest = std::max(fastest, f.rate);
@@ -373,9 +381,14 @@ double flow_network::fair_level(resource_id r, double level) {
 }
 
 void flow_network::commit_region(double now) {
-  for (const auto r : reached_)
-    if (state_[r].saturated_at != not_saturated)
-      state_[r].level = state_[r].own_weight - state_[r].region_own > no_weight ? std::max(state_[r].level, state_[r].saturated_at) : state_[r].saturated_at;
+  for (const auto r : reached_) {
+    // Where region transfers were bottlenecked, their level; held ones there stay within a tie of
+    // it, and the level must bound them too.
+    auto& state = state_[r];
+    if (state.saturated_at == not_saturated) continue;
+    const bool held = state.own_weight - state.region_own > no_weight;
+    state.level = held ? std::max(state.level, state.saturated_at) : state.saturated_at;
+  }
   for (const auto i : region_) {
     auto& f = flows_[i];
     const double rate = new_rate_[i];

@@ -109,7 +109,8 @@ class flow_network {
   void schedule_recompute();
   void recompute();
   void on_timer();
-  /// Enters the flow in slot `slot` into, or takes it out of, the lists of the resources it crosses.
+  /// Enters the flow in slot `slot` into, or takes it out of, the lists of the resources it
+  /// crosses.
   void attach(std::uint32_t slot);
   void detach(std::uint32_t slot);
   // The region a recomputation re-solves, the rest held at their rates.

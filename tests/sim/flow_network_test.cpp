@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <random>
 #include <numeric>
+#include <random>
 #include <string>
 
 #include "runtime/event_loop.hpp"
@@ -216,7 +216,8 @@ TEST(flow_network, an_oversubscribed_fabric_is_shared_by_every_crossing) {
 
 /// Max-min fair rates by progressive filling over every transfer, written plainly: what the
 /// network's incremental solver must agree with.
-std::vector<double> fair_rates(const std::vector<double>& capacity, const std::vector<transfer_spec>& specs) {
+std::vector<double> fair_rates(const std::vector<double>& capacity,
+                               const std::vector<transfer_spec>& specs) {
   std::vector<double> rate(specs.size(), 0), left = capacity;
   std::vector<bool> fixed(specs.size(), false);
   for (std::size_t unfixed = specs.size(); unfixed > 0;) {
@@ -234,7 +235,8 @@ std::vector<double> fair_rates(const std::vector<double>& capacity, const std::v
     for (std::size_t f = 0; f < specs.size(); ++f) {
       if (fixed[f]) continue;
       bool bound = specs[f].max_rate <= limit;
-      for (const auto& h : specs[f].path) bound = bound || std::max(0.0, left[h.id]) <= limit * weight[h.id];
+      for (const auto& h : specs[f].path)
+        bound = bound || std::max(0.0, left[h.id]) <= limit * weight[h.id];
       if (bound) fixing.push_back(f);
     }
     for (const auto f : fixing) {
@@ -269,7 +271,9 @@ TEST(flow_network, incremental_rates_match_a_solve_of_every_transfer) {
     };
     std::map<std::uint64_t, moving> live;
     double since = 0;
-    auto seconds = [&] { return std::chrono::duration<double>(b.env.clock().now().time_since_epoch()).count(); };
+    auto seconds = [&] {
+      return std::chrono::duration<double>(b.env.clock().now().time_since_epoch()).count();
+    };
     auto move_bytes = [&] {
       for (auto& [id, m] : live) m.left -= m.rate * (seconds() - since);
       since = seconds();
