@@ -281,6 +281,7 @@ class sim_job {
           net_.start(path(from, to).of(bytes), std::move(landed));
         });
     settings_.inproc.model_frames_from(1u << 20);  // plans of large tables; control messages stay instant
+    settings_.inproc.hand_over_messages();  // no byte of a message is modelled but its size
   }
   ~sim_job() {
     if (coordinator_) coordinator_->stop_job();

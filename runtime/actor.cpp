@@ -61,7 +61,21 @@ void actor::serve() {
 }
 
 void actor::send(address to, const encoded_body& body, std::function<void(std::error_code)> sent) {
-  send_frame(to, encode(envelope_header{.from = self_, .to = to, .epoch = epoch_}, body), std::move(sent));
+  const envelope_header head{.kind = body.kind, .from = self_, .to = to, .epoch = epoch_};
+  if (hands_over() && body.object) {
+    detail::size_counter header;
+    msgpack::packer<detail::size_counter> packer(header);
+    detail::pack_header(packer, head);
+    const auto bytes = frame_prefix_bytes + header.bytes + body.bytes.size();
+    return hand_over(to, {.message = {head, body.object}, .frame_bytes = bytes}, std::move(sent));
+  }
+  send_frame(to, encode(head, body), std::move(sent));
+}
+
+bool actor::hands_over() const { return host_.hands_over_messages(); }
+
+void actor::hand_over(address to, handed_message m, std::function<void(std::error_code)> sent) {
+  host_.route(to, std::move(m), std::move(sent));
 }
 
 void actor::send_frame(address to, frame f, std::function<void(std::error_code)> sent) {

@@ -62,6 +62,9 @@ class actor {
  private:
   void serve();
   void send_frame(address to, frame f, std::function<void(std::error_code)> sent = {});
+  /// Whether this actor's node hands messages over as objects rather than frames.
+  bool hands_over() const;
+  void hand_over(address to, handed_message m, std::function<void(std::error_code)> sent);
 
   node& host_;
   address self_;
@@ -76,13 +79,18 @@ class actor {
 
 template <message M>
 void actor::send(address to, const M& body) {
-  envelope_header head{.from = self_, .to = to, .epoch = epoch_};
-  send_frame(to, encode(head, body));
+  send(to, body, nullptr);
 }
 
 template <message M>
 void actor::send(address to, const M& body, std::function<void(std::error_code)> sent) {
   envelope_header head{.from = self_, .to = to, .epoch = epoch_};
+  if (hands_over() && passes_own_check(body)) {
+    head.kind = M::kind;
+    const auto bytes = frame_size(head, body);
+    return hand_over(to, {.message = {head, std::make_shared<const M>(body)}, .frame_bytes = bytes},
+                     std::move(sent));
+  }
   send_frame(to, encode(head, body), std::move(sent));
 }
 

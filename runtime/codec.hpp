@@ -45,6 +45,14 @@ struct decoded_message {
   }
 };
 
+/// A message handed to a node of the same process as the object it is, never encoded: what a
+/// simulation's messages are (their bytes are not what it models). `frame_bytes` is the size its
+/// frame would have, for a transport that models the wire.
+struct handed_message {
+  decoded_message message;
+  std::uint64_t frame_bytes = 0;
+};
+
 /// Bodies of large frames decoded once for every node of a process that receives the same bytes:
 /// a simulation's hundreds of members each get the same plan. It keeps the last few, compared
 /// byte for byte. Thread-safe.
@@ -97,6 +105,12 @@ void pack_header(msgpack::packer<Buffer>& packer, const envelope_header& head) {
   packer.pack(head.to);
   packer.pack(head.epoch);
 }
+/// Counts what a packer writes: a frame's size without making its bytes.
+struct size_counter {
+  std::size_t bytes = 0;
+  void write(const char*, std::size_t n) { bytes += n; }
+};
+
 /// Writes the length prefix of a frame whose payload follows its first 4 bytes.
 void finish_prefix(frame& f);
 /// This thread's buffer to pack a message into, empty.
@@ -116,10 +130,31 @@ frame encode(envelope_header head, const M& body) {
   return detail::framed(buffer.bytes());
 }
 
-/// A body encoded once for many recipients (the plan, sent to every member).
+/// Whether a decoder accepts `body` as far as its own check goes: a message failing its `valid()`
+/// is never handed over as an object, but sent as a frame to be rejected as any other.
+template <message M>
+bool passes_own_check(const M& body) {
+  if constexpr (requires { body.valid(); }) return body.valid();
+  return true;
+}
+
+/// The size of the frame `encode(head, body)` makes, counted without making it.
+template <message M>
+std::size_t frame_size(envelope_header head, const M& body) {
+  head.kind = M::kind;
+  detail::size_counter counter;
+  msgpack::packer<detail::size_counter> packer(counter);
+  detail::pack_header(packer, head);
+  packer.pack(body);
+  return frame_prefix_bytes + counter.bytes;
+}
+
+/// A body encoded once for many recipients (the plan, sent to every member), and the body itself
+/// for those a transport hands it to as an object.
 struct encoded_body {
   msg_kind kind = 0;
   std::vector<std::byte> bytes;
+  std::shared_ptr<const void> object;
 };
 
 template <message M>
@@ -127,7 +162,8 @@ encoded_body encode_body(const M& body) {
   auto& buffer = detail::packing_buffer();
   msgpack::packer<detail::pack_buffer> packer(buffer);
   packer.pack(body);
-  return {.kind = M::kind, .bytes = {buffer.bytes().begin(), buffer.bytes().end()}};
+  return {.kind = M::kind, .bytes = {buffer.bytes().begin(), buffer.bytes().end()},
+          .object = passes_own_check(body) ? std::make_shared<const M>(body) : nullptr};
 }
 
 /// A frame of an already encoded body under `head` (whose kind is set from the body).

@@ -16,8 +16,14 @@ node::node(environment& env, node_id id, std::shared_ptr<ferry::transport> trans
 node::~node() { close(); }
 
 std::error_code node::start() {
+  hands_over_ = transport_->hands_over_messages();
   return transport_->start(transport_events{
       .on_frame = [this](node_id from, std::span<const std::byte> payload) { receive(from, payload); },
+      .on_message =
+          [this](node_id from, decoded_message m) {
+            ++stats_.frames_in;
+            accept(from, std::move(m));
+          },
       .on_write =
           [this](const write_notice& n) {
             ++stats_.writes_in;
@@ -69,6 +75,15 @@ void node::route(address to, frame f, std::function<void(std::error_code)> sent)
   });
 }
 
+void node::route(address to, handed_message m, std::function<void(std::error_code)> sent) {
+  if (to.node != id_) return transport_->async_hand_over(to.node, std::move(m), std::move(sent));
+  loop().post([this, m = std::move(m.message), sent = std::move(sent)]() mutable {
+    ++stats_.frames_in;
+    accept(id_, std::move(m));
+    if (sent) sent({});
+  });
+}
+
 void node::on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler) {
   write_handlers_[tag] = std::move(handler);
 }
@@ -79,12 +94,17 @@ void node::receive(node_id from, std::span<const std::byte> payload) {
   ++stats_.frames_in;
   auto m = decode_payload(payload, registry_, limits_, env_.shared_bodies());
   if (!m) return reject(from, m.error());
-  if (m->head.from.node != from) return reject(from, errc::forged_sender);
-  if (m->head.to.node != id_) return reject(from, errc::unknown_peer);
-  auto it = actors_.find(m->head.to.actor);
+  accept(from, std::move(*m));
+}
+
+void node::accept(node_id from, decoded_message m) {
+  if (!registry_.find(m.head.kind)) return reject(from, errc::unknown_kind);
+  if (m.head.from.node != from) return reject(from, errc::forged_sender);
+  if (m.head.to.node != id_) return reject(from, errc::unknown_peer);
+  auto it = actors_.find(m.head.to.actor);
   if (it == actors_.end()) return reject(from, errc::unknown_actor);
   ++stats_.delivered;
-  it->second->enqueue(std::move(*m));
+  it->second->enqueue(std::move(m));
 }
 
 void node::reject(node_id from, std::error_code why) {

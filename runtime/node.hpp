@@ -19,7 +19,7 @@ class actor;
 
 /// Counters of what a node received; `rejected` is indexed by `errc`.
 struct node_stats {
-  std::uint64_t frames_in = 0;
+  std::uint64_t frames_in = 0;  ///< frames, and messages handed over whole
   std::uint64_t delivered = 0;
   std::uint64_t writes_in = 0;
   std::uint64_t bytes_in = 0;  ///< bytes landed by bulk writes (as far as the transport reports lengths)
@@ -53,6 +53,10 @@ class node {
 
   /// Routes one encoded frame to `to`: a local actor, or the transport.
   void route(address to, frame f, std::function<void(std::error_code)> sent = {});
+  /// Whether messages go as objects (`route` of a `handed_message`): the transport hands them over.
+  bool hands_over_messages() const { return hands_over_; }
+  /// Routes one message as its object; only where `hands_over_messages()`.
+  void route(address to, handed_message m, std::function<void(std::error_code)> sent = {});
 
   /// Observers of bulk writes that landed here, keyed by the tag in their imm. Owning loop only.
   void on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler);
@@ -69,6 +73,8 @@ class node {
 
  private:
   void receive(node_id from, std::span<const std::byte> payload);
+  /// A message decoded, or handed over whole, from `from`: to its actor, if it is what it claims.
+  void accept(node_id from, decoded_message m);
   void reject(node_id from, std::error_code why);
 
   environment& env_;
@@ -82,6 +88,7 @@ class node {
   std::map<std::uint64_t, std::function<void(node_id, std::error_code)>> peer_watchers_;
   std::uint64_t next_watcher_ = 1;
   bool departures_expected_ = false;
+  bool hands_over_ = false;
   node_stats stats_;
 };
 

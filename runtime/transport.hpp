@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -61,6 +62,8 @@ struct write_notice {
 struct transport_events {
   /// One control frame (without its length prefix) from a peer. The span lives for the call.
   std::function<void(node_id from, std::span<const std::byte> payload)> on_frame;
+  /// One message handed over whole (`transport::hands_over_messages`).
+  std::function<void(node_id from, decoded_message m)> on_message;
   /// A peer's bulk write landed in one of our regions.
   std::function<void(const write_notice&)> on_write;
   /// A peer was dropped: connection lost, protocol violation, or failed write.
@@ -90,6 +93,14 @@ class transport {
   /// Sends one control frame (with its length prefix, as `encode` makes it).
   /// Completion: `void(std::error_code)`, once, after the frame left or failed.
   virtual void async_send(node_id to, frame f, completion done) = 0;
+
+  /// Whether this transport carries messages as objects (`async_hand_over`) instead of frames.
+  virtual bool hands_over_messages() const { return false; }
+  /// Sends one message as its object, in order with frames; only where `hands_over_messages()`.
+  /// `done` may be empty: a simulation's thousands of messages a second need no word back.
+  virtual void async_hand_over(node_id /*to*/, handed_message /*m*/, completion /*done*/) {
+    throw std::logic_error("transport::async_hand_over: this transport carries frames only");
+  }
 
   /// Registers `memory` for remote writes by peers (and as a local source of writes).
   /// The memory must outlive its registration.

@@ -1,6 +1,6 @@
 /// inproc's modelled frames (what `ferry sim` runs on): a large frame takes the model's time, a
 /// node takes large frames one at a time, and a small frame never overtakes a large one sent before
-/// it on the same link.
+/// it on the same link; as frames, and as messages handed over whole, sized as their frames.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,7 +28,9 @@ class listener : public actor {
   std::vector<std::pair<std::uint64_t, clock::duration>> landed;
 };
 
-TEST(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_never_overtake) {
+class inproc_model : public ::testing::TestWithParam<bool> {};
+
+TEST_P(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_never_overtake) {
   const message_registry registry = runtime_messages();
   event_loop loop;
   virtual_environment env{loop};
@@ -36,6 +38,7 @@ TEST(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_never_
   constexpr std::uint64_t large = 1 << 20;
   const auto cost = std::chrono::milliseconds(10);  // per large frame, whatever its sender
   network.model_frames_from(large);
+  if (GetParam()) network.hand_over_messages();
   network.model_bulk([&](node_id, node_id, std::uint64_t, std::function<void()> landed) {
     env.clock().async_wait(cost, [landed = std::move(landed)](std::error_code) { landed(); });
   });
@@ -69,6 +72,9 @@ TEST(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_never_
   EXPECT_LT(std::find_if(to.landed.begin(), to.landed.end(), [](auto& e) { return e.first == 2; }),
             std::find_if(to.landed.begin(), to.landed.end(), [](auto& e) { return e.first == 4; }));
 }
+
+INSTANTIATE_TEST_SUITE_P(as, inproc_model, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "handed_over" : "frames"; });
 
 }  // namespace
 }  // namespace ferry

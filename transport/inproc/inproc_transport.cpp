@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/log.hpp"
+
 namespace ferry {
 
 std::shared_ptr<inproc_transport> inproc_network::find(node_id id) const {
@@ -135,29 +137,42 @@ void inproc_transport::lost_on_the_way(node_id peer) {
 }
 
 void inproc_transport::async_send(node_id to, frame f, completion done) {
+  const auto bytes = f.size();
+  send(to, {.f = std::move(f), .bytes = bytes}, std::move(done));
+}
+
+void inproc_transport::async_hand_over(node_id to, handed_message m, completion done) {
+  send(to, {.m = std::move(m.message), .bytes = m.frame_bytes}, std::move(done));
+}
+
+void inproc_transport::send(node_id to, parcel p, completion done) {
   // Frames wait only behind a modelled one still crossing (`outbox_` keeps no empty queue): with
   // none waiting anywhere, this one needs no lookup.
-  if (outbox_.empty() && !modelled(f)) return hand_over(to, std::move(f), std::move(done));
+  if (outbox_.empty() && !modelled(p)) return hand_over(to, std::move(p), std::move(done));
   auto& queue = outbox_[to];
-  queue.emplace_back(std::move(f), std::move(done));
+  queue.emplace_back(std::move(p), std::move(done));
   if (queue.size() == 1) send_queued(to);
 }
 
-void inproc_transport::hand_over(node_id to, frame f, completion done) {
+void inproc_transport::hand_over(node_id to, parcel p, completion done) {
   auto [peer, cut] = network_.reach(self_, to);
   if (!open_ || !peer) {
-    loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
+    if (done) {
+      loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
+    } else {
+      log::debug("inproc {}: a message to node {} found no one", self_, to);
+    }
     lost_on_the_way(to);
     return;
   }
   reached_.insert(to);
-  auto arrive = [from = self_, f = std::move(f)](inproc_transport& at) { at.deliver_frame(from, f); };
+  auto arrive = [from = self_, p = std::move(p)](inproc_transport& at) { at.deliver(from, p); };
   if (cut) {
     network_.hold(self_, to, std::move(arrive));
   } else {
     peer->loop_.post([peer, arrive = std::move(arrive)] { arrive(*peer); });
   }
-  loop_.post([done = std::move(done)] { done({}); });
+  if (done) loop_.post([done = std::move(done)] { done({}); });
 }
 
 void inproc_transport::send_queued(node_id to) {
@@ -166,14 +181,14 @@ void inproc_transport::send_queued(node_id to) {
   auto& queue = it->second;
   while (!queue.empty()) {
     if (modelled(queue.front().first) && open_ && network_.find(to)) {
-      network_.model_frame(self_, to, queue.front().first.size(), [self = weak_from_this(), to] {
+      network_.model_frame(self_, to, queue.front().first.bytes, [self = weak_from_this(), to] {
         if (auto t = self.lock()) t->landed(to);
       });
       return;
     }
-    auto [f, done] = std::move(queue.front());
+    auto [p, done] = std::move(queue.front());
     queue.pop_front();
-    hand_over(to, std::move(f), std::move(done));
+    hand_over(to, std::move(p), std::move(done));
   }
   outbox_.erase(it);
 }
@@ -209,15 +224,20 @@ void inproc_network::start_next_frame(node_id to) {
 void inproc_transport::landed(node_id to) {
   auto it = outbox_.find(to);
   if (it == outbox_.end() || it->second.empty()) return;
-  auto [f, done] = std::move(it->second.front());
+  auto [p, done] = std::move(it->second.front());
   it->second.pop_front();
-  hand_over(to, std::move(f), std::move(done));
+  hand_over(to, std::move(p), std::move(done));
   send_queued(to);
 }
 
-void inproc_transport::deliver_frame(node_id from, const frame& f) {
-  if (!open_ || !events_.on_frame || f.size() < frame_prefix_bytes) return;
-  events_.on_frame(from, std::span(f).subspan(frame_prefix_bytes));
+void inproc_transport::deliver(node_id from, const parcel& p) {
+  if (!open_) return;
+  if (p.m.body) {
+    if (events_.on_message) events_.on_message(from, p.m);
+    return;
+  }
+  if (!events_.on_frame || p.f.size() < frame_prefix_bytes) return;
+  events_.on_frame(from, std::span(p.f).subspan(frame_prefix_bytes));
 }
 
 result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) { return regions_.add(memory); }
