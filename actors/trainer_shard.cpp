@@ -34,8 +34,8 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
   });
   on<slot_free>([this](const envelope_header& h, const slot_free& m) {
     if (h.epoch != epoch()) return;
-    for (auto& r : routes_) {
-      if (!r->direct && r->leader == h.from && m.slot - r->first_slot < r->slot_count) {
+    for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
+      if (auto* r = at->second; !r->direct && m.slot - r->first_slot < r->slot_count) {
         r->free.push_back(m.slot);
         r->credits.release();
       }
@@ -45,8 +45,8 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     // Grants of an earlier update of this epoch cannot come: an update completes only once every
     // chunk it sent (so every slot asked for) has landed.
     if (h.epoch != epoch()) return;
-    for (auto& r : routes_) {
-      if (r->direct && r->leader == h.from && r->version == m.version) {
+    for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
+      if (auto* r = at->second; r->direct && r->version == m.version) {
         r->grants[m.chunk] = m.slot;
         changed();
       }
@@ -120,6 +120,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   ready_ = false;
   release_credits();
   routes_.clear();
+  routes_to_.clear();
   auto next = std::make_shared<shard_plan>(shard_plan{.job = share_plan(m.plan)});
   set_epoch(next->job->epoch);
   next->placement = std::make_shared<const tensor_placement>(*next->job, tensors_);
@@ -230,6 +231,7 @@ void trainer_shard::start_sending(const update_go& go) {
   send_.meter().reset();
   release_credits();
   routes_.clear();
+  routes_to_.clear();
   changed();
   for (const auto& rc : go.routes) {
     auto r = std::make_shared<route>(rc.route, plan_->job->depth, static_cast<std::uint32_t>(plan_->job->shards.size()));
@@ -245,6 +247,7 @@ void trainer_shard::start_sending(const update_go& go) {
     for (std::uint32_t i = 0; !r->direct && i < plan_->job->depth; ++i)
       r->free.push_back(r->first_slot + shard_ * plan_->job->depth + i);
     routes_.push_back(r);
+    routes_to_.emplace(r->leader, r.get());
   }
   link_chains(go);
   for (const auto& r : routes_) {

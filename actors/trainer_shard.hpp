@@ -154,6 +154,8 @@ class trainer_shard final : public job_member {
   std::uint64_t settled_ = 0;  ///< newest version delivered or failed
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
   std::vector<std::shared_ptr<route>> routes_;
+  /// The same by leader: a leader's slot_free and slot_grant, one per chunk, find theirs at once.
+  std::multimap<address, route*> routes_to_;
   offload_stage offload_;
   send_stage send_;
 };

@@ -55,6 +55,19 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
     clock_.async_wait(spec.latency, [done = std::move(done)](std::error_code) { done(); });
     return id;
   }
+  if (spec.path.empty()) {
+    // A copy inside one device, at its own cap: a timer where the solver would give the same rate.
+    // Its last byte arrives when a flow's would, and its latency's timer starts from there.
+    const double arrives = now_ns() + static_cast<double>(spec.bytes) / spec.max_rate * 1e9;
+    const clock::time_point at(clock::duration(static_cast<std::int64_t>(std::ceil(arrives))));
+    clock_.async_wait_until(at, [this, alive = alive_, latency = spec.latency,
+                                 done = std::move(done)](std::error_code) mutable {
+      if (!*alive) return;
+      if (latency == clock::duration::zero()) return done();
+      clock_.async_wait(latency, [done = std::move(done)](std::error_code) { done(); });
+    });
+    return id;
+  }
   std::uint32_t slot;
   if (!free_.empty()) {
     slot = free_.back();

@@ -69,8 +69,9 @@ class flow_network {
   std::vector<resource>& resources() { return resources_; }
 
   /// Starts moving `spec.bytes` across `spec.path`; `done()` runs once on the loop when the last
-  /// byte arrived plus the latency. A transfer of no bytes, or with an empty path, takes only its
-  /// latency. Returns the transfer's id.
+  /// byte arrived plus the latency. A transfer of no bytes, or with an empty path and no cap, takes
+  /// only its latency; one with an empty path and a cap moves at its cap, shares nothing, and is
+  /// not counted in flight. Returns the transfer's id.
   std::uint64_t start(transfer_spec spec, std::function<void()> done);
 
   /// The rate a transfer in flight has now (bytes/s), after any pending recomputation; 0 once done.
