@@ -390,10 +390,10 @@ std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance
       .instance = instance, .leader = worker, .slots = *w->slots, .first_slot = w->direct_slot, .direct = true};
 }
 
-void job_coordinator::send_plan(const plan_ready& message) {
+void job_coordinator::send_plan(plan_ready message) {
   if (distribution_) distribution_->cancelled = true;  // the older plan's members not reached yet never will be
   distribution_ = std::make_shared<plan_distribution>();
-  distribution_->message = encode_body(message);
+  distribution_->message = encode_body(std::move(message));
   // Trainers first: each must hold the plan before its job_ready, which follows the workers' readiness.
   members_.for_each([&](const address& who) { distribution_->to.push_back(who); });
   send_more_plans(distribution_);

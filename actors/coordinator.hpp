@@ -104,7 +104,7 @@ class job_coordinator final : public actor {
     std::uint32_t in_flight = 0;
     bool cancelled = false;  ///< a newer plan replaced it, or the coordinator is gone
   };
-  void send_plan(const plan_ready& message);
+  void send_plan(plan_ready message);
   void send_more_plans(const std::shared_ptr<plan_distribution>& d);
   void plan_in_force();
   void resume();

@@ -158,12 +158,12 @@ struct encoded_body {
 };
 
 template <message M>
-encoded_body encode_body(const M& body) {
+encoded_body encode_body(M body) {
   auto& buffer = detail::packing_buffer();
   msgpack::packer<detail::pack_buffer> packer(buffer);
   packer.pack(body);
   return {.kind = M::kind, .bytes = {buffer.bytes().begin(), buffer.bytes().end()},
-          .object = passes_own_check(body) ? std::make_shared<const M>(body) : nullptr};
+          .object = passes_own_check(body) ? std::make_shared<const M>(std::move(body)) : nullptr};
 }
 
 /// A frame of an already encoded body under `head` (whose kind is set from the body).
