@@ -87,9 +87,10 @@ void actor::send(address to, const M& body, std::function<void(std::error_code)>
   envelope_header head{.from = self_, .to = to, .epoch = epoch_};
   if (hands_over() && passes_own_check(body)) {
     head.kind = M::kind;
-    const auto bytes = frame_size(head, body);
-    return hand_over(to, {.message = {head, std::make_shared<const M>(body)}, .frame_bytes = bytes},
-                     std::move(sent));
+    if (const auto bytes = frame_size(head, body); bytes < max_handed_over_bytes) {
+      return hand_over(to, {.message = {head, std::make_shared<const M>(body)}, .frame_bytes = bytes},
+                       std::move(sent));
+    }
   }
   send_frame(to, encode(head, body), std::move(sent));
 }

@@ -130,6 +130,11 @@ frame encode(envelope_header head, const M& body) {
   return detail::framed(buffer.bytes());
 }
 
+/// Larger messages go as frames even where a transport hands messages over: a registration of a
+/// 140k-tensor table packs to a fraction of its object's memory, and hundreds of them wait to
+/// cross a simulated network at once.
+inline constexpr std::size_t max_handed_over_bytes = 1u << 20;
+
 /// Whether a decoder accepts `body` as far as its own check goes: a message failing its `valid()`
 /// is never handed over as an object, but sent as a frame to be rejected as any other.
 template <message M>

@@ -1,6 +1,7 @@
 /// inproc's messages handed over as objects (what `ferry sim` runs on): they arrive as sent, in
 /// order; a body sent to many is one object; the receiver still checks kind, sender and actor;
-/// and a message its own check refuses goes as a frame, rejected as over any transport.
+/// and a large message, or one its own check refuses, goes as a frame, decoded as over any
+/// transport.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -125,6 +126,23 @@ TEST_F(handing_over, a_message_its_own_check_refuses_goes_as_a_frame_and_is_reje
   loop.run_until([&] { return got.size() == 1; });
   EXPECT_EQ(got, std::vector<double>{2});
   EXPECT_EQ(b->stats().rejected_for(errc::malformed_body), 1u);
+}
+
+TEST_F(handing_over, a_large_message_goes_as_a_frame_under_the_receivers_limits) {
+  node c{env, 3, inproc_transport::make(env, network, 3), registry,
+         codec_limits{.max_str = max_handed_over_bytes / 2}};
+  ASSERT_FALSE(c.start());
+  actor from(*a, 1), to(c, 1);
+  std::vector<std::size_t> got;
+  to.on<ping>([&](const envelope_header&, const ping& p) { got.push_back(p.payload.size()); });
+  from.start();
+  to.start();
+  from.send(to.self(), ping{.payload = std::string(max_handed_over_bytes, 'x')});
+  from.send(to.self(), ping{.payload = std::string(max_handed_over_bytes / 4, 'y')});
+  loop.run_until([&] { return c.stats().frames_in == 2; });
+  loop.run_until([&] { return got.size() == 1; });
+  EXPECT_EQ(got, std::vector<std::size_t>{max_handed_over_bytes / 4});
+  EXPECT_EQ(c.stats().rejected_total(), 1u);
 }
 
 TEST(frame_size, counts_what_encode_makes) {
