@@ -599,11 +599,13 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
   // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
   const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
   const auto began = upload_meter_.begin();
+  // Captured by name: `c` is a reference, and `=` would copy the chunk's table of pieces.
   host().env().copies().async_copy({{target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
-                     [=, this](std::error_code ec) {
-                       upload_meter_.end(began, w->version, w->chunk, part.bytes);
+                     [this, g, w, target, finish = std::move(finish), free_slot = std::move(free_slot), began,
+                      bytes = part.bytes](std::error_code ec) {
+                       upload_meter_.end(began, w->version, w->chunk, bytes);
                        free_slot();
-                       if (ec) fail("upload of chunk " + std::to_string(c.id) + " failed: " + ec.message());
+                       if (ec) fail("upload of chunk " + std::to_string(w->chunk) + " failed: " + ec.message());
                        collect(g, w, target, finish);
                      });
 }

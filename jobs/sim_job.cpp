@@ -133,22 +133,23 @@ class member_environment final : public environment {
     struct queued {
       std::uint64_t bytes[4] = {};  ///< host, H2D, D2H, inside the device
       completion done;
+      int moving = 0;  ///< of its directions, those still moving
     };
+    /// The copy at the front moves; it stays there until its last direction is done.
     void start_next() {
-      const auto& copy = queue_.front();
+      auto& copy = queue_.front();
       const route* ways[4] = {&host_, &h2d_, &d2h_, &d2d_};
-      auto left = std::make_shared<int>(0);
-      for (int i = 0; i < 4; ++i) *left += copy.bytes[i] > 0;
-      auto finished = [this, left] {
-        if (--*left > 0) return;
+      for (int i = 0; i < 4; ++i) copy.moving += copy.bytes[i] > 0;
+      auto finished = [this] {
+        if (--queue_.front().moving > 0) return;
         auto done = std::move(queue_.front().done);
         queue_.pop_front();
         if (!queue_.empty()) start_next();
         done({});
       };
-      if (*left == 0) {
-        ++*left;
-        net_.start({}, std::move(finished));
+      if (copy.moving == 0) {
+        copy.moving = 1;
+        net_.start({}, finished);
         return;
       }
       for (int i = 0; i < 4; ++i)

@@ -166,11 +166,10 @@ void inproc_transport::hand_over(node_id to, parcel p, completion done) {
     return;
   }
   reached_.insert(to);
-  auto arrive = [from = self_, p = std::move(p)](inproc_transport& at) { at.deliver(from, p); };
   if (cut) {
-    network_.hold(self_, to, std::move(arrive));
+    network_.hold(self_, to, [from = self_, p = std::move(p)](inproc_transport& at) { at.deliver(from, p); });
   } else {
-    peer->loop_.post([peer, arrive = std::move(arrive)] { arrive(*peer); });
+    peer->loop_.post([peer, from = self_, p = std::move(p)] { peer->deliver(from, p); });
   }
   if (done) loop_.post([done = std::move(done)] { done({}); });
 }
