@@ -130,9 +130,10 @@ frame encode(envelope_header head, const M& body) {
   return detail::framed(buffer.bytes());
 }
 
-/// Larger messages go as frames even where a transport hands messages over: a registration of a
-/// 140k-tensor table packs to a fraction of its object's memory, and hundreds of them wait to
-/// cross a simulated network at once.
+/// A message sent on its own this large goes as a frame even where a transport hands messages
+/// over: a registration of a 140k-tensor table packs to a fraction of its object's memory, and
+/// hundreds of them wait to cross a simulated network at once. (A body encoded once for many is
+/// one object for all, handed over at any size.)
 inline constexpr std::size_t max_handed_over_bytes = 1u << 20;
 
 /// Whether a decoder accepts `body` as far as its own check goes: a message failing its `valid()`

@@ -1,7 +1,7 @@
 #pragma once
-/// Transport between nodes of one process (embedding, tests, the demo, virtual time): frames are
-/// posted to the peer's loop and bulk writes are memcpy on the environment's executor, checked
-/// like remote ones.
+/// Transport between nodes of one process (embedding, tests, the demo, virtual time): frames (in a
+/// simulation, messages as objects) are posted to the peer's loop and bulk writes are memcpy on
+/// the environment's executor, checked like remote ones.
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -51,7 +51,7 @@ class inproc_network {
   /// all together when the model shares its link among them.
   void model_frames_from(std::uint64_t bytes) { frame_threshold_ = bytes; }
   /// Messages cross as the objects they are, never encoded nor decoded (`handed_message`): for
-  /// simulations, where encoding and decoding were a sixth of the work per chunk and no byte of a
+  /// simulations, where encoding and decoding took a sixth of the instructions and no byte of a
   /// message is what the model measures. Set before any node starts.
   void hand_over_messages() { hand_over_ = true; }
 
