@@ -63,11 +63,8 @@ void actor::serve() {
 void actor::send(address to, const encoded_body& body, std::function<void(std::error_code)> sent) {
   const envelope_header head{.kind = body.kind, .from = self_, .to = to, .epoch = epoch_};
   if (hands_over() && body.object) {
-    detail::size_counter header;
-    msgpack::packer<detail::size_counter> packer(header);
-    detail::pack_header(packer, head);
-    const auto bytes = frame_prefix_bytes + header.bytes + body.bytes.size();
-    return hand_over(to, {.message = {head, body.object}, .frame_bytes = bytes}, std::move(sent));
+    return hand_over(to, {.message = {head, body.object}, .frame_bytes = frame_size(head, body)},
+                     std::move(sent));
   }
   send_frame(to, encode(head, body), std::move(sent));
 }

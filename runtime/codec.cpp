@@ -45,6 +45,14 @@ frame encode(envelope_header head, const encoded_body& body) {
   return detail::framed(buffer.bytes(), body.bytes);
 }
 
+std::size_t frame_size(envelope_header head, const encoded_body& body) {
+  head.kind = body.kind;
+  detail::size_counter counter;
+  msgpack::packer<detail::size_counter> packer(counter);
+  detail::pack_header(packer, head);
+  return frame_prefix_bytes + counter.bytes + body.bytes.size();
+}
+
 std::shared_ptr<const void> body_cache::find(msg_kind kind, std::span<const std::byte> body) {
   std::lock_guard lock(mutex_);
   for (const auto& e : recent_)

@@ -174,6 +174,8 @@ encoded_body encode_body(M body) {
 
 /// A frame of an already encoded body under `head` (whose kind is set from the body).
 frame encode(envelope_header head, const encoded_body& body);
+/// The size of the frame `encode(head, body)` makes, counted without making it.
+std::size_t frame_size(envelope_header head, const encoded_body& body);
 
 /// Reads a length prefix; `oversize_frame` if it announces more than the cap, `truncated_frame`
 /// if fewer than 4 bytes are given.

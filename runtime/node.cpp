@@ -19,11 +19,7 @@ std::error_code node::start() {
   hands_over_ = transport_->hands_over_messages();
   return transport_->start(transport_events{
       .on_frame = [this](node_id from, std::span<const std::byte> payload) { receive(from, payload); },
-      .on_message =
-          [this](node_id from, decoded_message m) {
-            ++stats_.frames_in;
-            accept(from, std::move(m));
-          },
+      .on_message = [this](node_id from, decoded_message m) { receive(from, std::move(m)); },
       .on_write =
           [this](const write_notice& n) {
             ++stats_.writes_in;
@@ -78,8 +74,7 @@ void node::route(address to, frame f, std::function<void(std::error_code)> sent)
 void node::route(address to, handed_message m, std::function<void(std::error_code)> sent) {
   if (to.node != id_) return transport_->async_hand_over(to.node, std::move(m), std::move(sent));
   loop().post([this, m = std::move(m.message), sent = std::move(sent)]() mutable {
-    ++stats_.frames_in;
-    accept(id_, std::move(m));
+    receive(id_, std::move(m));
     if (sent) sent({});
   });
 }
@@ -97,8 +92,13 @@ void node::receive(node_id from, std::span<const std::byte> payload) {
   accept(from, std::move(*m));
 }
 
-void node::accept(node_id from, decoded_message m) {
+void node::receive(node_id from, decoded_message m) {
+  ++stats_.frames_in;
   if (!registry_.find(m.head.kind)) return reject(from, errc::unknown_kind);
+  accept(from, std::move(m));
+}
+
+void node::accept(node_id from, decoded_message m) {
   if (m.head.from.node != from) return reject(from, errc::forged_sender);
   if (m.head.to.node != id_) return reject(from, errc::unknown_peer);
   auto it = actors_.find(m.head.to.actor);

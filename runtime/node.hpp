@@ -73,6 +73,8 @@ class node {
 
  private:
   void receive(node_id from, std::span<const std::byte> payload);
+  /// A message handed over whole: its kind checked, as decoding checks a frame's, then `accept`.
+  void receive(node_id from, decoded_message m);
   /// A message decoded, or handed over whole, from `from`: to its actor, if it is what it claims.
   void accept(node_id from, decoded_message m);
   void reject(node_id from, std::error_code why);

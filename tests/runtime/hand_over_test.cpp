@@ -150,6 +150,8 @@ TEST(frame_size, counts_what_encode_makes) {
   for (const std::size_t n : {0, 1, 31, 32, 255, 256, 65535, 65536, 1 << 20}) {
     const ping p{.nonce = n * 977, .payload = std::string(n, 'x')};
     EXPECT_EQ(frame_size(head, p), encode(head, p).size()) << n;
+    const auto body = encode_body(p);
+    EXPECT_EQ(frame_size(head, body), encode(head, body).size()) << n;
   }
 }
 
