@@ -139,6 +139,7 @@ class chaos_job {
 };
 
 chaos_job::chaos_job(const virtual_chaos_config& c) : config_(c), draws_(c.seed), env_(loop_) {
+  if (c.hand_over_messages) settings_.inproc.hand_over_messages();
   result_.seed = c.seed;
   // Drawn whether given or not, so that giving the drawn values changes no later draw.
   constexpr std::uint32_t depths[] = {1, 2, 4};

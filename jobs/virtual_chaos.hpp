@@ -29,6 +29,8 @@ struct virtual_chaos_config {
   rollout_sharding sharding = rollout_sharding::none;
   /// A run whose virtual clock passes this is a hang.
   double virtual_limit_seconds = 600;
+  /// Messages handed over as objects, as `ferry sim` sends them, instead of frames.
+  bool hand_over_messages = false;
   std::string trace_path;  ///< Chrome trace JSON of the run, when not empty
 };
 

@@ -29,6 +29,22 @@ TEST(virtual_chaos, one_seed_gives_one_run_event_for_event) {
   EXPECT_EQ(a.delivered, 6u);
 }
 
+/// `ferry sim` hands messages over as objects: through kills and regroups, that must be the run
+/// frames give, event for event.
+TEST(virtual_chaos, messages_handed_over_give_the_run_frames_give) {
+  log::set_level(log::level::off);
+  for (const std::uint64_t seed : {3, 5, 11, 12}) {  // each with kills and regroups
+    for (const auto sharding : {rollout_sharding::none, rollout_sharding::ep}) {
+      const auto frames = run_virtual_chaos({.seed = seed, .sharding = sharding});
+      const auto objects = run_virtual_chaos({.seed = seed, .sharding = sharding, .hand_over_messages = true});
+      ASSERT_TRUE(objects.verified) << objects.error << "\n  replay: " << replay(seed);
+      EXPECT_EQ(frames.trace_digest, objects.trace_digest) << "seed " << seed;
+      EXPECT_EQ(frames.faults, objects.faults) << "seed " << seed;
+      EXPECT_GT(objects.kills, 0u) << "seed " << seed;
+    }
+  }
+}
+
 TEST(virtual_chaos, other_seeds_give_other_runs) {
   log::set_level(log::level::off);
   const auto a = run_virtual_chaos({.seed = 4});
