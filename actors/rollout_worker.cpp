@@ -61,7 +61,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       return note("chunk_announce not from the first leader");
     }
     gen_->announcements.push_back(m);
-    changed();
+    if (!gen_->awaited) changed();
   });
   on_coordinator<update_failed>([this](const envelope_header&, const update_failed& m) {
     // The version cannot complete anywhere; what arrived of it must not count later.
@@ -306,12 +306,22 @@ void rollout_worker::on_slot_landed(write_imm imm) {
   const std::uint32_t slot = imm_number(value);
   auto& g = *gen_;
   if (auto it = g.sent.find(slot); it != g.sent.end()) {
-    (is_direct(slot) ? g.direct : g.ready).push_back({slot, it->second});
+    if (is_direct(slot)) {
+      g.direct.push_back({slot, it->second});
+      changed();
+    } else {
+      stripe_ready(g, {slot, it->second});
+    }
     g.sent.erase(it);
-    changed();
   } else {
     g.landed[slot] = true;
   }
+}
+
+void rollout_worker::stripe_ready(generation& g, received r) {
+  const bool awaited = g.stripe == 0 || g.awaited == std::pair{r.meta.version, r.meta.chunk};
+  g.ready.push_back(std::move(r));
+  if (awaited) changed();
 }
 
 bool rollout_worker::is_direct(std::uint32_t slot) const {
@@ -386,8 +396,7 @@ void rollout_worker::on_chunk_sent(const envelope_header& h, const chunk_sent& m
   // An empty stripe (of a small chunk) or one read in place has no write to wait for.
   if (g.landed.erase(m.slot) > 0 || m.source.pid != 0 ||
       stripe_of(plan_->job->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
-    g.ready.push_back({m.slot, m});
-    changed();
+    stripe_ready(g, {m.slot, m});
   } else {
     g.sent[m.slot] = m;
   }
@@ -444,7 +453,10 @@ std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared
     return std::find_if(g->ready.begin(), g->ready.end(),
                         [&](const received& r) { return r.meta.version == a.version && r.meta.chunk == a.chunk; });
   };
-  if (!wait_for([&] { return g != gen_ || arrived() != g->ready.end(); }) || !current(g)) return std::nullopt;
+  g->awaited = {a.version, a.chunk};
+  const bool waited = wait_for([&] { return g != gen_ || arrived() != g->ready.end(); });
+  g->awaited.reset();
+  if (!waited || !current(g)) return std::nullopt;
   const auto it = arrived();
   w.mine = *it;
   g->ready.erase(it);

@@ -97,7 +97,18 @@ void virtual_clock::advance_to(time_point t) {
 bool virtual_clock::advance_to_next() {
   while (!queue_.empty() && cancelled(queue_.front())) pop();
   if (queue_.empty()) return false;
-  advance_to(queue_.front().when);
+  now_ = queue_.front().when;
+  // All of the instant's handlers are taken before any runs, as posting them would: one that a
+  // handler cancels or sets for now still fires, or waits for the next call.
+  auto firing = std::move(firing_);
+  while (!queue_.empty() && queue_.front().when <= now_) {
+    const auto e = queue_.front();
+    pop();
+    if (!cancelled(e)) firing.push_back(release(e.id));
+  }
+  for (auto& h : firing) h({});
+  firing.clear();
+  firing_ = std::move(firing);
   return true;
 }
 

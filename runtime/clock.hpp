@@ -46,8 +46,7 @@ class real_clock final : public clock {
 };
 
 /// Time that moves only when the simulation says so; timers fire in order as it advances, those
-/// due at one instant in the order they were set. Handlers are posted to the loop, so they never
-/// run inside `advance_to`. Owning loop only.
+/// due at one instant in the order they were set. Owning loop only.
 class virtual_clock final : public clock {
  public:
   explicit virtual_clock(boost::asio::io_context& io) : io_(io) {}
@@ -55,9 +54,11 @@ class virtual_clock final : public clock {
   std::uint64_t async_wait_until(time_point when, handler h) override;
   void cancel(std::uint64_t timer) override;
 
-  /// Moves time forward to `t`, firing every timer due by then.
+  /// Moves time forward to `t`, posting the handler of every timer due by then to the loop.
   void advance_to(time_point t);
-  /// Moves time to the earliest pending timer; false if none is pending.
+  /// Moves time to the earliest pending timer and runs the handlers of that instant's timers
+  /// itself, in order; false if none is pending. For a loop with nothing else to run (its idle
+  /// hook): the handlers then run in the order posting them would give, without a post each.
   bool advance_to_next();
   std::size_t pending() const { return slots_.size() - free_.size(); }
 
@@ -93,6 +94,7 @@ class virtual_clock final : public clock {
   std::vector<entry> queue_;  ///< a heap, earliest (when, id) first
   std::vector<slot> slots_;
   std::vector<std::uint32_t> free_;
+  std::vector<handler> firing_;  ///< `advance_to_next`'s, kept to avoid allocating per instant
 };
 
 }  // namespace ferry

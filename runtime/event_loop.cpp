@@ -132,6 +132,8 @@ void event_loop::turn(bool may_block) {
       io_.run_one();
     } else if (!idle_()) {
       stalled_ = stopping_ = true;
+    } else {
+      io_.poll();
     }
   }
 }

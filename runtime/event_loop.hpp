@@ -49,8 +49,9 @@ class event_loop {
   void stop();
 
   /// Virtual time: when nothing is ready, the loop calls `idle()` instead of blocking; it makes
-  /// something ready (jumps the clock to the next timer) or returns false, which stops the loop
-  /// as `stalled()`: nothing can ever become ready again. Set before running.
+  /// something ready or runs it (jumps the clock to the next timers and fires them), or returns
+  /// false, which stops the loop as `stalled()`: nothing can ever become ready again. What it
+  /// posted runs in the same turn, before `run_until` checks again. Set before running.
   void on_idle(std::function<bool()> idle) { idle_ = std::move(idle); }
   bool stalled() const { return stalled_; }
 

@@ -30,6 +30,8 @@ flow_network::flow_network(event_loop& loop, class clock& clock) : loop_(loop), 
 flow_network::~flow_network() {
   *alive_ = false;
   if (timer_armed_) clock_.cancel(timer_);
+  for (const auto& f : flows_)
+    if (f.id != 0 && f.waiting != 0) clock_.cancel(f.waiting);
 }
 
 double flow_network::now_ns() const {
@@ -51,8 +53,9 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   for (const auto& h : spec.path)
     if (h.id >= resources_.size() || !(h.weight > 0))
       throw std::invalid_argument("transfer: a hop names no resource or has no weight");
+  const auto slot = take_slot(id, spec.latency, std::move(done));
   if (spec.bytes == 0 || (spec.path.empty() && std::isinf(spec.max_rate))) {
-    clock_.async_wait(spec.latency, [done = std::move(done)](std::error_code) { done(); });
+    wait_latency(slot);
     return id;
   }
   if (spec.path.empty()) {
@@ -60,14 +63,29 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
     // Its last byte arrives when a flow's would, and its latency's timer starts from there.
     const double arrives = now_ns() + static_cast<double>(spec.bytes) / spec.max_rate * 1e9;
     const clock::time_point at(clock::duration(static_cast<std::int64_t>(std::ceil(arrives))));
-    clock_.async_wait_until(at, [this, alive = alive_, latency = spec.latency,
-                                 done = std::move(done)](std::error_code) mutable {
-      if (!*alive) return;
-      if (latency == clock::duration::zero()) return done();
-      clock_.async_wait(latency, [done = std::move(done)](std::error_code) { done(); });
+    flows_[slot].waiting = clock_.async_wait_until(at, [this, slot](std::error_code ec) {
+      if (ec) return;
+      if (flows_[slot].latency == clock::duration::zero()) return finish(slot);
+      wait_latency(slot);
     });
     return id;
   }
+  auto& f = flows_[slot];
+  f.rate = 0;
+  f.remaining = static_cast<double>(spec.bytes);
+  f.since = now_ns();
+  f.max_rate = spec.max_rate;
+  f.bottleneck = unsolved;
+  f.live_place = static_cast<std::uint32_t>(live_.size());
+  live_.push_back(slot);
+  f.path = spec.path;
+  attach(slot);
+  started_now_.push_back(slot);
+  schedule_recompute();
+  return id;
+}
+
+std::uint32_t flow_network::take_slot(std::uint64_t id, clock::duration latency, std::function<void()> done) {
   std::uint32_t slot;
   if (!free_.empty()) {
     slot = free_.back();
@@ -83,20 +101,31 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   }
   auto& f = flows_[slot];
   f.id = id;
-  f.rate = 0;
-  f.remaining = static_cast<double>(spec.bytes);
-  f.since = now_ns();
-  f.max_rate = spec.max_rate;
-  f.bottleneck = unsolved;
-  f.live_place = static_cast<std::uint32_t>(live_.size());
-  live_.push_back(slot);
-  f.path = spec.path;
-  f.latency = spec.latency;
+  f.latency = latency;
   f.done = std::move(done);
-  attach(slot);
-  started_now_.push_back(slot);
-  schedule_recompute();
-  return id;
+  return slot;
+}
+
+void flow_network::wait_latency(std::uint32_t slot) {
+  flows_[slot].waiting = clock_.async_wait(flows_[slot].latency, [this, slot](std::error_code ec) {
+    if (!ec) finish(slot);
+  });
+}
+
+void flow_network::finish(std::uint32_t slot) {
+  auto done = std::move(flows_[slot].done);
+  free_slot(slot);
+  done();
+}
+
+void flow_network::free_slot(std::uint32_t slot) {
+  // What `start` sets again; the rest of a flow is large, and resetting it cost more than the
+  // solver's rounds.
+  auto& f = flows_[slot];
+  f.id = 0;
+  f.waiting = 0;
+  f.done = nullptr;
+  free_.push_back(slot);
 }
 
 void flow_network::account(resource_id r, double now) {
@@ -481,8 +510,9 @@ void flow_network::arm_timer() {
   timer_at_ = at;
   const auto generation = ++generation_;
   timer_ = clock_.async_wait_until(clock::time_point(clock::duration(at)),
-                                   [this, generation, alive = alive_](std::error_code ec) {
-                                     if (!ec && *alive && generation == generation_) on_timer();
+                                   [this, generation](std::error_code ec) {
+                                     // Cancelled, as the destructor does, it touches nothing.
+                                     if (!ec && generation == generation_) on_timer();
                                    });
 }
 
@@ -504,24 +534,24 @@ void flow_network::on_timer() {
   // Completions in the order the transfers started, as their latencies' timers and their callbacks
   // are ordered by.
   std::ranges::sort(arrived_, {}, [this](std::uint32_t i) { return flows_[i].id; });
-  std::vector<std::function<void()>> finished;
+  auto finished = std::move(finished_);
   for (const auto i : arrived_) {
     auto& f = flows_[i];
     detach(i);
     flows_[live_.back()].live_place = f.live_place;
     live_[f.live_place] = live_.back();
     live_.pop_back();
-    auto done = std::move(f.done);
     if (f.latency > clock::duration::zero()) {
-      clock_.async_wait(f.latency, [done = std::move(done)](std::error_code) { done(); });
-    } else {
-      finished.push_back(std::move(done));
+      wait_latency(i);  // the slot stays taken until then
+      continue;
     }
-    f = flow{};
-    free_.push_back(i);
+    finished.push_back(std::move(f.done));
+    free_slot(i);
   }
   schedule_recompute();
   for (auto& done : finished) done();
+  finished.clear();
+  finished_ = std::move(finished);
 }
 
 }  // namespace ferry::sim

@@ -101,10 +101,18 @@ class flow_network {
     /// Its place in each hop's resource's list of flows (`on_`), for removal in constant time.
     std::array<std::uint32_t, max_hops> place{};
     ferry::clock::duration latency{};
+    /// Its timer once its last byte arrived (or, with no path, to its arrival), else 0: it keeps
+    /// its slot until then, and the timer's handler carries no more than the slot.
+    std::uint64_t waiting = 0;
     std::function<void()> done;
   };
 
   double now_ns() const;
+  std::uint32_t take_slot(std::uint64_t id, ferry::clock::duration latency, std::function<void()> done);
+  /// Runs the transfer's completion after its latency, from now.
+  void wait_latency(std::uint32_t slot);
+  void finish(std::uint32_t slot);
+  void free_slot(std::uint32_t slot);
   /// Adds a resource's carried bytes and busy time up to now: before its load or flows change.
   void account(resource_id r, double now);
   void schedule_recompute();
@@ -158,6 +166,7 @@ class flow_network {
   /// others stay bottlenecked there.
   std::vector<std::uint32_t> started_now_;
   std::vector<resource_id> freed_;
+  std::vector<std::function<void()>> finished_;  ///< `on_timer`'s, kept to avoid allocating
 
   /// Per resource: the flow slots crossing it, kept as transfers start and end.
   std::vector<std::vector<std::uint32_t>> on_;
