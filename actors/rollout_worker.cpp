@@ -319,9 +319,11 @@ void rollout_worker::on_slot_landed(write_imm imm) {
 }
 
 void rollout_worker::stripe_ready(generation& g, received r) {
-  const bool awaited = g.stripe == 0 || g.awaited == std::pair{r.meta.version, r.meta.chunk};
+  auto& a = g.awaited;
+  const bool awaited = a && !a->at && a->version == r.meta.version && a->chunk == r.meta.chunk;
+  if (awaited) a->at = g.ready.size();
   g.ready.push_back(std::move(r));
-  if (awaited) changed();
+  if (awaited || g.stripe == 0) changed();
 }
 
 bool rollout_worker::is_direct(std::uint32_t slot) const {
@@ -449,15 +451,16 @@ std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared
   work w{.version = a.version, .chunk = a.chunk, .checksum = a.checksum, .plan = plan_};
   if (!g->stripe) return w;
   // Another leader: its stripe of the announced chunk may still be on the way.
-  auto arrived = [&] {
-    return std::find_if(g->ready.begin(), g->ready.end(),
-                        [&](const received& r) { return r.meta.version == a.version && r.meta.chunk == a.chunk; });
-  };
-  g->awaited = {a.version, a.chunk};
-  const bool waited = wait_for([&] { return g != gen_ || arrived() != g->ready.end(); });
-  g->awaited.reset();
-  if (!waited || !current(g)) return std::nullopt;
-  const auto it = arrived();
+  auto it = std::find_if(g->ready.begin(), g->ready.end(),
+                         [&](const received& r) { return r.meta.version == a.version && r.meta.chunk == a.chunk; });
+  if (it == g->ready.end()) {
+    g->awaited = {.version = a.version, .chunk = a.chunk};
+    const bool waited = wait_for([&] { return g != gen_ || g->awaited->at; });
+    const auto at = g->awaited->at;
+    g->awaited.reset();
+    if (!waited || !current(g)) return std::nullopt;
+    it = g->ready.begin() + static_cast<std::ptrdiff_t>(*at);
+  }
   w.mine = *it;
   g->ready.erase(it);
   return w;

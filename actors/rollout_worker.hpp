@@ -133,10 +133,16 @@ class rollout_worker final : public job_member {
     std::uint32_t next_shard = 0;
     std::deque<chunk_announce> announcements;    ///< all but the first leader: the instance's order
     address orderer;                             ///< the first leader, who announces that order
-    /// Another leader's serve fiber while it waits for its stripe of an announced chunk (version,
-    /// chunk): only that stripe wakes it then, and announcements only when it is not waiting so.
-    /// At 384 GPUs two of three wakes found nothing to do.
-    std::optional<std::pair<std::uint64_t, std::uint32_t>> awaited;
+    /// Another leader's serve fiber while it waits for its stripe of an announced chunk: only that
+    /// stripe wakes it then, and announcements only when it is not waiting so (at 384 GPUs two of
+    /// three wakes found nothing to do). `ready` only grows meanwhile: `at` is where the stripe
+    /// landed in it.
+    struct awaited_stripe {
+      std::uint64_t version = 0;
+      std::uint32_t chunk = 0;
+      std::optional<std::size_t> at;
+    };
+    std::optional<awaited_stripe> awaited;
   };
 
   void adopt_plan(const plan_ready& m);

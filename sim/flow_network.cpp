@@ -60,13 +60,11 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   }
   if (spec.path.empty()) {
     // A copy inside one device, at its own cap: a timer where the solver would give the same rate.
-    // Its last byte arrives when a flow's would, and its latency's timer starts from there.
+    // Its last byte arrives when a flow's would, and its latency runs from there.
     const double arrives = now_ns() + static_cast<double>(spec.bytes) / spec.max_rate * 1e9;
     const clock::time_point at(clock::duration(static_cast<std::int64_t>(std::ceil(arrives))));
-    flows_[slot].waiting = clock_.async_wait_until(at, [this, slot](std::error_code ec) {
-      if (ec) return;
-      if (flows_[slot].latency == clock::duration::zero()) return finish(slot);
-      wait_latency(slot);
+    flows_[slot].waiting = clock_.async_wait_until(at + spec.latency, [this, slot](std::error_code ec) {
+      if (!ec) finish(slot);
     });
     return id;
   }
