@@ -617,11 +617,11 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
   // Captured by name: `c` is a reference, and `=` would copy the chunk's table of pieces.
   host().env().copies().async_copy({{target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
                      [this, g, w, target, finish = std::move(finish), free_slot = std::move(free_slot), began,
-                      bytes = part.bytes](std::error_code ec) {
+                      bytes = part.bytes](std::error_code ec) mutable {
                        upload_meter_.end(began, w->version, w->chunk, bytes);
                        free_slot();
                        if (ec) fail("upload of chunk " + std::to_string(w->chunk) + " failed: " + ec.message());
-                       collect(g, w, target, finish);
+                       collect(g, std::move(w), target, std::move(finish));
                      });
 }
 
@@ -630,7 +630,7 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, std::shared_p
   if (g->stripes == 1 && w->mine) {
     // The only leader: it broadcasts and applies its own bytes at once.
     auto pending = std::make_shared<int>(2);
-    auto both = [pending, finish] {
+    auto both = [pending, finish = std::move(finish)] {
       if (--*pending == 0) finish(true);
     };
     const auto began = broadcast_meter_.begin();
@@ -640,7 +640,7 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, std::shared_p
       if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
       both();
     });
-    return apply(*w->plan, w->version, w->chunk, target.bytes, both);
+    return apply(*w->plan, w->version, w->chunk, target.bytes, std::move(both));
   }
   const auto began = broadcast_meter_.begin();
   auto collected = [this, g, w, target, finish = std::move(finish), began](std::error_code ec) mutable {
@@ -665,8 +665,8 @@ void rollout_worker::collect(const std::shared_ptr<generation>& g, std::shared_p
           apply(*w->plan, w->version, w->chunk, bytes, [finish = std::move(finish)] { finish(true); });
         });
   };
-  if (g->stripes == 1) return g->broadcast->async_broadcast(target, collected);
-  g->broadcast->async_all_gather(target, g->stripes, collected);
+  if (g->stripes == 1) return g->broadcast->async_broadcast(target, std::move(collected));
+  g->broadcast->async_all_gather(target, g->stripes, std::move(collected));
 }
 
 buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {

@@ -8,6 +8,10 @@ namespace ferry::sim {
 
 cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
   for (unsigned g = 0; g < gpus(); ++g) {
+    const auto node = g / hw.gpus_per_node, local = g % hw.gpus_per_node;
+    places_.push_back({.node = node,
+                       .socket = node * hw.sockets_per_node + local * hw.sockets_per_node / hw.gpus_per_node,
+                       .nic = node * hw.nics_per_node + local * hw.nics_per_node / hw.gpus_per_node});
     d2h_.push_back(net.add_resource(fmt::format("gpu{} pcie d2h", g), hw.pcie_d2h_rate));
     h2d_.push_back(net.add_resource(fmt::format("gpu{} pcie h2d", g), hw.pcie_h2d_rate));
     duplex_.push_back(net.add_resource(fmt::format("gpu{} pcie duplex", g), hw.pcie_duplex_rate));
@@ -30,16 +34,6 @@ cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
   if (hw.fabric_oversubscription > 1)
     fabric_ = net.add_resource(
         "switch fabric", hw.nodes * hw.nics_per_node * hw.nic_rate / hw.fabric_oversubscription);
-}
-
-unsigned cluster::socket_of(unsigned gpu) const {
-  return node_of(gpu) * hw_.sockets_per_node +
-         (gpu % hw_.gpus_per_node) * hw_.sockets_per_node / hw_.gpus_per_node;
-}
-
-unsigned cluster::nic_of(unsigned gpu) const {
-  return node_of(gpu) * hw_.nics_per_node +
-         (gpu % hw_.gpus_per_node) * hw_.nics_per_node / hw_.gpus_per_node;
 }
 
 route cluster::offload(unsigned gpu) const {

@@ -46,9 +46,9 @@ class cluster {
 
   const hardware& spec() const { return hw_; }
   unsigned gpus() const { return hw_.nodes * hw_.gpus_per_node; }
-  unsigned node_of(unsigned gpu) const { return gpu / hw_.gpus_per_node; }
-  unsigned socket_of(unsigned gpu) const;
-  unsigned nic_of(unsigned gpu) const;
+  unsigned node_of(unsigned gpu) const { return places_[gpu].node; }
+  unsigned socket_of(unsigned gpu) const { return places_[gpu].socket; }
+  unsigned nic_of(unsigned gpu) const { return places_[gpu].nic; }
 
   /// Device to the pinned host copy on the GPU's socket.
   route offload(unsigned gpu) const;
@@ -65,6 +65,12 @@ class cluster {
  private:
   flow_network& net_;
   hardware hw_;
+  /// Per GPU, its node, socket and NIC (numbered over the cluster): looked up for every bulk
+  /// write, where the divisions that find them cost 1-2% at 384 GPUs.
+  struct place {
+    unsigned node, socket, nic;
+  };
+  std::vector<place> places_;
   std::vector<resource_id> d2h_, h2d_, duplex_, nvlink_tx_, nvlink_rx_;  // per GPU
   std::vector<resource_id> memory_;                                      // per socket
   std::vector<resource_id> nic_tx_, nic_rx_;                             // per NIC
