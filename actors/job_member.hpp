@@ -73,8 +73,14 @@ class job_member : public actor {
   /// Fiber only: suspends until `pred()` holds or the member stopped or failed; false then.
   template <class Pred>
   bool wait_for(Pred pred) {
+    return wait_for(state_cv_, pred);
+  }
+  /// The same, woken only through `on`: for a wait that most changes leave alone, whose waker
+  /// knows it. Whatever `pred` reads must notify `on` when it changes, and so must `halting`.
+  template <class Pred>
+  bool wait_for(boost::fibers::condition_variable_any& on, Pred pred) {
     std::unique_lock lock(state_confined_);
-    state_cv_.wait(lock, [&] { return failed_ || stopped_ || pred(); });
+    on.wait(lock, [&] { return failed_ || stopped_ || pred(); });
     return !failed_ && !stopped_;
   }
   /// Fiber only: suspends until `pred()` holds, stopped or not (work in flight must end).

@@ -48,7 +48,7 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
       if (auto* r = at->second; r->direct && r->version == m.version) {
         r->grants[m.chunk] = m.slot;
-        changed();
+        r->woken.notify_all();
       }
     }
   });
@@ -71,6 +71,7 @@ void trainer_shard::version_failed(const update_failed& m) {
   settled_ = std::max(settled_, m.version);
   if (m.relaid) ready_ = false;  // the next version waits for the new layout's plan
   ++send_generation_;
+  wake_routes();
   changed();
   if (on_update_failed) on_update_failed(m.version, m.reason);
 }
@@ -109,6 +110,11 @@ void trainer_shard::release_credits() {
 void trainer_shard::halting() {
   ++send_generation_;
   release_credits();
+  wake_routes();
+}
+
+void trainer_shard::wake_routes() {
+  for (auto& r : routes_) r->woken.notify_all();
 }
 
 void trainer_shard::adopt_plan(const plan_ready& m) {
@@ -119,6 +125,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   ++send_generation_;
   ready_ = false;
   release_credits();
+  wake_routes();
   routes_.clear();
   routes_to_.clear();
   auto next = std::make_shared<shard_plan>(shard_plan{.job = share_plan(m.plan)});
@@ -192,6 +199,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   copy.version = version;
   copy.layout = plan->job->layout;
   copy.offloaded.assign(plan->job->chunks.size(), false);
+  wake_routes();  // a route of an older layout's copy stops
   offload_.meter().reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
@@ -205,7 +213,8 @@ void trainer_shard::run_publish(std::uint64_t version) {
     if (done.error) return fail("offload of chunk " + std::to_string(id) + " failed: " + done.error.message());
     copy.checksums[id] = done.checksum;
     copy.offloaded[id] = true;
-    changed();
+    for (auto& r : routes_)
+      if (!r->chunks.empty() && r->chunks.front() == id) r->woken.notify_all();
     if (stopped_ || failed_) return;
   }
   const double stall = std::chrono::duration<double>(host().clock().now() - started).count();
@@ -230,6 +239,7 @@ void trainer_shard::start_sending(const update_go& go) {
   const auto generation = ++send_generation_;
   send_.meter().reset();
   release_credits();
+  wake_routes();
   routes_.clear();
   routes_to_.clear();
   changed();
@@ -270,7 +280,7 @@ std::optional<std::uint32_t> trainer_shard::ask_slot(route& r, std::uint32_t chu
     if (!wait_for([&] { return !current() || along->granted == place; }) || !current()) return std::nullopt;
   }
   send(r.leader, slot_request{.version = version, .chunk = chunk});
-  if (!wait_for([&] { return !current() || r.grants.contains(chunk); }) || !current()) return std::nullopt;
+  if (!wait_for(r.woken, [&] { return !current() || r.grants.contains(chunk); }) || !current()) return std::nullopt;
   const auto slot = r.grants[chunk];
   r.grants.erase(chunk);
   if (along) {
@@ -316,7 +326,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     const auto id = r->chunks.front();
     // By chunk, not by place in the order: a plan of the same layout may order the chunks
     // otherwise (audiences change with membership) than the one the copy was offloaded under.
-    if (!wait_for([&] {
+    if (!wait_for(r->woken, [&] {
           const auto* c = copy_of(version);
           return !current() || (c && (c->layout != plan->job->layout || c->offloaded.at(id)));
         }) ||

@@ -81,6 +81,10 @@ class trainer_shard final : public job_member {
     std::deque<std::uint32_t> free;
     std::map<std::uint32_t, std::uint32_t> grants;  ///< direct: chunk -> the slot granted for it
     std::size_t in_flight = 0;
+    /// Its fiber waits here for its next chunk's offload and for its grants, not on every change
+    /// of the shard: with selective delivery each chunk woke every route, 20 wakes per chunk-stage
+    /// event.
+    boost::fibers::condition_variable_any woken;
     /// Chunks this route's worker hears in a chain: the chain, and the worker's place in it (0:
     /// first, written by the trainer; n: `hops[n - 1]`, written by the worker before it).
     std::map<std::uint32_t, std::pair<std::shared_ptr<chain>, std::size_t>> chained;
@@ -127,6 +131,9 @@ class trainer_shard final : public job_member {
   host_copy* copy_of(std::uint64_t version);
   std::string name() const override { return "trainer shard " + std::to_string(shard_); }
   void halting() override;
+  /// Wakes every route's fiber waiting on its route: to see a new generation, a stop or a new
+  /// host copy.
+  void wake_routes();
   /// Wakes every sender waiting for a credit, so that it sees the shard stopped or moved on.
   void release_credits();
   /// `m.version` cannot complete: senders of it stop, and the owner hears why.
