@@ -141,7 +141,7 @@ void flow_network::attach(std::uint32_t slot) {
     const auto r = f.path[k].id;
     if (on_[r].empty()) account(r, now);  // its idle time ends
     f.place[k] = static_cast<std::uint32_t>(on_[r].size());
-    on_[r].push_back(slot);
+    on_[r].push_back({slot, static_cast<std::uint32_t>(k)});
   }
 }
 
@@ -155,17 +155,10 @@ void flow_network::detach(std::uint32_t slot) {
     if (f.bottleneck == static_cast<std::int32_t>(r)) state_[r].own_weight -= f.path[k].weight;
     auto& flows = on_[r];
     const auto moved = flows.back();
-    const auto last = static_cast<std::uint32_t>(flows.size() - 1);
     flows[f.place[k]] = moved;
     flows.pop_back();
-    // The flow that took this place: find its hop of r that sat last. It may be this one, on a
-    // path that crosses r again: a hop already taken out must not match.
-    auto& m = flows_[moved];
-    for (std::size_t j = 0; j < m.path.size(); ++j)
-      if (m.path[j].id == r && m.place[j] == last) {
-        m.place[j] = f.place[k];
-        break;
-      }
+    // The hop that took this place (maybe another of this flow's, on a path that crosses r again).
+    flows_[moved.slot].place[moved.hop] = f.place[k];
     f.place[k] = nowhere;
     if (flows.empty()) {
       state_[r].load = 0;  // no rounding left behind
@@ -237,7 +230,7 @@ void flow_network::add_to_region(std::uint32_t slot) {
 void flow_network::add_group(resource_id r) {
   if (state_[r].grouped_in == stamp_) return;
   state_[r].grouped_in = stamp_;
-  for (const auto i : on_[r])
+  for (const auto [i, hop] : on_[r])
     if (flows_[i].bottleneck == static_cast<std::int32_t>(r)) add_to_region(i);
 }
 
@@ -388,13 +381,10 @@ bool flow_network::grow_region() {
 double flow_network::fair_level(resource_id r, double level) {
   shares_.clear();
   double rising = 0, fastest = 0;
-  for (std::uint32_t place = 0; place < on_[r].size(); ++place) {
-    // One entry per hop: a path that crosses r twice has two, each with its own weight.
-    const auto i = on_[r][place];
+  // One entry per hop: a path that crosses r twice has two, each with its own weight.
+  for (const auto [i, hop] : on_[r]) {
     const auto& f = flows_[i];
-    double weight = 0;
-    for (std::size_t k = 0; k < f.path.size(); ++k)
-      if (f.path[k].id == r && f.place[k] == place) weight = f.path[k].weight;
+    const double weight = f.path[hop].weight;
     if (in_region_[i] != stamp_) {
       shares_.push_back({f.rate, weight, i});
       fastest = std::max(fastest, f.rate);

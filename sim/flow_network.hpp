@@ -98,7 +98,8 @@ class flow_network {
     std::int32_t bottleneck = unsolved;
     std::uint32_t live_place = 0;  ///< its place in `live_`
     sim::path path;
-    /// Its place in each hop's resource's list of flows (`on_`), for removal in constant time.
+    /// Its place in each hop's resource's list of crossings (`on_`), for removal in constant
+    /// time.
     std::array<std::uint32_t, max_hops> place{};
     ferry::clock::duration latency{};
     /// Its timer once its last byte arrived (or, with no path, to its arrival), else 0: it keeps
@@ -168,8 +169,12 @@ class flow_network {
   std::vector<resource_id> freed_;
   std::vector<std::function<void()>> finished_;  ///< `on_timer`'s, kept to avoid allocating
 
-  /// Per resource: the flow slots crossing it, kept as transfers start and end.
-  std::vector<std::vector<std::uint32_t>> on_;
+  /// Per resource: the transfers crossing it (their slots, and which hop of theirs), kept as
+  /// transfers start and end.
+  struct crossing {
+    std::uint32_t slot, hop;
+  };
+  std::vector<std::vector<crossing>> on_;
   /// What a recomputation reads of a resource, side by side: the first cache line is what a filling
   /// touches per hop.
   struct alignas(64) resource_state {
