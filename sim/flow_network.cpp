@@ -117,8 +117,8 @@ void flow_network::finish(std::uint32_t slot) {
 }
 
 void flow_network::free_slot(std::uint32_t slot) {
-  // What `start` sets again; the rest of a flow is large, and resetting it cost more than the
-  // solver's rounds.
+  // Only what marks the slot free: `start` sets the rest again. Resetting the whole flow (over
+  // 250 bytes) was 2% of the instructions per version at 32 GPUs.
   auto& f = flows_[slot];
   f.id = 0;
   f.waiting = 0;
