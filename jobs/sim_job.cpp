@@ -412,11 +412,12 @@ void sim_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
 std::shared_ptr<const std::vector<tensor_ref>> sim_job::share_of(std::uint32_t rank, int device) {
   // A replacement (a rank past the instance size) holds the share of rank % size. Workers of one
   // share hold one table (its addresses are sizes no one touches): a whole-model Kimi-K2 table is
-  // 25 MB, times 128 workers.
-  auto& table = shares_[rank % config_.instance_size];
+  // 25 MB, times 128 workers. Unsharded, every rank holds the same share, and one table keeps one
+  // placement (tensor_placement::shared) for every worker to read per piece applied.
+  const auto share = config_.shard_rollout == rollout_sharding::none ? 0 : rank % config_.instance_size;
+  auto& table = shares_[share];
   if (!table) {
-    auto destinations =
-        rollout_share(config_.model, config_.shard_rollout, rank % config_.instance_size, config_.instance_size);
+    auto destinations = rollout_share(config_.model, config_.shard_rollout, share, config_.instance_size);
     for (auto& t : destinations) {
       t.data = sim_device_memory::take(t.held().bytes);
       t.device = device;
