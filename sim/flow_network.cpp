@@ -76,7 +76,8 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   f.bottleneck = unsolved;
   f.live_place = static_cast<std::uint32_t>(live_.size());
   live_.push_back(slot);
-  f.path = spec.path;
+  f.hop_count = static_cast<std::uint32_t>(spec.path.size());
+  std::ranges::copy(spec.path, f.path.begin());
   attach(slot);
   started_now_.push_back(slot);
   schedule_recompute();
@@ -137,7 +138,7 @@ void flow_network::account(resource_id r, double now) {
 void flow_network::attach(std::uint32_t slot) {
   auto& f = flows_[slot];
   const double now = f.since;
-  for (std::size_t k = 0; k < f.path.size(); ++k) {
+  for (std::size_t k = 0; k < f.hop_count; ++k) {
     const auto r = f.path[k].id;
     if (on_[r].empty()) account(r, now);  // its idle time ends
     f.place[k] = static_cast<std::uint32_t>(on_[r].size());
@@ -148,7 +149,7 @@ void flow_network::attach(std::uint32_t slot) {
 void flow_network::detach(std::uint32_t slot) {
   auto& f = flows_[slot];
   const double now = now_ns();
-  for (std::size_t k = 0; k < f.path.size(); ++k) {
+  for (std::size_t k = 0; k < f.hop_count; ++k) {
     const auto r = f.path[k].id;
     account(r, now);
     state_[r].load -= f.path[k].weight * f.rate;
@@ -246,7 +247,7 @@ void flow_network::fill_region() {
   for (const auto i : region_) {
     const auto& f = flows_[i];
     if (std::isfinite(f.max_rate)) capped_.push_back(i);
-    for (const auto& h : f.path) {
+    for (const auto& h : f.hops()) {
       const auto r = h.id;
       if (state_[r].reached_in != fill_) {
         state_[r].reached_in = fill_;
@@ -272,7 +273,7 @@ void flow_network::fill_region() {
   }
   region_on_.resize(begin);
   for (const auto i : region_)
-    for (const auto& h : flows_[i].path)
+    for (const auto& h : flows_[i].hops())
       region_on_[state_[h.id].region_begin + state_[h.id].region_count++] = i;
   std::ranges::sort(capped_, [this](std::uint32_t a, std::uint32_t b) {
     return flows_[a].max_rate != flows_[b].max_rate ? flows_[a].max_rate < flows_[b].max_rate
@@ -330,7 +331,7 @@ void flow_network::fill_region() {
       const auto i = fixing_[k];
       const auto& f = flows_[i];
       const double rate = new_rate_[i] = std::min(level, f.max_rate);
-      for (const auto& h : f.path) {
+      for (const auto& h : f.hops()) {
         state_[h.id].capacity_left = std::max(0.0, state_[h.id].capacity_left - h.weight * rate);
         state_[h.id].unfixed_weight -= h.weight;
       }
@@ -423,7 +424,7 @@ void flow_network::commit_region(double now) {
     auto& f = flows_[i];
     const double rate = new_rate_[i];
     const bool moves = std::abs(rate - f.rate) > same_rate * f.rate;
-    for (const auto& h : f.path) {
+    for (const auto& h : f.hops()) {
       auto& state = state_[h.id];
       if (f.bottleneck != new_bottleneck_[i]) {
         if (static_cast<std::int32_t>(h.id) == f.bottleneck) state.own_weight -= h.weight;

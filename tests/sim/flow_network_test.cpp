@@ -296,7 +296,7 @@ TEST(flow_network, incremental_rates_match_a_solve_of_every_transfer) {
     for (std::size_t n = 0; n < transfers; ++n) {
       transfer_spec spec{.bytes = 1'000'000 * (1 + pick(50))};
       for (auto hops = 1 + pick(4); spec.path.size() < hops;)
-        spec.path.push_back({pick(resources), pick(4) == 0 ? 2.0 : 1.0});
+        spec.path.push_back({pick(resources), pick(4) == 0 ? 2.0f : 1.0f});
       if (pick(5) == 0) spec.max_rate = std::array{0.5, 1.0, 3.0}[pick(3)] * G;
       // Many start at the same instant, as chunks do.
       const auto at = std::chrono::microseconds(1'000 * pick(4) * pick(10));
