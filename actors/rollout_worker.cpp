@@ -510,7 +510,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
       for (const auto& m : others_) send(m, announce, nullptr);
     }
     ++in_flight_;
-    deliver(g, plan, std::make_shared<const work>(std::move(*w)), slot);
+    deliver(g, plan, std::move(*w), slot);
   }
 }
 
@@ -585,88 +585,84 @@ void rollout_worker::relay(const std::shared_ptr<generation>& g, const chunk_sen
 }
 
 void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
-                             std::shared_ptr<const work> w, std::span<std::byte> slot) {
-  const auto& c = plan->job->chunks.at(w->chunk);
-  const auto shard = plan->job->shards.at(c.shard);
-  auto free_slot = [this, g, shard, w] {
-    if (current(g)) send(shard, slot_free{.slot = w->mine->slot});
-  };
+                             work w, std::span<std::byte> slot) {
+  const auto& c = plan->job->chunks.at(w.chunk);
+  auto d = std::make_shared<delivery>(delivery{.g = g, .w = std::move(w), .shard = plan->job->shards.at(c.shard)});
   // Where the instance's collective runs: a device slot, a host leader's receive slot, or a
   // host follower's broadcast slot.
-  std::optional<std::uint32_t> dslot;
-  buffer_ref target;
-  if (w->mine && !on_device()) {
-    target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{w->mine->slot} * plan->job->chunk_bytes};
+  const auto& mine = d->w.mine;
+  if (mine && !on_device()) {
+    d->target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{mine->slot} * plan->job->chunk_bytes};
+    d->slot_until_applied = true;
   } else {
-    dslot = g->free_slots.front();
+    d->dslot = g->free_slots.front();
     g->free_slots.pop_front();
-    target = broadcast_slot(*dslot, c.bytes);
+    d->target = broadcast_slot(*d->dslot, c.bytes);
   }
-  const bool slot_until_applied = w->mine && !on_device();
-  auto finish = [this, g, w, dslot, slot_until_applied, free_slot](bool applied) {
-    if (dslot) g->free_slots.push_back(*dslot);
-    if (slot_until_applied) free_slot();
-    if (applied) chunk_applied(*w->plan, w->version, w->chunk);
-    g->credits->release();
-    ended_in_flight();
-  };
-  if (!w->mine || !on_device()) return collect(g, std::move(w), target, std::move(finish));
+  if (!mine || !on_device()) return collect(std::move(d));
   // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
   const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
-  const auto began = upload_meter_.begin();
-  // Captured by name: `c` is a reference, and `=` would copy the chunk's table of pieces.
-  host().env().copies().async_copy({{target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
-                     [this, g, w, target, finish = std::move(finish), free_slot = std::move(free_slot), began,
-                      bytes = part.bytes](std::error_code ec) mutable {
-                       upload_meter_.end(began, w->version, w->chunk, bytes);
-                       free_slot();
-                       if (ec) fail("upload of chunk " + std::to_string(w->chunk) + " failed: " + ec.message());
-                       collect(g, std::move(w), target, std::move(finish));
-                     });
+  d->began = upload_meter_.begin();
+  host().env().copies().async_copy({{d->target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
+                                   [this, d, bytes = part.bytes](std::error_code ec) mutable {
+                                     upload_meter_.end(d->began, d->w.version, d->w.chunk, bytes);
+                                     free_receive_slot(*d);
+                                     if (ec) fail("upload of chunk " + std::to_string(d->w.chunk) + " failed: " + ec.message());
+                                     collect(std::move(d));
+                                   });
 }
 
-void rollout_worker::collect(const std::shared_ptr<generation>& g, std::shared_ptr<const work> w, buffer_ref target,
-                             std::function<void(bool applied)> finish) {
-  if (g->stripes == 1 && w->mine) {
+void rollout_worker::free_receive_slot(const delivery& d) {
+  if (current(d.g)) send(d.shard, slot_free{.slot = d.w.mine->slot});
+}
+
+void rollout_worker::finish(delivery& d, bool applied) {
+  if (d.dslot) d.g->free_slots.push_back(*d.dslot);
+  if (d.slot_until_applied) free_receive_slot(d);
+  if (applied) chunk_applied(*d.w.plan, d.w.version, d.w.chunk);
+  d.g->credits->release();
+  ended_in_flight();
+}
+
+void rollout_worker::collect(std::shared_ptr<delivery> d) {
+  auto& g = *d->g;
+  d->began = broadcast_meter_.begin();
+  if (g.stripes == 1 && d->w.mine) {
     // The only leader: it broadcasts and applies its own bytes at once.
-    auto pending = std::make_shared<int>(2);
-    auto both = [pending, finish = std::move(finish)] {
-      if (--*pending == 0) finish(true);
-    };
-    const auto began = broadcast_meter_.begin();
-    g->broadcast->async_broadcast(target, [this, both, g, w, began, bytes = target.bytes.size()](std::error_code ec) {
-      broadcast_meter_.end(began, w->version, w->chunk, bytes);
+    d->pending = 2;
+    g.broadcast->async_broadcast(d->target, [this, d](std::error_code ec) {
+      broadcast_meter_.end(d->began, d->w.version, d->w.chunk, d->target.bytes.size());
       // A member died or the epoch moved on: the regroup resends what the instance lacks.
-      if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
-      both();
+      if (ec && current(d->g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
+      if (--d->pending == 0) finish(*d, true);
     });
-    return apply(*w->plan, w->version, w->chunk, target.bytes, std::move(both));
+    return apply(*d->w.plan, d->w.version, d->w.chunk, d->target.bytes, [this, d] {
+      if (--d->pending == 0) finish(*d, true);
+    });
   }
-  const auto began = broadcast_meter_.begin();
-  auto collected = [this, g, w, target, finish = std::move(finish), began](std::error_code ec) mutable {
-    broadcast_meter_.end(began, w->version, w->chunk, target.bytes.size());
-    if (ec && current(g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
-    if (ec || !current(g)) return finish(false);  // the regroup resends what is missing
+  auto collected = [this, d](std::error_code ec) {
+    broadcast_meter_.end(d->began, d->w.version, d->w.chunk, d->target.bytes.size());
+    if (ec && current(d->g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
+    if (ec || !current(d->g)) return finish(*d, false);  // the regroup resends what is missing
     // Who did not receive the whole chunk from a trainer verifies it, off the loop. Device slots
     // are not hashed: each leader verified the host bytes it uploaded.
-    auto actual = std::make_shared<std::uint64_t>(0);
-    const bool check = options_.checksums && w->checksum != 0 && !on_device();
-    const auto bytes = target.bytes;
+    const bool check = options_.checksums && d->w.checksum != 0 && !on_device();
+    const auto bytes = d->target.bytes;
     host().env().cpu().async_run(
-        check ? bytes.size() : 0, [check, actual, bytes] { if (check) *actual = XXH3_64bits(bytes.data(), bytes.size()); },
-        [this, g, w, check, actual, bytes, finish = std::move(finish)]() mutable {
-          if (!current(g)) return finish(false);  // the new epoch may already be writing this slot
-          if (check && *actual != w->checksum) {
+        check ? bytes.size() : 0, [check, d, bytes] { if (check) d->actual = XXH3_64bits(bytes.data(), bytes.size()); },
+        [this, d, check, bytes] {
+          if (!current(d->g)) return finish(*d, false);  // the new epoch may already be writing this slot
+          if (check && d->actual != d->w.checksum) {
             corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                      ": checksum mismatch in chunk " + std::to_string(w->chunk) + " of version " +
-                      std::to_string(w->version) + " from the instance's collective");
-            return finish(false);
+                      ": checksum mismatch in chunk " + std::to_string(d->w.chunk) + " of version " +
+                      std::to_string(d->w.version) + " from the instance's collective");
+            return finish(*d, false);
           }
-          apply(*w->plan, w->version, w->chunk, bytes, [finish = std::move(finish)] { finish(true); });
+          apply(*d->w.plan, d->w.version, d->w.chunk, bytes, [this, d] { finish(*d, true); });
         });
   };
-  if (g->stripes == 1) return g->broadcast->async_broadcast(target, std::move(collected));
-  g->broadcast->async_all_gather(target, g->stripes, std::move(collected));
+  if (g.stripes == 1) return g.broadcast->async_broadcast(d->target, std::move(collected));
+  g.broadcast->async_all_gather(d->target, g.stripes, std::move(collected));
 }
 
 buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {

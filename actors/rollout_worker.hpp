@@ -181,12 +181,29 @@ class rollout_worker final : public job_member {
   /// Grants free direct slots to the requests waiting: the one from `next_shard`, or the shard
   /// after it that asked.
   void grant_slots(generation& g);
+  /// One chunk from `serve` to applied: what the completions of its upload, collective, check and
+  /// apply need, held once for all of them rather than copied into each (a simulated update
+  /// delivers hundreds of thousands).
+  struct delivery {
+    std::shared_ptr<generation> g;
+    work w;
+    address shard;                       ///< a leader's: the trainer shard its stripe came from
+    buffer_ref target;                   ///< where the instance's collective runs
+    std::optional<std::uint32_t> dslot;  ///< the device slot it holds
+    bool slot_until_applied = false;     ///< a host leader's receive slot is its target
+    stage_meter::started began;          ///< of the stage now running
+    int pending = 0;                     ///< the only leader: its broadcast and apply, both
+    std::uint64_t actual = 0;            ///< the collected bytes' checksum
+  };
   /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
-  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
-               std::shared_ptr<const work> w, std::span<std::byte> slot);
-  /// Broadcast or all-gather of `target` in the instance, verify, apply, then `finish`.
-  void collect(const std::shared_ptr<generation>& g, std::shared_ptr<const work> w, buffer_ref target,
-               std::function<void(bool applied)> finish);
+  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, work w,
+               std::span<std::byte> slot);
+  /// Broadcast or all-gather of the target in the instance, verify, apply, then `finish`.
+  void collect(std::shared_ptr<delivery> d);
+  /// A leader's receive slot is free again: its trainer may send the next chunk there.
+  void free_receive_slot(const delivery& d);
+  /// The chunk's slots are free again and, if applied, it counts.
+  void finish(delivery& d, bool applied);
   /// Broadcast slot `slot`: on the device when there is one, else in the host slots.
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
   bool on_device() const { return options_.memory && options_.memory->device() >= 0; }
