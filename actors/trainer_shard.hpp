@@ -3,6 +3,7 @@
 /// instance leaders when the coordinator says which (`update_go`), `depth` writes in flight per
 /// leader; with k leaders per instance, each gets one stripe of every chunk. Two host copies alternate by version, so a late joiner can be served the delivered
 /// version while the next one is offloaded.
+#include <boost/container/flat_map.hpp>
 #include <array>
 #include <deque>
 #include <functional>
@@ -161,8 +162,9 @@ class trainer_shard final : public job_member {
   std::uint64_t settled_ = 0;  ///< newest version delivered or failed
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
   std::vector<std::shared_ptr<route>> routes_;
-  /// The same by leader: a leader's slot_free and slot_grant, one per chunk, find theirs at once.
-  std::multimap<address, route*> routes_to_;
+  /// The same by leader: a leader's slot_free and slot_grant, one per chunk, find theirs at once,
+  /// in one block of memory rather than a tree's scattered nodes.
+  boost::container::flat_multimap<address, route*> routes_to_;
   offload_stage offload_;
   send_stage send_;
 };
