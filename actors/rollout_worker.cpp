@@ -446,10 +446,13 @@ bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t
 std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared_ptr<generation>& g) {
   if (g->stripe == 0) {  // the first leader orders the instance's chunks as they arrive
     if (!wait_for([&] { return g != gen_ || !g->ready.empty(); }) || !current(g)) return std::nullopt;
-    const received r = g->ready.front();
+    work w{.version = g->ready.front().meta.version,
+           .chunk = g->ready.front().meta.chunk,
+           .checksum = g->ready.front().meta.chunk_checksum,
+           .mine = std::move(g->ready.front()),
+           .plan = plan_};
     g->ready.pop_front();
-    return work{.version = r.meta.version, .chunk = r.meta.chunk, .checksum = r.meta.chunk_checksum, .mine = r,
-                .plan = plan_};
+    return w;
   }
   if (!wait_for([&] { return g != gen_ || !g->announcements.empty(); }) || !current(g)) return std::nullopt;
   const chunk_announce a = g->announcements.front();
