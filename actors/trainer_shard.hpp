@@ -3,8 +3,8 @@
 /// instance leaders when the coordinator says which (`update_go`), `depth` writes in flight per
 /// leader; with k leaders per instance, each gets one stripe of every chunk. Two host copies alternate by version, so a late joiner can be served the delivered
 /// version while the next one is offloaded.
-#include <boost/container/flat_map.hpp>
 #include <array>
+#include <boost/container/flat_map.hpp>
 #include <deque>
 #include <functional>
 #include <map>

@@ -323,7 +323,7 @@ void flow_network::fill_region() {
         fixed_in_[i] = fill_, new_bottleneck_[i] = own_cap, fixing_.push_back(i);
     for (std::size_t k = 0; k < fixing_.size(); ++k) {
       if (k + prefetch_ahead < fixing_.size()) {
-        // Its cap and its first hops: the first two cache lines.
+        // Its cap and hops: the first cache line, and the next for a path of over five hops.
         const auto* ahead = reinterpret_cast<const char*>(&flows_[fixing_[k + prefetch_ahead]]);
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + 64);
