@@ -93,8 +93,8 @@ class flow_network {
   static constexpr std::uint32_t nowhere = ~std::uint32_t{0};
 
   /// A recomputation reads a transfer's rate, cap, bottleneck and hops: the first cache line
-  /// holds them for a path of up to five hops (the network's is four). At 384 GPUs the solver's
-  /// time went to reading transfers scattered over `flows_`, three cache lines each.
+  /// holds them for a path of up to five hops (a route between nodes has four). At 384 GPUs the
+  /// solver's time went to reading transfers scattered over `flows_`, three cache lines of each.
   struct alignas(64) flow {
     double rate = 0;
     double max_rate = 0;
