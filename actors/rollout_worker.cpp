@@ -319,17 +319,11 @@ void rollout_worker::on_slot_landed(write_imm imm) {
 }
 
 void rollout_worker::stripe_ready(generation& g, received r) {
-  if (g.stripe == 0) {
-    g.ready.push_back(std::move(r));
-    return changed();
-  }
   auto& a = g.awaited;
-  const bool awaited = a && !a->arrived && a->version == r.meta.version && a->chunk == r.meta.chunk;
-  g.by_chunk.emplace(std::pair{r.meta.version, r.meta.chunk}, std::move(r));
-  if (awaited) {
-    a->arrived = true;
-    changed();
-  }
+  const bool awaited = a && !a->at && a->version == r.meta.version && a->chunk == r.meta.chunk;
+  if (awaited) a->at = g.ready.size();
+  g.ready.push_back(std::move(r));
+  if (awaited || g.stripe == 0) changed();
 }
 
 bool rollout_worker::is_direct(std::uint32_t slot) const {
@@ -459,23 +453,19 @@ std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared
   g->announcements.pop_front();
   work w{.version = a.version, .chunk = a.chunk, .checksum = a.checksum, .plan = plan_};
   if (!g->stripe) return w;
-  // Another leader: its stripe of the announced chunk may still be on the way. Of a chunk's
-  // stripes (one per generation, unless resent), the first that arrived.
-  const std::pair key{a.version, a.chunk};
-  const auto first_arrived = [&] {
-    const auto it = g->by_chunk.lower_bound(key);
-    return it != g->by_chunk.end() && it->first == key ? it : g->by_chunk.end();
-  };
-  auto it = first_arrived();
-  if (it == g->by_chunk.end()) {
+  // Another leader: its stripe of the announced chunk may still be on the way.
+  auto it = std::find_if(g->ready.begin(), g->ready.end(),
+                         [&](const received& r) { return r.meta.version == a.version && r.meta.chunk == a.chunk; });
+  if (it == g->ready.end()) {
     g->awaited = {.version = a.version, .chunk = a.chunk};
-    const bool waited = wait_for([&] { return g != gen_ || g->awaited->arrived; });
+    const bool waited = wait_for([&] { return g != gen_ || g->awaited->at; });
+    const auto at = g->awaited->at;
     g->awaited.reset();
     if (!waited || !current(g)) return std::nullopt;
-    it = first_arrived();
+    it = g->ready.begin() + static_cast<std::ptrdiff_t>(*at);
   }
-  w.mine = std::move(it->second);
-  g->by_chunk.erase(it);
+  w.mine = *it;
+  g->ready.erase(it);
   return w;
 }
 

@@ -115,10 +115,7 @@ class rollout_worker final : public job_member {
     std::deque<std::uint32_t> free_slots;        ///< broadcast slots not in use
     std::map<std::uint32_t, bool> landed;        ///< leader: slot -> bytes arrived
     std::map<std::uint32_t, chunk_sent> sent;    ///< leader: slot -> its chunk_sent
-    std::deque<received> ready;                  ///< the first leader: complete slots, in arrival order
-    /// Another leader: complete slots by version and chunk, taken in the first leader's order (a
-    /// search of an arrival-ordered queue for each took 3% of a simulation's time at 64 GPUs).
-    std::multimap<std::pair<std::uint64_t, std::uint32_t>, received> by_chunk;
+    std::deque<received> ready;                  ///< leader: complete slots, in arrival order
     std::deque<received> direct;                 ///< complete slots of chunks its instance does not hear whole
     /// Direct slots (from `direct_slot_`) granted: to which trainer, for which chunk; the free
     /// ones; and the trainers' requests waiting for one, in the order they came.
@@ -138,11 +135,12 @@ class rollout_worker final : public job_member {
     address orderer;                             ///< the first leader, who announces that order
     /// Another leader's serve fiber while it waits for its stripe of an announced chunk: only that
     /// stripe wakes it then, and announcements only when it is not waiting so (at 384 GPUs four
-    /// wakes in ten found nothing to do).
+    /// wakes in ten found nothing to do). `ready` only grows meanwhile: `at` is where the stripe
+    /// landed in it.
     struct awaited_stripe {
       std::uint64_t version = 0;
       std::uint32_t chunk = 0;
-      bool arrived = false;
+      std::optional<std::size_t> at;
     };
     std::optional<awaited_stripe> awaited;
   };
