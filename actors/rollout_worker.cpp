@@ -464,7 +464,7 @@ std::optional<rollout_worker::work> rollout_worker::next_chunk(const std::shared
     if (!waited || !current(g)) return std::nullopt;
     it = g->ready.begin() + static_cast<std::ptrdiff_t>(*at);
   }
-  w.mine = *it;
+  w.mine = std::move(*it);
   g->ready.erase(it);
   return w;
 }
