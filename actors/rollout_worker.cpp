@@ -619,7 +619,7 @@ void rollout_worker::free_receive_slot(const delivery& d) {
   if (current(d.g)) send(d.shard, slot_free{.slot = d.w.mine->slot});
 }
 
-void rollout_worker::finish(delivery& d, bool applied) {
+void rollout_worker::end_delivery(delivery& d, bool applied) {
   if (d.dslot) d.g->free_slots.push_back(*d.dslot);
   if (d.slot_until_applied) free_receive_slot(d);
   if (applied) chunk_applied(*d.w.plan, d.w.version, d.w.chunk);
@@ -637,16 +637,16 @@ void rollout_worker::collect(std::shared_ptr<delivery> d) {
       broadcast_meter_.end(d->began, d->w.version, d->w.chunk, d->target.bytes.size());
       // A member died or the epoch moved on: the regroup resends what the instance lacks.
       if (ec && current(d->g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
-      if (--d->pending == 0) finish(*d, true);
+      if (--d->pending == 0) end_delivery(*d, true);
     });
     return apply(*d->w.plan, d->w.version, d->w.chunk, d->target.bytes, [this, d] {
-      if (--d->pending == 0) finish(*d, true);
+      if (--d->pending == 0) end_delivery(*d, true);
     });
   }
   auto collected = [this, d](std::error_code ec) {
     broadcast_meter_.end(d->began, d->w.version, d->w.chunk, d->target.bytes.size());
     if (ec && current(d->g)) log::warn("worker {}.{}: broadcast failed: {}", instance_, rank_, ec.message());
-    if (ec || !current(d->g)) return finish(*d, false);  // the regroup resends what is missing
+    if (ec || !current(d->g)) return end_delivery(*d, false);  // the regroup resends what is missing
     // Who did not receive the whole chunk from a trainer verifies it, off the loop. Device slots
     // are not hashed: each leader verified the host bytes it uploaded.
     const bool check = options_.checksums && d->w.checksum != 0 && !on_device();
@@ -654,14 +654,14 @@ void rollout_worker::collect(std::shared_ptr<delivery> d) {
     host().env().cpu().async_run(
         check ? bytes.size() : 0, [check, d, bytes] { if (check) d->actual = XXH3_64bits(bytes.data(), bytes.size()); },
         [this, d, check, bytes] {
-          if (!current(d->g)) return finish(*d, false);  // the new epoch may already be writing this slot
+          if (!current(d->g)) return end_delivery(*d, false);  // the new epoch may already be writing this slot
           if (check && d->actual != d->w.checksum) {
             corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
                       ": checksum mismatch in chunk " + std::to_string(d->w.chunk) + " of version " +
                       std::to_string(d->w.version) + " from the instance's collective");
-            return finish(*d, false);
+            return end_delivery(*d, false);
           }
-          apply(*d->w.plan, d->w.version, d->w.chunk, bytes, [this, d] { finish(*d, true); });
+          apply(*d->w.plan, d->w.version, d->w.chunk, bytes, [this, d] { end_delivery(*d, true); });
         });
   };
   if (g.stripes == 1) return g.broadcast->async_broadcast(d->target, std::move(collected));

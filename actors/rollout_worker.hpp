@@ -198,12 +198,12 @@ class rollout_worker final : public job_member {
   /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
   void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, work w,
                std::span<std::byte> slot);
-  /// Broadcast or all-gather of the target in the instance, verify, apply, then `finish`.
+  /// Broadcast or all-gather of the target in the instance, verify, apply, then `end_delivery`.
   void collect(std::shared_ptr<delivery> d);
   /// A leader's receive slot is free again: its trainer may send the next chunk there.
   void free_receive_slot(const delivery& d);
   /// The chunk's slots are free again and, if applied, it counts.
-  void finish(delivery& d, bool applied);
+  void end_delivery(delivery& d, bool applied);
   /// Broadcast slot `slot`: on the device when there is one, else in the host slots.
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
   bool on_device() const { return options_.memory && options_.memory->device() >= 0; }

@@ -320,7 +320,8 @@ class sim_job {
   std::vector<unsigned> gpu_of_;  ///< per node id
   std::vector<bool> is_worker_;   ///< per node id
   std::vector<std::unique_ptr<member>> members_;
-  std::map<std::uint32_t, std::shared_ptr<const std::vector<tensor_ref>>> shares_;  ///< by rank in an instance
+  /// By share: a rank in an instance, or 0 for every worker of an unsharded model.
+  std::map<std::uint32_t, std::shared_ptr<const std::vector<tensor_ref>>> shares_;
   std::map<std::pair<std::uint32_t, std::vector<address>>, std::weak_ptr<sim_group>> groups_;
   std::unique_ptr<member> coordinator_member_;
   std::unique_ptr<job_coordinator> coordinator_;
