@@ -41,12 +41,14 @@ std::vector<std::uint32_t> plan::chunks_of(std::uint32_t shard) const {
   return ids;
 }
 
-std::vector<int> plan::indices_in(std::span<const std::string_view> names) const {
+std::vector<int> plan::indices_in(std::span<const std::string_view> names,
+                                  std::optional<std::uint32_t> owned_by) const {
   std::unordered_map<std::string_view, int> index;
   index.reserve(names.size());
   for (std::size_t i = 0; i < names.size(); ++i) index.emplace(names[i], static_cast<int>(i));
   std::vector<int> out(tensors.size(), -1);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (owned_by && (i >= owner.size() || owner[i] != *owned_by)) continue;
     if (const auto it = index.find(tensors[i].name); it != index.end()) out[i] = it->second;
   }
   return out;

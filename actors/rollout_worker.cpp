@@ -89,7 +89,10 @@ void rollout_worker::join() {
     register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
                       .on_device = on_device()};
     // A worker that took the trainers' table still takes it (registers none) when it registers again.
-    for (const auto& t : takes_trainers_table_ ? std::span<const tensor_ref>{} : std::span(*tensors_)) {
+    const auto table = takes_trainers_table_ ? std::span<const tensor_ref>{} : std::span(*tensors_);
+    m.tensors.reserve(table.size());
+    m.parts.reserve(table.size());
+    for (const auto& t : table) {
       m.tensors.push_back(t.spec);
       m.parts.push_back(t.held());
     }

@@ -10,8 +10,9 @@
 
 namespace ferry {
 
-tensor_placement::tensor_placement(const plan& job, std::span<const tensor_ref> local)
-    : local_of_(job.indices_in(names_of(local))) {
+tensor_placement::tensor_placement(const plan& job, std::span<const tensor_ref> local,
+                                   std::optional<std::uint32_t> owned_by)
+    : local_of_(job.indices_in(names_of(local), owned_by)) {
   places_.reserve(local.size());
   for (const auto& t : local) places_.push_back({.data = t.data, .first = t.held().offset});
 }

@@ -21,7 +21,9 @@ namespace ferry {
 /// hold one table share it (`shared`), so a simulation's hundreds of workers keep one.
 class tensor_placement {
  public:
-  tensor_placement(const plan& job, std::span<const tensor_ref> local);
+  /// `owned_by`: the trainer shard whose tensors `local` holds; the others are not looked up.
+  tensor_placement(const plan& job, std::span<const tensor_ref> local,
+                   std::optional<std::uint32_t> owned_by = std::nullopt);
   /// The placement of `job` in `local`, one for every caller that passes the same two while any
   /// of them keeps it. Thread-safe.
   static std::shared_ptr<const tensor_placement> shared(const std::shared_ptr<const plan>& job,

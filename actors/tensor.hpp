@@ -25,7 +25,7 @@ struct tensor_spec {
   std::vector<std::int64_t> shape;
   std::uint64_t nbytes = 0;
   friend bool operator==(const tensor_spec&, const tensor_spec&) = default;
-  MSGPACK_DEFINE_ARRAY(name, type, shape, nbytes)  // one per tensor, 140k in Kimi-K2: compact
+  FERRY_DEFINE_ARRAY(name, type, shape, nbytes)  // one per tensor, 140k in Kimi-K2: compact
 };
 
 /// `spec` for `name` with `shape`, its size computed from dtype and shape.
@@ -37,7 +37,7 @@ struct byte_range {
   std::uint64_t bytes = 0;
   std::uint64_t end() const { return offset + bytes; }
   friend auto operator<=>(const byte_range&, const byte_range&) = default;
-  MSGPACK_DEFINE_ARRAY(offset, bytes)  // one per registered tensor: compact
+  FERRY_DEFINE_ARRAY(offset, bytes)  // one per registered tensor: compact
 };
 
 /// A tensor registered by a trainer or a worker: its spec and its bytes (host memory, or a

@@ -89,7 +89,6 @@ class member_environment final : public environment {
     return base_.trace();
   }
   bool is_virtual() const override { return true; }
-  body_cache* shared_bodies() override { return base_.shared_bodies(); }
 
  private:
   /// The work itself never runs (its bytes do not exist): it costs its bytes on a copy thread.

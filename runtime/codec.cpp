@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <limits>
-#include <optional>
 
 namespace ferry {
 namespace detail {
@@ -51,20 +50,6 @@ std::size_t frame_size(envelope_header head, const encoded_body& body) {
   msgpack::packer<detail::size_counter> packer(counter);
   detail::pack_header(packer, head);
   return frame_prefix_bytes + counter.bytes + body.bytes.size();
-}
-
-std::shared_ptr<const void> body_cache::find(msg_kind kind, std::span<const std::byte> body) {
-  std::lock_guard lock(mutex_);
-  for (const auto& e : recent_)
-    if (e.kind == kind && e.bytes.size() == body.size() && std::memcmp(e.bytes.data(), body.data(), body.size()) == 0)
-      return e.value;
-  return nullptr;
-}
-
-void body_cache::keep(msg_kind kind, std::span<const std::byte> body, std::shared_ptr<const void> value) {
-  std::lock_guard lock(mutex_);
-  recent_.push_front({.kind = kind, .bytes = {body.begin(), body.end()}, .value = std::move(value)});
-  if (recent_.size() > kept) recent_.pop_back();
 }
 
 namespace {
@@ -127,45 +112,6 @@ msgpack::unpack_limit caps_of(const codec_limits& limits, std::size_t depth) {
   return {limits.max_array, limits.max_map, limits.max_str, limits.max_bin, limits.max_bin, depth};
 }
 
-/// A large payload whose body `shared` holds already, or decodes once and keeps. Only a payload
-/// this decodes cleanly comes back; anything else (nullopt) goes to the full decoder, which says
-/// what is wrong with it.
-std::optional<decoded_message> decode_large(std::span<const std::byte> payload, const message_registry& registry,
-                                            const codec_limits& limits, body_cache& shared) {
-  constexpr auto envelope = std::byte{0x96};  // msgpack's fixarray of six
-  if (payload.empty() || payload[0] != envelope || limits.max_depth < 2) return std::nullopt;
-  const auto* data = reinterpret_cast<const char*>(payload.data());
-  std::size_t offset = 1;
-  decoded_message m;
-  try {
-    const msgpack::unpack_limit header_caps(2, 0, 0, 0, 0, 2);
-    msgpack::object_handle items[5];
-    msgpack::object fields[5];
-    for (int i = 0; i < 5; ++i) {
-      items[i] = msgpack::unpack(data, payload.size(), offset, nullptr, nullptr, header_caps);
-      fields[i] = items[i].get();
-    }
-    if (read_header(fields, m.head)) return std::nullopt;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  const auto* entry = registry.find(m.head.kind);
-  if (!entry) return std::nullopt;
-  const auto body = payload.subspan(offset);
-  if ((m.body = shared.find(m.head.kind, body))) return m;
-  try {
-    // One level less than the whole envelope allows, as the body sits inside it.
-    auto handle = msgpack::unpack(data, payload.size(), offset, nullptr, nullptr, caps_of(limits, limits.max_depth - 1));
-    if (offset != payload.size() || handle.get().type != msgpack::type::MAP) return std::nullopt;
-    m.body = entry->convert(handle.get());
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  if (!m.body) return std::nullopt;
-  shared.keep(m.head.kind, body, m.body);
-  return m;
-}
-
 }  // namespace
 
 result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const codec_limits& limits) {
@@ -178,11 +124,8 @@ result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const cod
 }
 
 result<decoded_message> decode_payload(std::span<const std::byte> payload, const message_registry& registry,
-                                       const codec_limits& limits, body_cache* shared) {
+                                       const codec_limits& limits) {
   if (payload.size() > limits.max_frame_bytes) return fail(errc::oversize_frame);
-  if (shared && payload.size() >= body_cache::min_bytes) {
-    if (auto m = decode_large(payload, registry, limits, *shared)) return std::move(*m);
-  }
   // A good frame is read in one pass; msgpack-c's decoder says what is wrong with any other.
   const auto caps = caps_of(limits, limits.max_depth);
   try {

@@ -5,9 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -51,27 +49,6 @@ struct decoded_message {
 struct handed_message {
   decoded_message message;
   std::uint64_t frame_bytes = 0;
-};
-
-/// Bodies of large frames decoded once for every node of a process that receives the same bytes:
-/// a simulation's hundreds of members each get the same plan. It keeps the last few, compared
-/// byte for byte. Thread-safe.
-class body_cache {
- public:
-  /// Smaller frames decode faster than they compare.
-  static constexpr std::size_t min_bytes = 1u << 20;
-  std::shared_ptr<const void> find(msg_kind kind, std::span<const std::byte> body);
-  void keep(msg_kind kind, std::span<const std::byte> body, std::shared_ptr<const void> value);
-
- private:
-  struct entry {
-    msg_kind kind = 0;
-    std::vector<std::byte> bytes;
-    std::shared_ptr<const void> value;
-  };
-  static constexpr std::size_t kept = 2;
-  std::mutex mutex_;
-  std::deque<entry> recent_;
 };
 
 namespace detail {
@@ -181,10 +158,9 @@ std::size_t frame_size(envelope_header head, const encoded_body& body);
 /// if fewer than 4 bytes are given.
 result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const codec_limits& limits);
 
-/// Decodes one envelope payload (without its prefix) and checks its body against `registry`. With
-/// `shared`, a large body equal to one decoded recently is not decoded again.
+/// Decodes one envelope payload (without its prefix) and checks its body against `registry`.
 result<decoded_message> decode_payload(std::span<const std::byte> payload, const message_registry& registry,
-                                       const codec_limits& limits, body_cache* shared = nullptr);
+                                       const codec_limits& limits);
 
 namespace detail {
 /// `decode_payload` through msgpack-c's object tree alone: what decode_payload does with any

@@ -111,3 +111,11 @@ named_fields<Pairs...> name_fields(Pairs&... pairs) {
   void msgpack_object(MSGPACK_OBJECT* msgpack_o, msgpack::zone& msgpack_z) const {                    \
     msgpack::type::make_define_map MSGPACK_DEFINE_MAP_IMPL(__VA_ARGS__).msgpack_object(msgpack_o, msgpack_z); \
   }
+
+/// FERRY_DEFINE_ARRAY(fields...): MSGPACK_DEFINE_ARRAY, the compact form for structs sent by the
+/// hundred thousand (a tensor, a piece of a chunk), with `ferry_array()` for the codec's reader to
+/// read them straight from the bytes. A Kimi-K2 registration of 140k tensors went through
+/// msgpack-c's object tree: a fifth of a 384-GPU simulation's wall time.
+#define FERRY_DEFINE_ARRAY(...)                     \
+  auto ferry_array() { return std::tie(__VA_ARGS__); } \
+  MSGPACK_DEFINE_ARRAY(__VA_ARGS__)

@@ -12,7 +12,6 @@
 
 namespace ferry {
 
-class body_cache;
 class clock;
 class copy_engine;
 class event_loop;
@@ -65,9 +64,6 @@ class environment {
   virtual class trace& trace() = 0;
   /// Virtual time: the loop jumps the clock to the next timer when nothing is ready.
   virtual bool is_virtual() const = 0;
-  /// Large message bodies decoded once for every node on this environment (a virtual run's
-  /// hundreds of members each receive the same plan); null where each node decodes its own.
-  virtual body_cache* shared_bodies() { return nullptr; }
 };
 
 }  // namespace ferry

@@ -21,7 +21,7 @@ struct address {
   actor_id actor = 0;
   friend bool operator==(const address&, const address&) = default;
   friend auto operator<=>(const address&, const address&) = default;
-  MSGPACK_DEFINE(node, actor)
+  FERRY_DEFINE_ARRAY(node, actor)
 };
 
 /// Everything of an envelope but its body: `{protocol, kind, from, to, epoch, body}`.

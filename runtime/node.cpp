@@ -87,7 +87,7 @@ void node::forget_writes(std::uint8_t tag) { write_handlers_.erase(tag); }
 
 void node::receive(node_id from, std::span<const std::byte> payload) {
   ++stats_.frames_in;
-  auto m = decode_payload(payload, registry_, limits_, env_.shared_bodies());
+  auto m = decode_payload(payload, registry_, limits_);
   if (!m) return reject(from, m.error());
   accept(from, std::move(*m));
 }

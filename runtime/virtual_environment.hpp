@@ -38,7 +38,6 @@ class virtual_environment final : public environment {
     return trace_;
   }
   bool is_virtual() const override { return true; }
-  body_cache* shared_bodies() override { return &bodies_; }
 
  private:
   class inline_executor final : public executor {
@@ -72,7 +71,6 @@ class virtual_environment final : public environment {
   host_copy_engine copies_;
   no_platform platform_;
   class trace trace_;
-  body_cache bodies_;
 };
 
 }  // namespace ferry

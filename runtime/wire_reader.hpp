@@ -15,7 +15,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ferry::detail {
@@ -33,9 +35,14 @@ concept named_fields_struct = requires(T& t, wire_reader& r) {
   t.ferry_fields().read(r);
 };
 
+/// A struct whose msgpack form is an array of its fields (FERRY_DEFINE_ARRAY).
+template <class T>
+concept array_fields_struct = requires(T& t) { t.ferry_array(); };
+
 template <class T>
 struct read_directly
-    : std::bool_constant<named_fields_struct<T> || std::is_same_v<T, bool> ||
+    : std::bool_constant<named_fields_struct<T> || array_fields_struct<T> || std::is_enum_v<T> ||
+                         std::is_same_v<T, bool> ||
                          std::is_same_v<T, std::string> || std::is_floating_point_v<T> ||
                          (std::is_integral_v<T> && !std::is_same_v<T, char>)> {};
 // Vectors of bytes and of bools have msgpack-c rules of their own; those go through it.
@@ -94,8 +101,12 @@ class wire_reader {
     } else if constexpr (std::is_same_v<T, std::string>) {
       const auto s = read_str_or_bin();
       out.assign(s.data(), s.size());
+    } else if constexpr (std::is_enum_v<T>) {
+      out = static_cast<T>(read_integer<std::underlying_type_t<T>>());  // MSGPACK_ADD_ENUM's rule
     } else if constexpr (named_fields_struct<T>) {
       out.ferry_fields().read(*this);
+    } else if constexpr (array_fields_struct<T>) {
+      read_fields(out.ferry_array());
     } else {
       out.resize(enter_array());
       for (auto& item : out) read(item);
@@ -125,6 +136,18 @@ class wire_reader {
     const auto* p = data_ + at_;
     at_ += n;
     return p;
+  }
+
+  /// MSGPACK_DEFINE_ARRAY's rule: the fields in order, as many as the array has; entries past
+  /// the last field are passed over.
+  template <class... F>
+  void read_fields(std::tuple<F&...> fields) {
+    const std::size_t n = enter_array();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((I < n ? read(std::get<I>(fields)) : void()), ...);
+    }(std::index_sequence_for<F...>());
+    for (auto i = sizeof...(F); i < n; ++i) skip();
+    leave();
   }
 
   template <class T>

@@ -14,8 +14,25 @@
 #include "runtime/define_map.hpp"
 #include "runtime/message.hpp"
 
+namespace ferry::wire_test {
+enum class shade : std::uint8_t { dark, light, clear };
+}
+MSGPACK_ADD_ENUM(ferry::wire_test::shade);
+
 namespace ferry {
 namespace {
+
+using wire_test::shade;
+
+/// The compact form: an array whose entries are the fields in order.
+struct spot {
+  std::string label;
+  shade tone = shade::dark;
+  std::vector<std::int64_t> dims;
+  std::uint64_t size = 0;
+  friend bool operator==(const spot&, const spot&) = default;
+  FERRY_DEFINE_ARRAY(label, tone, dims, size)
+};
 
 struct leaf {
   std::uint8_t small = 0;
@@ -26,7 +43,7 @@ struct leaf {
   FERRY_DEFINE_MAP(small, signed_value, real, flag, text)
 };
 
-/// Every kind of field: read directly, or (a map, an array-shaped struct) through msgpack-c.
+/// Every kind of field: read directly, or (a map) through msgpack-c.
 struct tree {
   std::uint64_t id = 0;
   std::vector<leaf> leaves;
@@ -35,7 +52,8 @@ struct tree {
   address where;
   float ratio = 0;
   std::vector<std::vector<std::int64_t>> grid;
-  FERRY_DEFINE_MAP(id, leaves, numbers, extra, where, ratio, grid)
+  std::vector<spot> spots;
+  FERRY_DEFINE_MAP(id, leaves, numbers, extra, where, ratio, grid, spots)
 };
 
 std::vector<std::byte> packed(const auto& value) {
@@ -76,7 +94,7 @@ bool same(const leaf& a, const leaf& b) {
 
 bool same(const tree& a, const tree& b) {
   return a.id == b.id && same(a.leaves, b.leaves) && a.numbers == b.numbers && a.extra == b.extra &&
-         a.where == b.where && same(a.ratio, b.ratio) && a.grid == b.grid;
+         a.where == b.where && same(a.ratio, b.ratio) && a.grid == b.grid && a.spots == b.spots;
 }
 
 /// What came of reading `bytes` as a T: the value and whether bytes were left over, or nothing
@@ -132,7 +150,8 @@ tree sample_tree() {
       .extra = {{"k", -5}, {"z", 1 << 20}},
       .where = {.node = 9, .actor = 4},
       .ratio = 0.75f,
-      .grid = {{-1, 1}, {}, {std::numeric_limits<std::int64_t>::min()}}};
+      .grid = {{-1, 1}, {}, {std::numeric_limits<std::int64_t>::min()}},
+      .spots = {{.label = "w", .tone = shade::clear, .dims = {7168, 2048}, .size = 1u << 24}, {}}};
 }
 
 TEST(wire_reader, reads_a_value_as_msgpack_c_converts_it) {
@@ -185,6 +204,27 @@ TEST(wire_reader, converts_scalars_by_msgpack_c_rules) {
   same_as_msgpack_c(double{});
   same_as_msgpack_c(bool{});
   same_as_msgpack_c(std::string{});
+  same_as_msgpack_c(shade{});
+}
+
+/// An array-shaped struct takes as many fields as the array has entries, in order, and passes over
+/// the entries past its last field.
+TEST(wire_reader, reads_short_and_long_arrays_into_a_struct_as_msgpack_c_does) {
+  const std::map<std::string, int> more{{"m", 1}};
+  const std::vector<std::vector<std::byte>> arrays{
+      packed(std::vector<int>{}),
+      packed(std::make_tuple(std::string("only"))),
+      packed(std::make_tuple(std::string("two"), 1)),
+      packed(std::make_tuple(std::string("all"), 2, std::vector<int>{3, 4}, 5)),
+      packed(std::make_tuple(std::string("more"), 0, std::vector<int>{}, 6, more, 7.5)),
+      packed(std::make_tuple(std::string("wrong"), 300)),  // no shade is 300
+      packed(std::make_tuple(std::string("wrong"), std::string("x"))),
+      packed(std::make_tuple(1, 2))};
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    const auto theirs = through_msgpack_c<spot>(arrays[a], roomy);
+    EXPECT_TRUE(through_wire_reader<spot>(arrays[a], roomy) == theirs) << "array " << a;
+    EXPECT_EQ(theirs.value.has_value(), a < 5) << "array " << a;
+  }
 }
 
 /// Seeded damage to a value: each damaged copy is read, or refused, as msgpack-c reads or refuses
