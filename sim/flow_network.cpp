@@ -397,6 +397,9 @@ double flow_network::fair_level(resource_id r, double level) {
     }
   }
   state_[r].fastest = std::max(fastest, level);
+  // None above the level (the bound was stale, half the calls): the level stands, as the passes
+  // below would find.
+  if (fastest <= level * (1 + tie)) return level;
   for (;;) {
     double left = state_[r].capacity, weight = rising;
     for (const auto& s : shares_) {
