@@ -20,16 +20,20 @@ void pack_buffer::grow(std::size_t n) {
 
 pack_buffer& packing_buffer() {
   thread_local pack_buffer buffer;
-  // Kept for the next message, unless a large one (a registration of 100k tensors) grew it.
-  if (buffer.capacity() > (1u << 20)) buffer = pack_buffer();
+  // Kept for the next message. One that a large message (a registration of 100k tensors) grew is
+  // kept while messages that large come, and let go after the first small one.
+  if (buffer.capacity() > (1u << 20) && buffer.bytes().size() < buffer.capacity() / 4) buffer = pack_buffer();
   buffer.clear();
   return buffer;
 }
 
 frame framed(std::span<const std::byte> packed, std::span<const std::byte> more) {
-  frame f(frame_prefix_bytes + packed.size() + more.size());
-  std::memcpy(f.data() + frame_prefix_bytes, packed.data(), packed.size());
-  if (!more.empty()) std::memcpy(f.data() + frame_prefix_bytes + packed.size(), more.data(), more.size());
+  // Appended, not sized first: zeroing the bytes before copying them cost as much as the copy.
+  frame f;
+  f.reserve(frame_prefix_bytes + packed.size() + more.size());
+  f.resize(frame_prefix_bytes);
+  f.insert(f.end(), packed.begin(), packed.end());
+  f.insert(f.end(), more.begin(), more.end());
   finish_prefix(f);
   return f;
 }
