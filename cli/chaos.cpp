@@ -228,7 +228,7 @@ std::optional<int> process_chaos::start() {
 void process_chaos::check_for_crashes() {
   for (auto it = names_.begin(); it != names_.end(); ++it) {
     int raw = 0;
-    if (waitpid(it->first, &raw, WNOHANG) != it->first) continue;  // alive
+    if (reap_child(it->first, raw, WNOHANG) != it->first) continue;  // alive
     if (WIFEXITED(raw) && WEXITSTATUS(raw) == 0) continue;         // left after job_stop
     const auto how = WIFSIGNALED(raw) ? fmt::format("signal {}", WTERMSIG(raw)) : fmt::format("exit {}", WEXITSTATUS(raw));
     if (tally_.crash.empty()) tally_.crash = fmt::format("{} died without being killed ({})", it->second, how);
@@ -283,7 +283,8 @@ void process_chaos::chance(const nlohmann::json& update) {
   // A random moment in the first 30 ms of the update: most land mid-transfer.
   std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 30000)(rng_)));
   kill(it->second.pid, SIGKILL);
-  waitpid(it->second.pid, nullptr, 0);
+  int raw = 0;
+  reap_child(it->second.pid, raw, 0);
   names_.erase(it->second.pid);
   const bool was_leader = std::find(leaders_.begin(), leaders_.end(), victim) != leaders_.end();
   log::info("chaos: killed worker {}.{} (node {}{})", it->second.instance, it->second.rank, victim,

@@ -247,7 +247,7 @@ int run_local(const process_flags& f) {
     }
     log::info("local: started a coordinator and {} nodes", children.size());
     int raw = 0;
-    while (waitpid(coordinator_pid, &raw, WNOHANG) == 0) {
+    while (reap_child(coordinator_pid, raw, WNOHANG) == 0) {
       if (sleep_unless_interrupted(std::chrono::milliseconds(50))) continue;
       // SIGINT or SIGTERM: every process of the job gets it; the nodes leave, the coordinator
       // stops the job; none outlives the grace.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli/interrupt.hpp"
+#include "transport/fabric/fabric_transport.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -81,6 +82,16 @@ std::string wait_for_address(const std::filesystem::path& file, std::chrono::sec
   return address;
 }
 
+pid_t reap_child(pid_t pid, int& status, int options) {
+  siginfo_t ended{};
+  // Looks without reaping: once reaped, the pid may be another process's.
+  if (waitid(P_PID, static_cast<id_t>(pid), &ended, WEXITED | WNOWAIT | (options & WNOHANG)) != 0)
+    return waitpid(pid, &status, options);  // no such child: waitpid's own answer
+  if (ended.si_pid == 0) return 0;          // still running
+  if (ended.si_code == CLD_KILLED || ended.si_code == CLD_DUMPED) remove_shm_regions_of(pid);
+  return waitpid(pid, &status, 0);
+}
+
 std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::milliseconds grace) {
   auto deadline = std::chrono::steady_clock::now() + grace;
   bool passed_on = false;
@@ -89,7 +100,7 @@ std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::millisec
     const pid_t pid = children[i];
     int raw = 0;
     bool exited = pid > 0;
-    while (pid > 0 && waitpid(pid, &raw, WNOHANG) == 0) {
+    while (pid > 0 && reap_child(pid, raw, WNOHANG) == 0) {
       if (interrupt_signal() && !passed_on) {
         // SIGINT or SIGTERM: the children not reaped yet get it too (a node leaves its job, a
         // coordinator stops it), and a short time to act on it.
@@ -101,7 +112,7 @@ std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::millisec
       }
       if (std::chrono::steady_clock::now() > deadline) {
         kill(pid, SIGKILL);
-        waitpid(pid, &raw, 0);
+        reap_child(pid, raw, 0);
         exited = false;
         break;
       }

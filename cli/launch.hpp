@@ -29,6 +29,10 @@ std::filesystem::path make_job_directory(const std::string& purpose);
 /// once SIGINT or SIGTERM arrived.
 std::string wait_for_address(const std::filesystem::path& file, std::chrono::seconds patience);
 
+/// waitpid for a child of this process, which first removes the files of libfabric's shm that a
+/// child killed by SIGKILL left (`remove_shm_regions_of`), while its pid is still its own.
+pid_t reap_child(pid_t pid, int& status, int options);
+
 /// Waits up to `grace` for each child to exit, then SIGKILLs it. True for a child that exited
 /// on its own with status 0. Once SIGINT or SIGTERM arrived (`interrupt_token`), it passes the
 /// signal on to the children still running and waits at most `interrupted_grace` more.

@@ -7,6 +7,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <random>
@@ -1621,6 +1623,21 @@ void fabric_transport::async_write(std::span<const std::byte> local, const regio
     }
   }
   s.poke();
+}
+
+std::size_t remove_shm_regions_of(pid_t pid) {
+  const auto prefix = std::to_string(pid) + ":" + std::to_string(getuid()) + ":";
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& file : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const auto name = file.path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size() ||
+        !std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    removed += std::filesystem::remove(file.path(), ec);
+  }
+  return removed;
 }
 
 }  // namespace ferry

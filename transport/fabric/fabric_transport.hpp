@@ -2,6 +2,8 @@
 /// Transport over libfabric: one RDM endpoint with FI_MSG for control frames and FI_RMA
 /// write-with-data for bulk writes. The same code runs on `tcp;ofi_rxm` and `shm` here and on
 /// verbs / efa / cxi on clusters; no libfabric type appears in this header.
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -89,5 +91,12 @@ class fabric_transport final : public transport,
   explicit fabric_transport(std::shared_ptr<impl> state);
   std::shared_ptr<impl> impl_;  ///< shared so loop handlers can hold it weakly
 };
+
+/// libfabric 1.17's shm provider keeps each endpoint's queues in a 16 MiB file of /dev/shm named
+/// "<pid>:<uid>:<endpoint>", and removes it when the endpoint closes or the process dies of a
+/// signal it can catch. A process SIGKILLed (by a launcher, by the OOM killer) leaves its files
+/// behind for good. Removes those of `pid`, which must be dead: call it before reaping it, while
+/// no other process can hold its pid. Returns how many it removed.
+std::size_t remove_shm_regions_of(pid_t pid);
 
 }  // namespace ferry
