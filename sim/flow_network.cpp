@@ -467,7 +467,7 @@ void flow_network::due_set(std::uint32_t slot, double at) {
     place = static_cast<std::uint32_t>(due_.size());
     due_.emplace_back();
   }
-  due_sift(place, {at, slot, static_cast<std::uint32_t>(flows_[slot].id)});
+  due_sift(place, {at, flows_[slot].id, slot});
 }
 
 void flow_network::due_erase(std::uint32_t slot) {
@@ -484,14 +484,12 @@ void flow_network::due_sift(std::size_t place, due_entry e) {
     due_[to] = moved;
     due_place_[moved.slot] = static_cast<std::uint32_t>(to);
   };
-  while (place > 0 && e < due_[(place - 1) / 4]) {
-    move_to(place, due_[(place - 1) / 4]);
-    place = (place - 1) / 4;
+  while (place > 0 && e < due_[(place - 1) / 2]) {
+    move_to(place, due_[(place - 1) / 2]);
+    place = (place - 1) / 2;
   }
-  for (auto first = 4 * place + 1; first < due_.size(); first = 4 * place + 1) {
-    auto child = first;
-    for (auto c = first + 1; c < std::min(first + 4, due_.size()); ++c)
-      if (due_[c] < due_[child]) child = c;
+  for (auto child = 2 * place + 1; child < due_.size(); child = 2 * place + 1) {
+    if (child + 1 < due_.size() && due_[child + 1] < due_[child]) ++child;
     if (!(due_[child] < e)) break;
     move_to(place, due_[child]);
     place = child;

@@ -142,18 +142,14 @@ class flow_network {
   double fair_level(resource_id r, double level);
   void commit_region(double now);
   /// When a transfer that moves will have moved its last byte (virtual ns); of equals, the one
-  /// that started first comes first. Ids are compared by their low 32 bits as serial numbers:
-  /// transfers in flight together start far fewer than 2^31 apart. Four entries fill a cache line.
+  /// that started first comes first.
   struct due_entry {
     double at;
+    std::uint64_t id;
     std::uint32_t slot;
-    std::uint32_t id;
-    bool operator<(const due_entry& o) const {
-      return at != o.at ? at < o.at : static_cast<std::int32_t>(id - o.id) < 0;
-    }
+    bool operator<(const due_entry& o) const { return at != o.at ? at < o.at : id < o.id; }
   };
-  // `due_`: a 4-ary heap, soonest first (half a binary heap's levels; a sift was 7% of `perf`
-  // samples at 384 GPUs); `due_place_` per flow slot its place there, or `nowhere`.
+  // `due_`: a binary heap, soonest first; `due_place_` per flow slot its place there, or `nowhere`.
   void due_set(std::uint32_t slot, double at);
   void due_erase(std::uint32_t slot);
   void due_sift(std::size_t place, due_entry e);
