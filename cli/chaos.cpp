@@ -229,7 +229,7 @@ void process_chaos::check_for_crashes() {
   for (auto it = names_.begin(); it != names_.end(); ++it) {
     int raw = 0;
     if (reap_child(it->first, raw, WNOHANG) != it->first) continue;  // alive
-    if (WIFEXITED(raw) && WEXITSTATUS(raw) == 0) continue;         // left after job_stop
+    if (WIFEXITED(raw) && WEXITSTATUS(raw) == 0) continue;           // left after job_stop
     const auto how = WIFSIGNALED(raw) ? fmt::format("signal {}", WTERMSIG(raw)) : fmt::format("exit {}", WEXITSTATUS(raw));
     if (tally_.crash.empty()) tally_.crash = fmt::format("{} died without being killed ({})", it->second, how);
   }

@@ -1629,13 +1629,14 @@ std::size_t remove_shm_regions_of(pid_t pid) {
   const auto prefix = std::to_string(pid) + ":" + std::to_string(getuid()) + ":";
   std::size_t removed = 0;
   std::error_code ec;
-  for (const auto& file : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const auto name = file.path().filename().string();
+  for (std::filesystem::directory_iterator it("/dev/shm", ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
     if (!name.starts_with(prefix) || name.size() == prefix.size() ||
         !std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
                      [](char c) { return c >= '0' && c <= '9'; }))
       continue;
-    removed += std::filesystem::remove(file.path(), ec);
+    std::error_code gone;
+    removed += std::filesystem::remove(it->path(), gone);
   }
   return removed;
 }
