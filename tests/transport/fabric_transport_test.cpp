@@ -350,6 +350,29 @@ TEST_P(fabric_pair, write_to_a_deregistered_region_is_refused) {
   EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
 }
 
+/// A worker registers its slots again for each epoch: a write with the old key is refused, one
+/// with the new key lands, and the memory stays a source for writes both ways.
+TEST_P(fabric_pair, memory_registered_again_takes_only_the_new_key) {
+  SKIP_REMOTE_REFUSAL_ON_SHM();
+  std::vector<std::byte> src(64 << 10, std::byte{1}), dst(64 << 10, std::byte{0});
+  auto source = a->register_region(src);
+  ASSERT_TRUE(source);
+  auto old_region = b->register_region(dst);
+  ASSERT_TRUE(old_region);
+  auto new_region = b->register_region(dst);
+  ASSERT_TRUE(new_region);
+  b->deregister_region(old_region->id);
+  EXPECT_EQ(write_and_wait(src, *old_region, 0, 5), remote_refusal(GetParam()));
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
+
+  // The source too: registered again and the old registration dropped, it still sends.
+  auto source_again = a->register_region(src);
+  ASSERT_TRUE(source_again);
+  a->deregister_region(source->id);
+  EXPECT_FALSE(write_and_wait(src, *new_region, 0, 6));
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{1}), static_cast<long>(dst.size()));
+}
+
 TEST_P(fabric_pair, unregistered_source_and_unknown_peer_are_refused) {
   std::vector<std::byte> src(4096, std::byte{1}), dst(4096);
   auto region = b->register_region(dst);
