@@ -202,21 +202,16 @@ void rollout_worker::start_generation(const std::vector<address>& members, std::
       --fibers_;
     });
   }
-  // The old epoch's readers of the staging (apply, upload, relays) finish first, so that no write
-  // of the new epoch lands under them; then the slots take this epoch's writes only, and the
-  // worker says what it holds.
+  // The old epoch's readers of the staging (apply, upload) finish first, so that no write of the
+  // new epoch lands under them; then the worker says what it holds.
   if (in_flight_ > 0) note("new epoch waits for old readers");
   ++fibers_;
   host().loop().spawn([this, g] {
     if (wait_for([&] { return g != gen_ || in_flight_ == 0; }) && g == gen_) {
-      if (auto why = register_slots_for_epoch(); !why.empty()) {
-        fail(why);
-      } else {
-        auto ready = holdings();
-        if (leader_ || plan_->direct) ready.slots = *slots_region_;
-        ready.direct_slot = direct_slot_;
-        send(coordinator_, ready);
-      }
+      auto ready = holdings();
+      if (leader_ || plan_->direct) ready.slots = *slots_region_;
+      ready.direct_slot = direct_slot_;
+      send(coordinator_, ready);
     }
     --fibers_;
   });
@@ -251,7 +246,6 @@ std::string rollout_worker::prepare_staging() {
     auto region = host().transport().register_region(slots_.span());
     if (!region) return "cannot register staging slots: " + region.error().message();
     slots_region_ = *region;
-    slots_epoch_ = epoch();
     if (on_device()) {
       if (auto ec = options_.memory->pin(slots_.span())) return "cannot pin the receive slots: " + ec.message();
     }
@@ -261,17 +255,6 @@ std::string rollout_worker::prepare_staging() {
     if (!slots) return "cannot allocate device broadcast slots: " + slots.error().message();
     device_slots_ = *slots;
   }
-  return {};
-}
-
-std::string rollout_worker::register_slots_for_epoch() {
-  if (!slots_region_ || slots_epoch_ == epoch()) return {};
-  // The new registration first: a provider that picks keys may not hand the old key out again.
-  auto region = host().transport().register_region(slots_.span());
-  if (!region) return "cannot register staging slots: " + region.error().message();
-  host().transport().deregister_region(slots_region_->id);
-  slots_region_ = *region;
-  slots_epoch_ = epoch();
   return {};
 }
 

@@ -152,11 +152,6 @@ class rollout_worker final : public job_member {
   /// Sizes the staging slots for the current plan (kept across epochs while they fit); what
   /// failed, or empty.
   std::string prepare_staging();
-  /// Registers the staging slots again, for this epoch's writes only: an older epoch's write
-  /// still on the wire is then refused where it lands. A cut link's writes can arrive after a
-  /// newer write of the same slot (over fabric a new connection overtakes the old one), and
-  /// their bytes would overwrite it; the notice that follows them is dropped, but too late.
-  std::string register_slots_for_epoch();
   /// A new generation of staging work over `members`' collective: the fibers that serve it.
   void start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe, std::uint32_t stripes);
   void on_slot_landed(write_imm imm);
@@ -249,7 +244,6 @@ class rollout_worker final : public job_member {
   host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots; then direct slots
   std::uint32_t direct_slot_ = 0;  ///< the first direct slot: chunks its instance does not hear whole
   std::optional<region_desc> slots_region_;
-  std::uint32_t slots_epoch_ = 0;  ///< the epoch whose writes `slots_region_` takes
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
   /// Trainers' shared host copies mapped here; dropped when their trainer's process is gone.
   std::map<shared_memory_ref, std::shared_ptr<const mapped_copy>> sources_;

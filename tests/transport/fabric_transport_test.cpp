@@ -350,8 +350,9 @@ TEST_P(fabric_pair, write_to_a_deregistered_region_is_refused) {
   EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), static_cast<long>(dst.size()));
 }
 
-/// A worker registers its slots again for each epoch: a write with the old key is refused, one
-/// with the new key lands, and the memory stays a source for writes both ways.
+/// Memory registered again under a new key and the old registration dropped: a write with the old
+/// key is refused, one with the new key lands, and the memory stays a source for writes. (Before,
+/// dropping the old registration dropped the memory's entry for the new one too.)
 TEST_P(fabric_pair, memory_registered_again_takes_only_the_new_key) {
   SKIP_REMOTE_REFUSAL_ON_SHM();
   std::vector<std::byte> src(64 << 10, std::byte{1}), dst(64 << 10, std::byte{0});

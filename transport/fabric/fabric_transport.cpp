@@ -1576,7 +1576,7 @@ void fabric_transport::deregister_region(std::uint64_t region_id) {
   auto it = s.regions.find(region_id);
   if (it == s.regions.end()) return;
   if (it->second.mr) fi_close(&it->second.mr->fid);
-  // The same memory may be registered again meanwhile (a worker's slots, each epoch): only this
+  // The same memory may have been registered again meanwhile (a new key for it): only this
   // region's entry goes.
   if (auto base = s.by_base.find(it->second.memory.data()); base != s.by_base.end() && base->second == region_id)
     s.by_base.erase(base);
