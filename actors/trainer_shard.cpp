@@ -113,6 +113,20 @@ void trainer_shard::halting() {
   wake_routes();
 }
 
+void trainer_shard::retire_routes() {
+  std::erase_if(retired_routes_, [](const auto& r) { return r->in_flight == 0; });
+  for (auto& r : routes_) {
+    if (r->in_flight > 0) retired_routes_.push_back(std::move(r));
+  }
+  routes_.clear();
+  routes_to_.clear();
+}
+
+bool trainer_shard::older_writes_to(const address& leader) const {
+  return std::any_of(retired_routes_.begin(), retired_routes_.end(),
+                     [&](const auto& r) { return r->leader == leader && r->in_flight > 0; });
+}
+
 void trainer_shard::wake_routes() {
   for (auto& r : routes_) r->woken.notify_all();
 }
@@ -126,8 +140,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   ready_ = false;
   release_credits();
   wake_routes();
-  routes_.clear();
-  routes_to_.clear();
+  retire_routes();
   auto next = std::make_shared<shard_plan>(shard_plan{.job = share_plan(m.plan)});
   set_epoch(next->job->epoch);
   next->placement = std::make_shared<const tensor_placement>(*next->job, tensors_, shard_);
@@ -240,8 +253,7 @@ void trainer_shard::start_sending(const update_go& go) {
   send_.meter().reset();
   release_credits();
   wake_routes();
-  routes_.clear();
-  routes_to_.clear();
+  retire_routes();
   changed();
   for (const auto& rc : go.routes) {
     auto r = std::make_shared<route>(rc.route, plan_->job->depth, static_cast<std::uint32_t>(plan_->job->shards.size()));
@@ -374,6 +386,10 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
       send(r->leader, sent);
       continue;
     }
+    // A write of an older generation to this leader, held up on the wire (a cut link), could land
+    // after this one in the same slot and overwrite it: this one waits until each has ended (the
+    // transport ends them at the latest when it gives the leader up).
+    if (!wait_for([&] { return !current() || !older_writes_to(r->leader); }) || !current()) break;
     ++r->in_flight;
     // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
     send_.write(std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->job->chunk_bytes + part.offset,

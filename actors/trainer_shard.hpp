@@ -137,6 +137,11 @@ class trainer_shard final : public job_member {
   void wake_routes();
   /// Wakes every sender waiting for a credit, so that it sees the shard stopped or moved on.
   void release_credits();
+  /// Drops the routes of a generation that ends, keeping in `retired_routes_` those with writes
+  /// still on the wire.
+  void retire_routes();
+  /// Whether a write of an older generation to `leader` is still on the wire.
+  bool older_writes_to(const address& leader) const;
   /// `m.version` cannot complete: senders of it stop, and the owner hears why.
   void version_failed(const update_failed& m);
   /// `version` was offloaded under a plan whose chunk layout has since changed: it can never be
@@ -162,6 +167,7 @@ class trainer_shard final : public job_member {
   std::uint64_t settled_ = 0;  ///< newest version delivered or failed
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
   std::vector<std::shared_ptr<route>> routes_;
+  std::vector<std::shared_ptr<route>> retired_routes_;  ///< older generations' routes with writes out
   /// The same by leader: a leader's slot_free and slot_grant, one per chunk, find theirs at once,
   /// in one block of memory rather than a tree's scattered nodes.
   boost::container::flat_multimap<address, route*> routes_to_;
