@@ -114,17 +114,20 @@ void trainer_shard::halting() {
 }
 
 void trainer_shard::retire_routes() {
-  std::erase_if(retired_routes_, [](const auto& r) { return r->in_flight == 0; });
   for (auto& r : routes_) {
-    if (r->in_flight > 0) retired_routes_.push_back(std::move(r));
+    r->retired = true;
+    if (r->in_flight > 0) older_writes_[r->leader] += r->in_flight;
   }
   routes_.clear();
   routes_to_.clear();
 }
 
-bool trainer_shard::older_writes_to(const address& leader) const {
-  return std::any_of(retired_routes_.begin(), retired_routes_.end(),
-                     [&](const auto& r) { return r->leader == leader && r->in_flight > 0; });
+void trainer_shard::older_write_ended(const address& leader) {
+  auto it = older_writes_.find(leader);
+  if (it != older_writes_.end() && --it->second == 0) {
+    older_writes_.erase(it);
+    changed();
+  }
 }
 
 void trainer_shard::wake_routes() {
@@ -386,10 +389,9 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
       send(r->leader, sent);
       continue;
     }
-    // A write of an older generation to this leader, held up on the wire (a cut link), could land
-    // after this one in the same slot and overwrite it: this one waits until each has ended (the
-    // transport ends them at the latest when it gives the leader up).
-    if (!wait_for([&] { return !current() || !older_writes_to(r->leader); }) || !current()) break;
+    // After the older generations' writes to this leader (`older_writes_`); the transport ends
+    // them at the latest when it gives the leader up.
+    if (!wait_for([&] { return !current() || !older_writes_.contains(r->leader); }) || !current()) break;
     ++r->in_flight;
     // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
     send_.write(std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->job->chunk_bytes + part.offset,
@@ -397,6 +399,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
                 [this, r, sent, generation](std::error_code ec) {
                   // Only the route's end waits for its writes: wake its fibers for the last one.
                   if (--r->in_flight == 0) changed();
+                  if (r->retired) older_write_ended(r->leader);
                   if (generation != send_generation_) return;
                   if (ec == errc::not_same_host) {
                     // No regroup mends that: the job is set up wrong.

@@ -82,6 +82,7 @@ class trainer_shard final : public job_member {
     std::deque<std::uint32_t> free;
     std::map<std::uint32_t, std::uint32_t> grants;  ///< direct: chunk -> the slot granted for it
     std::size_t in_flight = 0;
+    bool retired = false;  ///< its generation ended: its writes count in `older_writes_`
     /// Its fiber waits here for its next chunk's offload and for its grants, not on every change
     /// of the shard: with selective delivery each chunk and grant woke every route, 20 wakes for
     /// nothing per chunk-stage event at 32 GPUs.
@@ -137,11 +138,10 @@ class trainer_shard final : public job_member {
   void wake_routes();
   /// Wakes every sender waiting for a credit, so that it sees the shard stopped or moved on.
   void release_credits();
-  /// Drops the routes of a generation that ends, keeping in `retired_routes_` those with writes
-  /// still on the wire.
+  /// Drops the routes of a generation that ends; their writes still on the wire count in
+  /// `older_writes_` until they end.
   void retire_routes();
-  /// Whether a write of an older generation to `leader` is still on the wire.
-  bool older_writes_to(const address& leader) const;
+  void older_write_ended(const address& leader);
   /// `m.version` cannot complete: senders of it stop, and the owner hears why.
   void version_failed(const update_failed& m);
   /// `version` was offloaded under a plan whose chunk layout has since changed: it can never be
@@ -167,7 +167,10 @@ class trainer_shard final : public job_member {
   std::uint64_t settled_ = 0;  ///< newest version delivered or failed
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
   std::vector<std::shared_ptr<route>> routes_;
-  std::vector<std::shared_ptr<route>> retired_routes_;  ///< older generations' routes with writes out
+  /// Per leader, the writes of ended generations still on the wire: one could land after a newer
+  /// write of the same slot (a cut link's, overtaken by a new connection) and overwrite it, so
+  /// nothing more is written to that leader until they end.
+  std::map<address, std::size_t> older_writes_;
   /// The same by leader: a leader's slot_free and slot_grant, one per chunk, find theirs at once,
   /// in one block of memory rather than a tree's scattered nodes.
   boost::container::flat_multimap<address, route*> routes_to_;
