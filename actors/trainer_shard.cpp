@@ -391,6 +391,7 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
     }
     // After the older generations' writes to this leader (`older_writes_`); the transport ends
     // them at the latest when it gives the leader up.
+    if (older_writes_.contains(r->leader)) note("send waits for an older generation's writes");
     if (!wait_for([&] { return !current() || !older_writes_.contains(r->leader); }) || !current()) break;
     ++r->in_flight;
     // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
