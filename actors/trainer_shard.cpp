@@ -37,7 +37,7 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
       if (auto* r = at->second; !r->direct && m.slot - r->first_slot < r->slot_count) {
         r->free.push_back(m.slot);
-        r->credits.release();
+        advance(*r);
       }
     }
   });
@@ -48,7 +48,7 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
       if (auto* r = at->second; r->direct && r->version == m.version) {
         r->grants[m.chunk] = m.slot;
-        r->woken.notify_all();
+        advance(*r);
       }
     }
   });
@@ -71,14 +71,15 @@ void trainer_shard::version_failed(const update_failed& m) {
   settled_ = std::max(settled_, m.version);
   if (m.relaid) ready_ = false;  // the next version waits for the new layout's plan
   ++send_generation_;
-  wake_routes();
   changed();
   if (on_update_failed) on_update_failed(m.version, m.reason);
 }
 
 trainer_shard::~trainer_shard() {
   stop_member();
-  if (fibers_ > 0) host().loop().run_until([this] { return fibers_ == 0; });
+  // Writes and hashes in flight capture the shard.
+  auto idle = [this] { return fibers_ == 0 && works_in_flight_ == 0; };
+  if (!idle()) host().loop().run_until(idle);
   release_host_copies();
 }
 
@@ -101,17 +102,7 @@ void trainer_shard::join() {
   });
 }
 
-void trainer_shard::release_credits() {
-  for (auto& r : routes_) {
-    for (std::uint32_t i = 0; plan_ && i < plan_->job->depth; ++i) r->credits.release();
-  }
-}
-
-void trainer_shard::halting() {
-  ++send_generation_;
-  release_credits();
-  wake_routes();
-}
+void trainer_shard::halting() { ++send_generation_; }
 
 void trainer_shard::retire_routes() {
   for (auto& r : routes_) {
@@ -120,18 +111,19 @@ void trainer_shard::retire_routes() {
   }
   routes_.clear();
   routes_to_.clear();
+  routes_left_ = 0;
 }
 
 void trainer_shard::older_write_ended(const address& leader) {
   auto it = older_writes_.find(leader);
   if (it != older_writes_.end() && --it->second == 0) {
     older_writes_.erase(it);
-    changed();
+    for (auto [at, end] = routes_to_.equal_range(leader); at != end; ++at) advance(*at->second);
   }
 }
 
-void trainer_shard::wake_routes() {
-  for (auto& r : routes_) r->woken.notify_all();
+void trainer_shard::advance_routes() {
+  for (auto& r : routes_) advance(*r);
 }
 
 void trainer_shard::adopt_plan(const plan_ready& m) {
@@ -141,8 +133,6 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   // A new epoch: senders of the old one stop; the coordinator says what to send next.
   ++send_generation_;
   ready_ = false;
-  release_credits();
-  wake_routes();
   retire_routes();
   auto next = std::make_shared<shard_plan>(shard_plan{.job = share_plan(m.plan)});
   set_epoch(next->job->epoch);
@@ -215,7 +205,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   copy.version = version;
   copy.layout = plan->job->layout;
   copy.offloaded.assign(plan->job->chunks.size(), false);
-  wake_routes();  // a route of an older layout's copy stops
+  advance_routes();  // the copy they wait for, or one of a changed layout, which voids it
   offload_.meter().reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
@@ -230,7 +220,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
     copy.checksums[id] = done.checksum;
     copy.offloaded[id] = true;
     for (auto& r : routes_)
-      if (!r->chunks.empty() && r->chunks.front() == id) r->woken.notify_all();
+      if (r->next < r->chunks.size() && r->chunks[r->next] == id) advance(*r);
     if (stopped_ || failed_) return;
   }
   const double stall = std::chrono::duration<double>(host().clock().now() - started).count();
@@ -254,13 +244,13 @@ void trainer_shard::run_publish(std::uint64_t version) {
 void trainer_shard::start_sending(const update_go& go) {
   const auto generation = ++send_generation_;
   send_.meter().reset();
-  release_credits();
-  wake_routes();
   retire_routes();
   changed();
   for (const auto& rc : go.routes) {
     auto r = std::make_shared<route>(rc.route, plan_->job->depth, static_cast<std::uint32_t>(plan_->job->shards.size()));
     r->version = go.version;
+    r->generation = generation;
+    r->plan = plan_;
     for (auto id : rc.chunks) {
       if (plan_->job->chunks.at(id).shard == shard_) r->chunks.push_back(id);
     }
@@ -274,36 +264,9 @@ void trainer_shard::start_sending(const update_go& go) {
     routes_.push_back(r);
     routes_to_.emplace(r->leader, r.get());
   }
+  routes_left_ = routes_.size();
   link_chains(go);
-  for (const auto& r : routes_) {
-    ++fibers_;
-    host().loop().spawn([this, r, version = go.version, generation] {
-      send_route(r, version, generation);
-      --fibers_;
-      changed();
-    });
-  }
-}
-
-std::optional<std::uint32_t> trainer_shard::ask_slot(route& r, std::uint32_t chunk, std::uint64_t version,
-                                                     const std::function<bool()>& current) {
-  chain* along = nullptr;
-  std::size_t place = 0;
-  if (const auto link = r.chained.find(chunk); link != r.chained.end()) {
-    along = link->second.first.get();
-    place = link->second.second;
-    if (!wait_for([&] { return !current() || along->granted == place; }) || !current()) return std::nullopt;
-  }
-  send(r.leader, slot_request{.version = version, .chunk = chunk});
-  if (!wait_for(r.woken, [&] { return !current() || r.grants.contains(chunk); }) || !current()) return std::nullopt;
-  const auto slot = r.grants[chunk];
-  r.grants.erase(chunk);
-  if (along) {
-    if (place > 0) along->hops[place - 1].slot = slot;
-    ++along->granted;
-    changed();
-  }
-  return slot;
+  advance_routes();
 }
 
 void trainer_shard::link_chains(const update_go& go) {
@@ -328,80 +291,141 @@ void trainer_shard::link_chains(const update_go& go) {
     for (std::size_t n = 0; n < heard_by.size(); ++n) {
       auto* r = heard_by[n].second;
       if (n > 0) link->hops.push_back({.worker = r->leader, .slots = r->slots});
+      link->routes.push_back(r);
       r->chained.emplace(key.second, std::pair{link, n});
     }
   }
 }
 
-void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, std::uint64_t generation) {
-  const auto plan = plan_;
-  auto current = [&] { return generation == send_generation_ && !stopped_ && !failed_; };
+void trainer_shard::advance(route& r) {
+  if (r.advancing) {
+    r.advance_again = true;
+    return;
+  }
+  r.advancing = true;
+  do {
+    r.advance_again = false;
+    advance_chunks(r);
+  } while (r.advance_again);
+  r.advancing = false;
+}
+
+bool trainer_shard::take_slot(route& r, std::uint32_t chunk) {
+  if (!r.direct) {
+    if (r.free.empty()) return false;
+    r.slot = r.free.front();
+    r.free.pop_front();
+    return true;
+  }
+  chain* along = nullptr;
+  std::size_t place = 0;
+  if (const auto link = r.chained.find(chunk); link != r.chained.end()) {
+    along = link->second.first.get();
+    place = link->second.second;
+    if (along->granted != place) return false;  // the members before it ask first
+  }
+  if (!r.asked) {
+    send(r.leader, slot_request{.version = r.version, .chunk = chunk});
+    r.asked = true;
+  }
+  const auto grant = r.grants.find(chunk);
+  if (grant == r.grants.end()) return false;
+  r.slot = grant->second;
+  r.grants.erase(grant);
+  if (along) {
+    if (place > 0) along->hops[place - 1].slot = *r.slot;
+    // The next member's turn; once every member has its slot, the first one's to write.
+    ++along->granted;
+    advance(*along->routes[along->granted < along->routes.size() ? along->granted : 0]);
+  }
+  return true;
+}
+
+void trainer_shard::next_chunk(route& r) {
+  ++r.next;
+  r.slot.reset();
+  r.asked = false;
+  r.checksum.reset();
+  r.told_older_writes = false;
+}
+
+void trainer_shard::hash_stripe(route& r, std::span<const std::byte> stripe) {
+  r.hashing = true;
+  ++works_in_flight_;
+  auto sum = std::make_shared<std::uint64_t>();
+  host().env().cpu().async_run(
+      stripe.size(), [stripe, sum] { *sum = XXH3_64bits(stripe.data(), stripe.size()); },
+      [this, r = r.shared_from_this(), sum] {
+        --works_in_flight_;
+        r->hashing = false;
+        r->checksum = *sum;
+        advance(*r);
+      });
+}
+
+void trainer_shard::advance_chunks(route& r) {
+  const auto& job = *r.plan->job;
   // SEND: each chunk as soon as it is offloaded (or at once, from the host copy of an older version).
-  while (!r->chunks.empty() && current()) {
-    const auto id = r->chunks.front();
+  while (r.next < r.chunks.size() && current(r) && !r.hashing) {
+    const auto id = r.chunks[r.next];
     // By chunk, not by place in the order: a plan of the same layout may order the chunks
     // otherwise (audiences change with membership) than the one the copy was offloaded under.
-    if (!wait_for(r->woken, [&] {
-          const auto* c = copy_of(version);
-          return !current() || (c && (c->layout != plan->job->layout || c->offloaded.at(id)));
-        }) ||
-        !current()) {
-      break;
-    }
-    if (copy_of(version)->layout != plan->job->layout) {
+    const auto* copy = copy_of(r.version);
+    if (!copy) return;
+    if (copy->layout != job.layout) {
       // Offloaded under an older plan whose chunk ids meant other bytes: never send them as these.
-      return void_version(version);
+      r.voided = true;
+      return void_version(r.version);
     }
-    std::uint32_t slot = 0;
-    if (r->direct) {
-      const auto granted = ask_slot(*r, id, version, current);
-      if (!granted) break;
-      slot = *granted;
-    } else {
-      r->credits.acquire();
-      if (!current() || r->free.empty()) break;
-      slot = r->free.front();
-      r->free.pop_front();
-    }
-    auto* copy = copy_of(version);
-    r->chunks.erase(r->chunks.begin());
+    if (!copy->offloaded.at(id)) return;
+    if (!r.slot && !take_slot(r, id)) return;
     std::vector<relay_hop> relay;
-    if (const auto link = r->chained.find(id); link != r->chained.end()) {
+    if (const auto link = r.chained.find(id); link != r.chained.end()) {
       const auto& [along, place] = link->second;
-      if (place > 0) continue;  // the worker before this one in the chain writes it here
-      if (!wait_for([&] { return !current() || along->granted == along->hops.size() + 1; }) || !current()) break;
+      if (place > 0) {  // the worker before this one in the chain writes it here
+        next_chunk(r);
+        continue;
+      }
+      if (along->granted < along->hops.size() + 1) return;
       relay = along->hops;
     }
-    const auto& c = plan->job->chunks[id];
-    const auto part = stripe_of(c.bytes, r->stripes, r->stripe);
+    const auto& c = job.chunks[id];
+    const auto part = stripe_of(c.bytes, r.stripes, r.stripe);
     const std::byte* bytes = copy->bytes.data() + c.shard_offset + part.offset;
-    chunk_sent sent{.version = version, .chunk = id, .slot = slot, .checksum = copy->checksums[id],
+    chunk_sent sent{.version = r.version, .chunk = id, .slot = *r.slot, .checksum = copy->checksums[id],
                     .chunk_checksum = copy->checksums[id], .relay = std::move(relay)};
-    if (r->stripes > 1 && options_.checksums) {
-      sent.checksum = chunk_checksum(host().env(), {bytes, part.bytes});
-      if (!current()) break;
+    if (r.stripes > 1 && options_.checksums) {
+      if (!r.checksum) return hash_stripe(r, {bytes, part.bytes});
+      sent.checksum = *r.checksum;
     }
-    if (plan->job->shared_host_copies) {  // the leader reads the stripe in place
+    if (job.shared_host_copies) {  // the leader reads the stripe in place
       sent.source = host_copies_.shared_ref();
       sent.source_offset = copy->offset + c.shard_offset;
     }
-    if (part.bytes == 0 || plan->job->shared_host_copies) {  // nothing to write (an empty stripe, or read in place)
-      send(r->leader, sent);
+    if (part.bytes == 0 || job.shared_host_copies) {  // nothing to write (an empty stripe, or read in place)
+      send(r.leader, sent);
+      next_chunk(r);
       continue;
     }
     // After the older generations' writes to this leader (`older_writes_`); the transport ends
     // them at the latest when it gives the leader up.
-    if (older_writes_.contains(r->leader)) note("send waits for an older generation's writes");
-    if (!wait_for([&] { return !current() || !older_writes_.contains(r->leader); }) || !current()) break;
-    ++r->in_flight;
+    if (older_writes_.contains(r.leader)) {
+      if (!r.told_older_writes) note("send waits for an older generation's writes");
+      r.told_older_writes = true;
+      return;
+    }
+    const auto slot = *r.slot;
+    next_chunk(r);
+    ++r.in_flight;
+    ++works_in_flight_;
     // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
-    send_.write(std::span<const std::byte>(bytes, part.bytes), r->slots, std::uint64_t{slot} * plan->job->chunk_bytes + part.offset,
-                make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)), version, id,
-                [this, r, sent, generation](std::error_code ec) {
-                  // Only the route's end waits for its writes: wake its fibers for the last one.
-                  if (--r->in_flight == 0) changed();
+    send_.write(std::span<const std::byte>(bytes, part.bytes), r.slots, std::uint64_t{slot} * job.chunk_bytes + part.offset,
+                make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)), r.version, id,
+                [this, r = r.shared_from_this(), sent](std::error_code ec) {
+                  --works_in_flight_;
+                  --r->in_flight;
                   if (r->retired) older_write_ended(r->leader);
-                  if (generation != send_generation_) return;
+                  if (!current(*r)) return;
                   if (ec == errc::not_same_host) {
                     // No regroup mends that: the job is set up wrong.
                     const auto why = fmt::format("cannot write to node {} with same-host copies: {}; use tcp or fabric",
@@ -416,14 +440,17 @@ void trainer_shard::send_route(std::shared_ptr<route> r, std::uint64_t version, 
                     return;
                   }
                   send(r->leader, sent);
+                  finish_if_done(*r);
                 });
   }
-  wait_even_if_stopped([&] { return r->in_flight == 0; });
-  // The last route of this update to finish reports the send stage's busy time.
-  const bool all_sent = std::all_of(routes_.begin(), routes_.end(),
-                                    [](const auto& x) { return x->chunks.empty() && x->in_flight == 0; });
-  if (current() && all_sent && r->chunks.empty()) {
-    send(coordinator_, shard_sent{.shard = shard_, .version = version, .send_seconds = send_.meter().seconds()});
+  finish_if_done(r);
+}
+
+void trainer_shard::finish_if_done(route& r) {
+  if (r.finished || !current(r) || r.next < r.chunks.size() || r.in_flight > 0) return;
+  r.finished = true;
+  if (--routes_left_ == 0) {
+    send(coordinator_, shard_sent{.shard = shard_, .version = r.version, .send_seconds = send_.meter().seconds()});
   }
 }
 
