@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <condition_variable>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -15,6 +16,7 @@
 #include "collectives/host/chain_broadcast.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/log.hpp"
+#include "transport/fabric/fabric_transport.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 namespace ferry {
@@ -226,6 +228,24 @@ struct member_table {
 
 const char* version_string() noexcept {
   return "0.2.0";
+}
+
+status clean_up_killed_process(std::int32_t pid, std::size_t* removed) {
+  if (removed) *removed = 0;
+  if (pid <= 0) return failed(api_errc::invalid_argument, fmt::format("clean_up_killed_process: pid {}", pid));
+  // Dead and not reaped is a zombie; reaped, it has no /proc entry. Anything else still runs.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (std::getline(stat, line)) {
+    const auto name_end = line.rfind(')');
+    const char state = name_end != std::string::npos && name_end + 2 < line.size() ? line[name_end + 2] : '?';
+    if (state != 'Z' && state != 'X')
+      return failed(api_errc::invalid_argument,
+                    fmt::format("clean_up_killed_process: process {} still runs; its files are in use", pid));
+  }
+  const auto count = remove_shm_regions_of(pid);
+  if (removed) *removed = count;
+  return {};
 }
 
 status set_log_level(const std::string& level) {

@@ -175,6 +175,10 @@ ferry_status ferry_set_log_level(const char* level) {
   return guarded([&] { return to_status(ferry::set_log_level(level)); });
 }
 
+ferry_status ferry_clean_up_killed_process(int32_t pid, size_t* removed) {
+  return guarded([&] { return to_status(ferry::clean_up_killed_process(pid, removed)); });
+}
+
 ferry_status ferry_coordinator_open(const ferry_coordinator_options* o, ferry_coordinator** out) {
   return guarded([&] {
     if (!out) return refuse("ferry_coordinator_open: out is NULL");

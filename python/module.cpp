@@ -432,6 +432,17 @@ PYBIND11_MODULE(_ferry, m) {
       py::arg("level"),
       "How much ferry writes to stderr, process-wide: debug, info (default), warn, error or off.");
 
+  m.def(
+      "clean_up_killed_process",
+      [](std::int32_t pid) {
+        std::size_t removed = 0;
+        check(ferry::clean_up_killed_process(pid, &removed));
+        return removed;
+      },
+      py::arg("pid"),
+      "Removes the /dev/shm files (libfabric shm's queues) that member process `pid`, killed by SIGKILL,\n"
+      "left; call it once the process died and before reaping it. Returns how many went.");
+
   error_base = py::reinterpret_steal<py::object>(
       PyErr_NewException("ferry.Error", PyExc_RuntimeError, nullptr));
   m.attr("Error") = error_base;

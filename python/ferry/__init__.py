@@ -40,6 +40,7 @@ from ._ferry import (  # noqa: F401  (re-exported)
     Unreachable,
     UpdateFailed,
     __version__,
+    clean_up_killed_process,
     set_log_level,
 )
 from . import _ferry
@@ -50,7 +51,7 @@ except ImportError:  # numpy and raw pointers still work
     torch = None
 import numpy
 
-__all__ = ["Coordinator", "Trainer", "Rollout", "Update", "set_log_level", "Error", "InvalidArgument", "Closed", "NotJoined",
+__all__ = ["Coordinator", "Trainer", "Rollout", "Update", "set_log_level", "clean_up_killed_process", "Error", "InvalidArgument", "Closed", "NotJoined",
            "AlreadyJoined", "Busy", "TimedOut", "Unreachable", "JobFailed", "UpdateFailed", "torch_dtype"]
 
 _TORCH_DTYPES = {

@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -7,6 +10,7 @@
 #include <map>
 #include <mutex>
 
+#include "ferry/ferry.h"
 #include "ferry/ferry.hpp"
 
 namespace ferry {
@@ -38,6 +42,30 @@ coordinator::options job(std::vector<std::uint32_t> instances) {
           .trainers = 1,
           .instance_sizes = std::move(instances),
           .chunk_bytes = 64 * 1024};
+}
+
+// The files themselves: tests/python (a rollout on shm, SIGKILLed) and the fabric transport's tests.
+TEST(api, clean_up_after_a_killed_process_refuses_one_that_runs) {
+  std::size_t removed = 7;
+  const auto running = clean_up_killed_process(getpid(), &removed);
+  EXPECT_EQ(running.code, make_error_code(api_errc::invalid_argument));
+  EXPECT_NE(running.message.find("still runs"), std::string::npos) << running.message;
+  EXPECT_EQ(removed, 0u);
+  EXPECT_EQ(ferry_clean_up_killed_process(0, nullptr), FERRY_INVALID_ARGUMENT);
+
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(ferry_clean_up_killed_process(child, &removed), FERRY_INVALID_ARGUMENT) << ferry_last_error();
+  kill(child, SIGKILL);
+  siginfo_t ended{};
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &ended, WEXITED | WNOWAIT), 0);  // dead, not reaped
+  EXPECT_EQ(ferry_clean_up_killed_process(child, &removed), FERRY_OK) << ferry_last_error();
+  EXPECT_EQ(removed, 0u);  // it opened no shm endpoint
+  waitpid(child, nullptr, 0);
 }
 
 TEST(api, a_trainer_and_two_rollouts_receive_every_version_byte_for_byte) {

@@ -1,8 +1,11 @@
 """The `ferry` Python module in one process: a coordinator, a trainer and rollouts on tcp, torch and
 numpy tensors, the streaming receive, asyncio, and the errors a user meets."""
 import asyncio
+import glob
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -240,3 +243,33 @@ def test_cuda_tensors_travel_through_pinned_host_copies(coordinator):
             assert torch.equal(received[name], t), (version, name)
     for m in (trainer, *rollouts):
         m.close()
+
+
+def test_a_killed_member_s_shm_files_are_cleaned_up_before_it_is_reaped():
+    """A rollout process on libfabric shm, SIGKILLed: its /dev/shm queue stays until the launcher
+    cleans up after it, which a running process refuses."""
+    coordinator = ferry.Coordinator(listen="fabric://shm", trainers=1, instance_sizes=[1], secret=SECRET)
+    joins = (f"import time, ferry\n"
+             f"r = ferry.Rollout(coordinator={coordinator.address!r}, secret={SECRET!r})\n"
+             "r.join()\nprint('joined', flush=True)\ntime.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", joins], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+
+    def files():
+        return glob.glob(f"/dev/shm/{child.pid}:{os.getuid()}:*")
+
+    try:
+        assert child.stdout.readline().strip() == "joined"
+        assert files(), "the rollout's shm endpoint made no file"
+        with pytest.raises(ferry.InvalidArgument, match="still runs"):
+            ferry.clean_up_killed_process(child.pid)
+        child.send_signal(signal.SIGKILL)
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        assert files(), "SIGKILL left no file: nothing to clean up"
+        count = len(files())
+        assert ferry.clean_up_killed_process(child.pid) == count
+        assert files() == []
+    finally:
+        child.kill()
+        child.wait()
+        coordinator.close()

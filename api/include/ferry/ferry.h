@@ -44,6 +44,10 @@ FERRY_C_API const char* ferry_last_error(void);
 FERRY_C_API const char* ferry_version(void);
 /* How much ferry writes to stderr, process-wide: "debug", "info" (default), "warn", "error", "off". */
 FERRY_C_API ferry_status ferry_set_log_level(const char* level);
+/* Removes the /dev/shm files (libfabric shm's queues) of member process `pid`, killed by SIGKILL:
+ * call it once the process died and before reaping it. `removed` (may be NULL): how many went.
+ * Refuses a process that still runs. */
+FERRY_C_API ferry_status ferry_clean_up_killed_process(int32_t pid, size_t* removed);
 
 typedef struct ferry_coordinator ferry_coordinator;
 typedef struct ferry_trainer ferry_trainer;

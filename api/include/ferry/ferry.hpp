@@ -11,6 +11,7 @@
 /// process, no secret needed). The job secret comes from `options::secret`, else from
 /// FERRY_SECRET_FILE or FERRY_SECRET.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,6 +39,13 @@ struct status;
 /// How much ferry writes to stderr, for the whole process: "debug", "info" (the default),
 /// "warn", "error" or "off". FERRY_LOG sets it at start.
 FERRY_API status set_log_level(const std::string& level);
+
+/// Removes what a member process killed by SIGKILL (by a launcher, by the OOM killer) left on this
+/// host for good: libfabric shm's queues, a 16 MiB file of /dev/shm per endpoint, which the
+/// provider removes only on a close or a signal it can catch. A launcher other than `ferry local`
+/// calls it once such a process has died and before reaping it (waitpid), while its pid cannot
+/// name another process. `removed`, if given: how many files went. Refuses a process that runs.
+FERRY_API status clean_up_killed_process(std::int32_t pid, std::size_t* removed = nullptr);
 
 /// Errors of the API; `std::error_code`s of `api_category()`, each returned with a message.
 enum class api_errc : int {
