@@ -12,8 +12,11 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
                                                         that both see the same VM, the first one
                                                         swapped every round: per round with its
                                                         ratio, then the medians
+  ... --against OLD --cpu                               the same in CPU time (user and system) of
+                                                        the runs, which the VM's host moves less
 """
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,25 +33,29 @@ def flag(name, default):
 
 
 def run(scenario, trainers, instances, versions=1, binary=None):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([binary or ferry, "sim", f"examples/sim/{scenario}.toml", "--json", "--set", f"versions={versions}",
                           "--set", f"placement.trainers={trainers}", "--set", f"placement.instances={instances}"],
                          capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     r = json.loads(out)
     assert r["delivered"], r["error"]
+    r["cpu_seconds"] = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return r
 
 
-def steady_state(scenario, trainers, instances, versions, binary=None):
+def steady_state(scenario, trainers, instances, versions, binary=None, timed_by="wall_seconds"):
     """Seconds per version and events per version beyond the first (the set-up is in both runs),
     and the one-version run."""
     one, many = run(scenario, trainers, instances, 1, binary), run(scenario, trainers, instances, versions, binary)
-    per_version = (many["wall_seconds"] - one["wall_seconds"]) / (versions - 1)
+    per_version = (many[timed_by] - one[timed_by]) / (versions - 1)
     events = (many["chunk_stage_events"] - one["chunk_stage_events"]) / (versions - 1)
     return per_version, events, one
 
 
 if "--against" in sys.argv:
     old, rounds, gpus = flag("--against", None), int(flag("--rounds", "3")), flag("--gpus", "64")
+    timed_by = "cpu_seconds" if "--cpu" in sys.argv else "wall_seconds"
     scenario = flag("--scenario", "kimi-k2")
     if gpus not in ("64", "384"):
         sys.exit("--gpus: 64 or 384")
@@ -56,8 +63,9 @@ if "--against" in sys.argv:
         sys.exit("--scenario: kimi-k2 or kimi-k2-ep16")
     trainers, instances = SIZES[0] if gpus == "64" else SIZES[-1]
     versions = 9 if gpus == "64" else 3  # a version at 384 GPUs takes 16 s
+    clock = "CPU s" if timed_by == "cpu_seconds" else "s"
     print(f"{scenario}, {trainers + 16 * instances} GPUs, versions 1 and {versions}\n")
-    print(f"| round | s per version, {old} | s per version, {ferry} | events/s, old | events/s, new | new / old |")
+    print(f"| round | {clock} per version, {old} | {clock} per version, {ferry} | events/s, old | events/s, new | new / old |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     results = []  # per round: (old, new), each (s per version, events/s)
     for r in range(1, rounds + 1):
@@ -65,7 +73,7 @@ if "--against" in sys.argv:
         order = (old, ferry) if r % 2 else (ferry, old)
         measured = {}
         for binary in order:
-            per_version, events, _ = steady_state(scenario, trainers, instances, versions, binary)
+            per_version, events, _ = steady_state(scenario, trainers, instances, versions, binary, timed_by)
             measured[binary] = (per_version, events / per_version)
         pair = [measured[old], measured[ferry]]
         results.append(pair)
