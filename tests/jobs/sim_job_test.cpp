@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <random>
+#include <regex>
 
 #include "actors/synthetic_model.hpp"
 
@@ -36,6 +41,58 @@ TEST(sim_job, a_small_job_delivers_and_never_beats_its_bound) {
       "predicted %.4f s bound %.4f s (%s) stall %.4f s actors %u wall %.2f s transfers %lu\n",
       r.predicted_seconds, r.bound_seconds, r.bottleneck.c_str(), r.stall, r.actors, r.wall_seconds,
       (unsigned long)r.transfers);
+}
+
+/// Per node of a Chrome trace, the most of its send stages that overlap: with one leader per
+/// instance, a trainer shard's writes in flight to it.
+std::map<int, int> sends_at_once(const std::string& trace_path) {
+  std::map<int, std::vector<std::pair<double, int>>> edges;  // node -> (time, +1 start / -1 end)
+  const std::regex send(R"re("ph":"X","name":"send v[0-9]+ c[0-9]+".*"pid":([0-9]+).*"ts":([0-9.]+),"dur":([0-9.]+))re");
+  std::ifstream in(trace_path);
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (!std::regex_search(line, m, send)) continue;
+    const double ts = std::stod(m[2]), dur = std::stod(m[3]);
+    edges[std::stoi(m[1])].push_back({ts, +1});
+    edges[std::stoi(m[1])].push_back({ts + dur, -1});
+  }
+  std::map<int, int> most;
+  for (auto& [node, e] : edges) {
+    std::ranges::sort(e);  // an end before a start at the same moment: a slot handed on
+    int open = 0;
+    for (const auto& [at, step] : e) most[node] = std::max(most[node], open += step);
+  }
+  return most;
+}
+
+/// A trainer writes to a leader only into a slot the leader freed: `depth` writes at most. Fewer
+/// may be on the wire, as a slot stays taken until the leader has passed its chunk on.
+TEST(sim_job, a_trainer_never_has_more_than_depth_writes_in_flight_to_a_leader) {
+  const auto trace = std::filesystem::path(::testing::TempDir()) / "sim_depth_trace.json";
+  for (const std::uint32_t depth : {1u, 3u}) {
+    sim_config c;
+    c.hardware = {.nodes = 2, .gpus_per_node = 4, .sockets_per_node = 1, .nics_per_node = 4, .nic_rate = 50e9};
+    c.trainers = 2;
+    c.instances = 1;
+    c.instance_size = 4;
+    c.stripes = 1;
+    c.depth = depth;
+    c.model = synthetic_transformer(2ull << 30);
+    c.chunk_bytes = 64ull << 20;
+    c.trace_path = trace.string();
+    const auto r = run_sim(c);
+    ASSERT_TRUE(r.delivered) << r.error;
+    const auto most = sends_at_once(c.trace_path);
+    ASSERT_EQ(most.size(), c.trainers) << "sends on other nodes than the trainers'";
+    int deepest = 0;
+    for (const auto& [node, n] : most) {
+      EXPECT_LE(n, static_cast<int>(depth)) << "node " << node << ", depth " << depth;
+      deepest = std::max(deepest, n);
+    }
+    // The writes do overlap where the depth lets them: the sweep sees them.
+    EXPECT_EQ(deepest > 1, depth > 1) << "depth " << depth << ": at most " << deepest << " writes at once";
+  }
+  std::filesystem::remove(trace);
 }
 
 /// Every rate of the cluster and every modelled CPU rate, times `k`.
