@@ -184,11 +184,14 @@ struct chunk_sent {
   FERRY_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset, relay)
 };
 
-/// Leader -> trainer: receive slot `slot` is free again (the send stage's credit).
+/// Leader -> trainer: receive slot `slot`, which held a chunk of `version`, is free again (the
+/// send stage's credit). The next update of the epoch may start before it arrives (its order
+/// comes through the coordinator): the version keeps it from adding a slot the new one has.
 struct slot_free {
   static constexpr msg_kind kind{26};
+  std::uint64_t version = 0;
   std::uint32_t slot = 0;
-  FERRY_DEFINE_MAP(slot)
+  FERRY_DEFINE_MAP(version, slot)
 };
 
 /// Trainer -> worker, for a chunk its instance does not hear whole: chunk `chunk` of `version` is

@@ -619,7 +619,7 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
 }
 
 void rollout_worker::free_receive_slot(const delivery& d) {
-  if (current(d.g)) send(d.shard, slot_free{.slot = d.w.mine->slot});
+  if (current(d.g)) send(d.shard, slot_free{.version = d.w.version, .slot = d.w.mine->slot});
 }
 
 void rollout_worker::end_delivery(delivery& d, bool applied) {

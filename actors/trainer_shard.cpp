@@ -35,10 +35,15 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
   on<slot_free>([this](const envelope_header& h, const slot_free& m) {
     if (h.epoch != epoch()) return;
     for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
-      if (auto* r = at->second; !r->direct && m.slot - r->first_slot < r->slot_count) {
-        r->free.push_back(m.slot);
-        advance(*r);
+      auto* r = at->second;
+      if (r->direct || m.slot - r->first_slot >= r->slot_count) continue;
+      // A slot of the update before, freed after this one began with every slot its own.
+      if (m.version != r->version) {
+        note("slot_free of an earlier update dropped");
+        continue;
       }
+      r->free.push_back(m.slot);
+      advance(*r);
     }
   });
   on<slot_grant>([this](const envelope_header& h, const slot_grant& m) {

@@ -69,7 +69,7 @@ void for_each_message(F&& f) {
                .source = {.pid = 4242, .fd = 7, .inode = 99, .host = 1, .bytes = 1 << 20},
                .source_offset = 4096,
                .relay = {{.worker = {4, 2}, .slots = sample_region(), .slot = 3}}});
-  f(slot_free{.slot = 1});
+  f(slot_free{.version = 2, .slot = 1});
   f(slot_request{.version = 9, .chunk = 4});
   f(slot_grant{.version = 9, .chunk = 4, .slot = 2});
   f(chunk_announce{.version = 9, .chunk = 4, .checksum = 0xfeedull});
