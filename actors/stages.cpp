@@ -36,9 +36,16 @@ std::shared_ptr<const tensor_placement> tensor_placement::shared(
   return placement;
 }
 
+void async_chunk_checksum(environment& env, std::span<const std::byte> bytes,
+                          std::function<void(std::uint64_t)> done) {
+  auto sum = std::make_shared<std::uint64_t>();
+  env.cpu().async_run(
+      bytes.size(), [bytes, sum] { *sum = XXH3_64bits(bytes.data(), bytes.size()); },
+      [sum, done = std::move(done)] { done(*sum); });
+}
+
 std::uint64_t chunk_checksum(environment& env, std::span<const std::byte> bytes) {
-  std::uint64_t sum = 0;
-  env.cpu().run(bytes.size(), [&] { sum = XXH3_64bits(bytes.data(), bytes.size()); });
+  auto [sum] = await<std::uint64_t>([&](auto done) { async_chunk_checksum(env, bytes, std::move(done)); });
   return sum;
 }
 

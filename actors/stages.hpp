@@ -48,7 +48,11 @@ class tensor_placement {
   std::vector<place> places_;  ///< per tensor of the member's table
 };
 
-/// The xxh3-64 of `bytes`, hashed on the environment's executor. Fiber only.
+/// The xxh3-64 of `bytes`, hashed on the environment's executor; then `done(checksum)` on the loop.
+/// `bytes` must outlive the call.
+void async_chunk_checksum(environment& env, std::span<const std::byte> bytes,
+                          std::function<void(std::uint64_t)> done);
+/// The same, suspending the calling fiber. Fiber only.
 std::uint64_t chunk_checksum(environment& env, std::span<const std::byte> bytes);
 
 /// OFFLOAD: a trainer shard's chunk from its tensors into its host copy, then the chunk's checksum.

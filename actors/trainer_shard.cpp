@@ -357,15 +357,12 @@ void trainer_shard::next_chunk(route& r) {
 void trainer_shard::hash_stripe(route& r, std::span<const std::byte> stripe) {
   r.hashing = true;
   ++works_in_flight_;
-  auto sum = std::make_shared<std::uint64_t>();
-  host().env().cpu().async_run(
-      stripe.size(), [stripe, sum] { *sum = XXH3_64bits(stripe.data(), stripe.size()); },
-      [this, r = r.shared_from_this(), sum] {
-        --works_in_flight_;
-        r->hashing = false;
-        r->checksum = *sum;
-        advance(*r);
-      });
+  async_chunk_checksum(host().env(), stripe, [this, r = r.shared_from_this()](std::uint64_t sum) {
+    --works_in_flight_;
+    r->hashing = false;
+    r->checksum = sum;
+    advance(*r);
+  });
 }
 
 void trainer_shard::advance_chunks(route& r) {
