@@ -37,15 +37,17 @@ void drain(node& host, std::chrono::milliseconds period) {
 }
 
 /// Loop thread: a closing member leaves the job saying `reason`, and its last frame gets time to
-/// go out; after the job's end it leaves nothing and only lingers, so that the other members hear
-/// the end before its links close.
+/// go out. A failed member leaves nothing: the error it sent the coordinator gets that time (a
+/// worker that closed at once had its error die with its links, and the coordinator waited out
+/// its timeout). After the job's end it only lingers, so that the other members hear the end
+/// before its links close.
 void depart(node& host, job_member& member, const std::string& reason) {
-  if (!member.failed() && !member.stopped()) {
-    member.leave(reason);
-    drain(host, std::chrono::milliseconds(200));
-  } else if (member.stopped()) {
+  if (member.stopped()) {
     drain(host, std::chrono::milliseconds(100));
+    return;
   }
+  if (!member.failed()) member.leave(reason);
+  drain(host, std::chrono::milliseconds(200));
 }
 
 /// Loop thread: a member with a trace file keeps its timeline, and writes it as it closes.

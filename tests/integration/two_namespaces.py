@@ -63,8 +63,8 @@ def remove_namespaces(names):
 
 
 def run_job(ferry, names, transport, env, scratch, job=JOB, coordinator_flags=(), meanwhile=None):
-    """Starts the job's four processes across the namespaces, calls `meanwhile()` once they run;
-    returns (coordinator verdict or None, exit codes, stderr of every process, seconds)."""
+    """Starts the job's four processes across the namespaces, calls `meanwhile(coordinator)` once
+    they run; returns (coordinator verdict or None, exit codes, stderr of every process, seconds)."""
     address_file = os.path.join(scratch, f"coordinator.{transport[0]}.{len(os.listdir(scratch))}")
     start = time.time()
 
@@ -87,7 +87,7 @@ def run_job(ferry, names, transport, env, scratch, job=JOB, coordinator_flags=()
              spawn("b", [*member, "--node-id", "2", "--role", "worker", "--instance", "0", "--rank", "0"]),
              spawn("b", [*member, "--node-id", "3", "--role", "worker", "--instance", "0", "--rank", "1"])]
     if meanwhile:
-        meanwhile()
+        meanwhile(coordinator[0])
     out, _ = coordinator[0].communicate(timeout=120)
     codes = [coordinator[0].returncode]
     for proc, _ in nodes:
@@ -113,15 +113,22 @@ def cut_link(ferry, names, env, scratch, transport):
            "--versions", "30", "--timeout", "90"]
     link = f"fv{names['b'][len('ferry'):]}"
 
-    def cut_for_a_while():
-        time.sleep(1.5)
+    def cut_for_a_while(coordinator):
+        # Cut once the workers have joined and taken a version (its --events line), so that the
+        # next update is in flight: a cut timed from the start came before they joined on a
+        # loaded machine, and no update spanned it.
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = coordinator.stdout.readline()
+            if not line or '"event":"delivered"' in line.replace(" ", ""):
+                break
         ip("-n", names["b"], "link", "set", link, "down")
         time.sleep(CUT_SECONDS)
         ip("-n", names["b"], "link", "set", link, "up")
 
     what = " ".join(transport)
     verdict, codes, logs, seconds = run_job(ferry, names, transport, env, scratch, job,
-                                            ["--heartbeat-timeout", str(HEARTBEAT_TIMEOUT)],
+                                            ["--heartbeat-timeout", str(HEARTBEAT_TIMEOUT), "--events"],
                                             cut_for_a_while)
     ok = check(verdict is not None and verdict.get("verified") is True and verdict.get("versions") == 30,
                f"{what}, a cut link: verdict {verdict}")
