@@ -76,6 +76,8 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   f.bottleneck = unsolved;
   f.live_place = static_cast<std::uint32_t>(live_.size());
   live_.push_back(slot);
+  due_at_.push_back(std::numeric_limits<double>::infinity());
+  if (f.live_place % due_block == 0) due_soonest_.push_back(std::numeric_limits<double>::infinity());
   f.hop_count = static_cast<std::uint32_t>(spec.path.size());
   std::ranges::copy(spec.path, f.path.begin());
   attach(slot);
@@ -96,7 +98,6 @@ std::uint32_t flow_network::take_slot(std::uint64_t id, clock::duration latency,
     fixed_in_.push_back(0);
     new_rate_.push_back(0);
     new_bottleneck_.push_back(unsolved);
-    due_place_.push_back(nowhere);
   }
   auto& f = flows_[slot];
   f.id = id;
@@ -462,48 +463,47 @@ void flow_network::commit_region(double now) {
 }
 
 void flow_network::due_set(std::uint32_t slot, double at) {
-  auto& place = due_place_[slot];
-  if (place == nowhere) {
-    place = static_cast<std::uint32_t>(due_.size());
-    due_.emplace_back();
-  }
-  due_sift(place, {at, flows_[slot].id, slot});
+  const auto place = flows_[slot].live_place;
+  const double was = due_at_[place];
+  due_at_[place] = at;
+  auto& soonest = due_soonest_[place / due_block];
+  if (at <= soonest)
+    soonest = at;
+  else if (was == soonest)
+    due_rescan(place / due_block);
 }
 
-void flow_network::due_erase(std::uint32_t slot) {
-  const auto place = due_place_[slot];
-  if (place == nowhere) return;
-  due_place_[slot] = nowhere;
-  const auto last = due_.back();
-  due_.pop_back();
-  if (last.slot != slot) due_sift(place, last);
+void flow_network::due_rescan(std::size_t block) {
+  const auto begin = block * due_block, end = std::min(begin + due_block, due_at_.size());
+  double soonest = std::numeric_limits<double>::infinity();
+  for (auto p = begin; p < end; ++p) soonest = std::min(soonest, due_at_[p]);
+  due_soonest_[block] = soonest;
 }
 
-void flow_network::due_sift(std::size_t place, due_entry e) {
-  auto move_to = [&](std::size_t to, const due_entry& moved) {
-    due_[to] = moved;
-    due_place_[moved.slot] = static_cast<std::uint32_t>(to);
-  };
-  while (place > 0 && e < due_[(place - 1) / 2]) {
-    move_to(place, due_[(place - 1) / 2]);
-    place = (place - 1) / 2;
-  }
-  for (auto child = 2 * place + 1; child < due_.size(); child = 2 * place + 1) {
-    if (child + 1 < due_.size() && due_[child + 1] < due_[child]) ++child;
-    if (!(due_[child] < e)) break;
-    move_to(place, due_[child]);
-    place = child;
-  }
-  move_to(place, e);
+double flow_network::due_soonest() const {
+  return due_soonest_.empty() ? std::numeric_limits<double>::infinity() : *std::ranges::min_element(due_soonest_);
+}
+
+void flow_network::leave_live(std::uint32_t slot) {
+  const auto place = flows_[slot].live_place, last = static_cast<std::uint32_t>(live_.size() - 1);
+  flows_[live_[last]].live_place = place;
+  live_[place] = live_[last];
+  due_at_[place] = due_at_[last];
+  live_.pop_back();
+  due_at_.pop_back();
+  if (last % due_block == 0) due_soonest_.pop_back();
+  if (place != last) due_rescan(place / due_block);
+  if (last % due_block != 0) due_rescan(last / due_block);
 }
 
 void flow_network::arm_timer() {
-  if (due_.empty()) {
+  const double soonest = due_soonest();
+  if (std::isinf(soonest)) {
     if (timer_armed_) clock_.cancel(timer_);
     timer_armed_ = false;
     return;
   }
-  const auto at = static_cast<std::int64_t>(std::ceil(due_.front().at));
+  const auto at = static_cast<std::int64_t>(std::ceil(soonest));
   if (timer_armed_ && at == timer_at_) return;
   if (timer_armed_) clock_.cancel(timer_);
   timer_armed_ = true;
@@ -519,14 +519,18 @@ void flow_network::arm_timer() {
 void flow_network::on_timer() {
   timer_armed_ = false;
   const double now = now_ns();
-  // Within a nanosecond (the clock's grain) or a millionth of a byte counts as arrived.
+  // Within a nanosecond (the clock's grain) or a millionth of a byte counts as arrived; a block
+  // whose soonest is over 2 ns away holds none. (A millionth of a byte is over a nanosecond only
+  // under 1 KB/s: such a transfer arrives at its due time instead.) Which arrive together does
+  // not depend on their order: they complete in the order they started.
   arrived_.clear();
-  while (!due_.empty()) {
-    const auto i = due_.front().slot;
-    if (due_.front().at > now + 1 + 1e-6 / flows_[i].rate * 1e9) break;
-    due_erase(i);
-    arrived_.push_back(i);
+  for (std::size_t b = 0; b < due_soonest_.size(); ++b) {
+    if (due_soonest_[b] > now + 2) continue;
+    for (auto p = b * due_block, end = std::min(p + due_block, due_at_.size()); p < end; ++p)
+      if (due_at_[p] <= now + 2 && due_at_[p] <= now + 1 + 1e-6 / flows_[live_[p]].rate * 1e9)
+        arrived_.push_back(live_[p]);
   }
+  for (const auto i : arrived_) due_erase(i);
   if (arrived_.empty()) {
     arm_timer();
     return;
@@ -538,9 +542,7 @@ void flow_network::on_timer() {
   for (const auto i : arrived_) {
     auto& f = flows_[i];
     detach(i);
-    flows_[live_.back()].live_place = f.live_place;
-    live_[f.live_place] = live_.back();
-    live_.pop_back();
+    leave_live(i);
     if (f.latency > clock::duration::zero()) {
       wait_latency(i);  // the slot stays taken until then
       continue;
