@@ -530,7 +530,6 @@ void flow_network::on_timer() {
       if (due_at_[p] <= now + 2 && due_at_[p] <= now + 1 + 1e-6 / flows_[live_[p]].rate * 1e9)
         arrived_.push_back(live_[p]);
   }
-  for (const auto i : arrived_) due_erase(i);
   if (arrived_.empty()) {
     arm_timer();
     return;

@@ -153,7 +153,8 @@ class flow_network {
   void due_rescan(std::size_t block);
   /// When the first transfer's last byte arrives; infinity when none moves.
   double due_soonest() const;
-  /// Takes the transfer in slot `slot` out of `live_`, the last one taking its place.
+  /// Takes the transfer in slot `slot` out of `live_`, with its due time, the last one taking its
+  /// place.
   void leave_live(std::uint32_t slot);
   void arm_timer();
 
