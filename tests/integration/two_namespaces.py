@@ -120,7 +120,7 @@ def cut_link(ferry, names, env, scratch, transport):
         deadline = time.time() + 60
         while time.time() < deadline:
             line = coordinator.stdout.readline()
-            if not line or '"event":"delivered"' in line.replace(" ", ""):
+            if not line or (line.startswith("{") and json.loads(line).get("event") == "delivered"):
                 break
         ip("-n", names["b"], "link", "set", link, "down")
         time.sleep(CUT_SECONDS)
