@@ -14,6 +14,9 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
                                                         ratio, then the medians
   ... --against OLD --cpu                               the same in CPU time (user and system) of
                                                         the runs, which the VM's host moves less
+  ... --against OLD --in-run                            the same timed inside the longer run alone
+                                                        (its first version's delivery to its last):
+                                                        one run's noise instead of two runs'
 """
 import json
 import resource
@@ -50,12 +53,20 @@ def steady_state(scenario, trainers, instances, versions, binary=None, timed_by=
     one, many = run(scenario, trainers, instances, 1, binary), run(scenario, trainers, instances, versions, binary)
     per_version = (many[timed_by] - one[timed_by]) / (versions - 1)
     events = (many["chunk_stage_events"] - one["chunk_stage_events"]) / (versions - 1)
-    return per_version, events, one
+    return per_version, events, one, many
+
+
+def in_run(scenario, trainers, instances, versions, binary=None):
+    """Seconds per version beyond the first, timed inside one run (from the first version's
+    delivery to the last's): one run's noise, not the difference of two runs'."""
+    r = run(scenario, trainers, instances, versions, binary)
+    return r["steady_wall_seconds"] / (versions - 1), r["steady_events"] / (versions - 1), r
 
 
 if "--against" in sys.argv:
     old, rounds, gpus = flag("--against", None), int(flag("--rounds", "3")), flag("--gpus", "64")
     timed_by = "cpu_seconds" if "--cpu" in sys.argv else "wall_seconds"
+    in_one_run = "--in-run" in sys.argv
     scenario = flag("--scenario", "kimi-k2")
     if gpus not in ("64", "384"):
         sys.exit("--gpus: 64 or 384")
@@ -73,7 +84,10 @@ if "--against" in sys.argv:
         order = (old, ferry) if r % 2 else (ferry, old)
         measured = {}
         for binary in order:
-            per_version, events, _ = steady_state(scenario, trainers, instances, versions, binary, timed_by)
+            if in_one_run:
+                per_version, events, _ = in_run(scenario, trainers, instances, versions, binary)
+            else:
+                per_version, events, _, _ = steady_state(scenario, trainers, instances, versions, binary, timed_by)
             measured[binary] = (per_version, events / per_version)
         pair = [measured[old], measured[ferry]]
         results.append(pair)
@@ -90,14 +104,15 @@ if "--against" in sys.argv:
 
 if steady:
     print("| scenario | GPUs | wall s, 1 version | wall s, 3 versions | s per extra version | events per version | "
-          "steady events/s | set-up s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "steady events/s | the same, timed in the 3-version run | set-up s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for scenario in ["kimi-k2", "kimi-k2-ep16"]:
         for trainers, instances in [SIZES[0], SIZES[-1]]:
-            per_version, events, one = steady_state(scenario, trainers, instances, 3)
+            per_version, events, one, many = steady_state(scenario, trainers, instances, 3)
             print(f"| {scenario} | {trainers + 16 * instances} | {one['wall_seconds']:.2f} | "
-                  f"{one['wall_seconds'] + 2 * per_version:.2f} | {per_version:.3f} | {events:,.0f} | "
-                  f"{events / per_version:,.0f} | {one['wall_seconds'] - per_version:.2f} |", flush=True)
+                  f"{many['wall_seconds']:.2f} | {per_version:.3f} | {events:,.0f} | "
+                  f"{events / per_version:,.0f} | {many['steady_events_per_second']:,.0f} | "
+                  f"{one['wall_seconds'] - per_version:.2f} |", flush=True)
     sys.exit(0)
 
 print("| scenario | GPUs | actors | predicted s | bound s | transfers | chunk-stage events | wall s | events/s | "

@@ -38,6 +38,11 @@ double events_per_second(const sim_result& r) {
   return r.wall_seconds > 0 ? r.trace_events / r.wall_seconds : 0;
 }
 
+/// The same from the first version's delivery to the last's, the set-up left out.
+double steady_events_per_second(const sim_result& r) {
+  return r.steady_wall_seconds > 0 ? r.steady_events / r.steady_wall_seconds : 0;
+}
+
 nlohmann::json to_json(const sim_result& r) {
   nlohmann::json resources = nlohmann::json::array();
   for (const auto& u : r.resources) {
@@ -68,6 +73,9 @@ nlohmann::json to_json(const sim_result& r) {
           {"transfers", r.transfers},
           {"chunk_stage_events", r.trace_events},
           {"events_per_second", events_per_second(r)},
+          {"steady_events", r.steady_events},
+          {"steady_wall_seconds", r.steady_wall_seconds},
+          {"steady_events_per_second", steady_events_per_second(r)},
           {"peak_rss_mib", peak_rss_mib()},
           {"kills", r.kills},
           {"regroups", r.regroups},
@@ -109,6 +117,9 @@ void print_report(const sim_config& c, const sim_result& r) {
       "{} actors, {} chunk-stage events and {} transfers in {:.2f} s of wall time ({:.0f} events/s), "
       "peak RSS {:.0f} MiB\n",
       r.actors, r.trace_events, r.transfers, r.wall_seconds, events_per_second(r), peak_rss_mib());
+  if (r.steady_wall_seconds > 0)
+    fmt::print("after the first version: {} events in {:.2f} s ({:.0f} events/s)\n", r.steady_events,
+               r.steady_wall_seconds, steady_events_per_second(r));
 }
 
 int run_one(const sim_flags& f) {

@@ -326,6 +326,8 @@ class sim_job {
   std::unique_ptr<job_coordinator> coordinator_;
   std::optional<std::string> failure_;
   std::uint64_t delivered_ = 0;
+  /// When the first version was delivered, and the timeline's records by then.
+  std::pair<std::chrono::steady_clock::time_point, std::uint64_t> first_delivered_;
   std::uint32_t pending_events_ = 0;
 };
 
@@ -520,6 +522,13 @@ sim_result sim_job::run() {
     result_.stall_seconds.push_back(r.offloaded_seconds);
     result_.stage_busy = r.busy;
     delivered_ = std::max(delivered_, r.version);
+    const auto now = std::chrono::steady_clock::now();
+    if (result_.update_seconds.size() == 1) {
+      first_delivered_ = {now, env_.trace().count()};
+    } else {
+      result_.steady_wall_seconds = std::chrono::duration<double>(now - first_delivered_.first).count();
+      result_.steady_events = env_.trace().count() - first_delivered_.second;
+    }
     if (config_.on_version) config_.on_version(r.version, r.seconds);
   };
   coordinator_->start();

@@ -76,6 +76,10 @@ struct sim_result {
   std::uint32_t actors = 0, regroups = 0, kills = 0;
   std::uint64_t transfers = 0, trace_events = 0;
   double virtual_seconds = 0, wall_seconds = 0;
+  /// From the first version's delivery to the last's: wall seconds and chunk-stage events, the
+  /// simulation's pace without its set-up (both 0 with one version).
+  double steady_wall_seconds = 0;
+  std::uint64_t steady_events = 0;
 };
 
 /// Why `config` cannot run, naming the field; empty when it can.

@@ -1,6 +1,7 @@
 #include "sim/flow_network.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <stdexcept>
 
@@ -87,11 +88,8 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
 }
 
 std::uint32_t flow_network::take_slot(std::uint64_t id, clock::duration latency, std::function<void()> done) {
-  std::uint32_t slot;
-  if (!free_.empty()) {
-    slot = free_.back();
-    free_.pop_back();
-  } else {
+  auto slot = free_.take();
+  if (slot == nowhere) {
     slot = static_cast<std::uint32_t>(flows_.size());
     flows_.emplace_back();
     in_region_.push_back(0);
@@ -125,7 +123,26 @@ void flow_network::free_slot(std::uint32_t slot) {
   f.id = 0;
   f.waiting = 0;
   f.done = nullptr;
-  free_.push_back(slot);
+  free_.add(slot);
+}
+
+void flow_network::free_slots::add(std::uint32_t slot) {
+  const auto word = slot / 64;
+  if (word >= words_.size()) words_.resize(word + 1), any_.resize(word / 64 + 1);
+  words_[word] |= std::uint64_t{1} << (slot % 64);
+  any_[word / 64] |= std::uint64_t{1} << (word % 64);
+}
+
+std::uint32_t flow_network::free_slots::take() {
+  for (std::size_t a = 0; a < any_.size(); ++a) {
+    if (any_[a] == 0) continue;
+    const auto word = a * 64 + std::countr_zero(any_[a]);
+    const auto bit = std::countr_zero(words_[word]);
+    words_[word] &= words_[word] - 1;
+    if (words_[word] == 0) any_[a] &= any_[a] - 1;
+    return static_cast<std::uint32_t>(word * 64 + bit);
+  }
+  return nowhere;
 }
 
 void flow_network::account(resource_id r, double now) {

@@ -37,6 +37,11 @@ TEST(sim_job, a_small_job_delivers_and_never_beats_its_bound) {
   EXPECT_EQ(r.update_seconds.size(), 2u);
   EXPECT_GE(r.predicted_seconds, r.bound_seconds);
   EXPECT_GT(r.bound_seconds, 0);
+  // The second version's pace: its records, not the first's nor the set-up's wall time.
+  EXPECT_GT(r.steady_events, 0u);
+  EXPECT_LT(r.steady_events, r.trace_events);
+  EXPECT_GT(r.steady_wall_seconds, 0);
+  EXPECT_LT(r.steady_wall_seconds, r.wall_seconds);
   std::printf(
       "predicted %.4f s bound %.4f s (%s) stall %.4f s actors %u wall %.2f s transfers %lu\n",
       r.predicted_seconds, r.bound_seconds, r.bottleneck.c_str(), r.stall, r.actors, r.wall_seconds,
