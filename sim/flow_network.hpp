@@ -41,7 +41,7 @@ struct hop {
 };
 
 /// The most resources one transfer crosses.
-inline constexpr std::size_t max_hops = 8;
+inline constexpr std::size_t max_hops = 6;
 /// The resources a transfer crosses, held in place: hundreds of thousands start and end.
 using path = boost::container::static_vector<hop, max_hops>;
 
@@ -92,9 +92,11 @@ class flow_network {
   static constexpr std::int32_t unsolved = -2;
   static constexpr std::uint32_t nowhere = ~std::uint32_t{0};
 
-  /// A recomputation reads a transfer's rate, cap, bottleneck and hops: the first cache line
-  /// holds them for a path of up to five hops (a route between nodes has four). At 384 GPUs the
-  /// solver's time went to reading transfers scattered over `flows_`, three cache lines of each.
+  /// A transfer in flight as the solver and the timer read it, two cache lines. A recomputation
+  /// reads a transfer's rate, cap, bottleneck and hops: the first line holds them for a path of up
+  /// to five hops (a route between nodes has four). At 384 GPUs the solver's time went to reading
+  /// transfers scattered over `flows_`, several cache lines of each; what only a transfer's start
+  /// and end need is apart, in `endings_`.
   struct alignas(64) flow {
     double rate = 0;
     double max_rate = 0;
@@ -110,6 +112,10 @@ class flow_network {
     /// Its place in each hop's resource's list of crossings (`on_`), for removal in constant
     /// time.
     std::array<std::uint32_t, max_hops> place{};
+  };
+  static_assert(sizeof(flow) == 128);
+  /// The rest of a slot: what runs when its transfer is done.
+  struct ending {
     ferry::clock::duration latency{};
     /// Its timer once its last byte arrived (or, with no path, to its arrival), else 0: it keeps
     /// its slot until then, and the timer's handler carries no more than the slot.
@@ -162,6 +168,7 @@ class flow_network {
   ferry::clock& clock_;
   std::vector<resource> resources_;
   std::vector<flow> flows_;
+  std::vector<ending> endings_;  ///< by slot, as `flows_`
   /// Free slots, the lowest taken first, so that the transfers in flight stay packed at the front
   /// of `flows_`: the first burst of sends at 384 GPUs takes 131,072 slots, and ~7,600 are in
   /// flight after it.
