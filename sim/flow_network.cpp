@@ -502,14 +502,24 @@ double flow_network::due_soonest() const {
 
 void flow_network::leave_live(std::uint32_t slot) {
   const auto place = flows_[slot].live_place, last = static_cast<std::uint32_t>(live_.size() - 1);
+  const double left = due_at_[place], moved = due_at_[last];
   flows_[live_[last]].live_place = place;
   live_[place] = live_[last];
-  due_at_[place] = due_at_[last];
   live_.pop_back();
+  due_at_[place] = moved;
   due_at_.pop_back();
   if (last % due_block == 0) due_soonest_.pop_back();
-  if (place != last) due_rescan(place / due_block);
-  if (last % due_block != 0) due_rescan(last / due_block);
+  // A block is scanned again only when its soonest left it.
+  const auto block = place / due_block, last_block = last / due_block;
+  if (block == last_block) {
+    if (block < due_soonest_.size() && left == due_soonest_[block]) due_rescan(block);
+    return;
+  }
+  if (moved <= due_soonest_[block])
+    due_soonest_[block] = moved;
+  else if (left == due_soonest_[block])
+    due_rescan(block);
+  if (last_block < due_soonest_.size() && moved == due_soonest_[last_block]) due_rescan(last_block);
 }
 
 void flow_network::arm_timer() {
