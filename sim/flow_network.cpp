@@ -93,10 +93,7 @@ std::uint32_t flow_network::take_slot(std::uint64_t id, clock::duration latency,
     slot = static_cast<std::uint32_t>(flows_.size());
     flows_.emplace_back();
     endings_.emplace_back();
-    in_region_.push_back(0);
-    fixed_in_.push_back(0);
-    new_rate_.push_back(0);
-    new_bottleneck_.push_back(unsolved);
+    solving_.emplace_back();
   }
   flows_[slot].id = id;
   endings_[slot].latency = latency;
@@ -248,8 +245,8 @@ void flow_network::recompute() {
 }
 
 void flow_network::add_to_region(std::uint32_t slot) {
-  if (in_region_[slot] == stamp_) return;
-  in_region_[slot] = stamp_;
+  if (solving_[slot].in_region == stamp_) return;
+  solving_[slot].in_region = stamp_;
   region_.push_back(slot);
 }
 
@@ -325,7 +322,7 @@ void flow_network::fill_region() {
     }
     unfilled_.resize(kept);
     double level = best_c / best_w;
-    while (next_capped != capped_.end() && fixed_in_[*next_capped] == fill_) ++next_capped;
+    while (next_capped != capped_.end() && solving_[*next_capped].fixed_in == fill_) ++next_capped;
     if (next_capped != capped_.end()) level = std::min(level, flows_[*next_capped].max_rate);
     if (std::isinf(level)) break;
     // Decide on this round's transfers before any of their shares is subtracted.
@@ -336,16 +333,16 @@ void flow_network::fill_region() {
       const auto fixed_before = fixing_.size();
       for (auto k = state_[r].region_begin, end = k + state_[r].region_count; k < end; ++k) {
         const auto i = region_on_[k];
-        if (fixed_in_[i] == fill_) continue;
-        fixed_in_[i] = fill_;
-        new_bottleneck_[i] = static_cast<std::int32_t>(r);
+        if (solving_[i].fixed_in == fill_) continue;
+        solving_[i].fixed_in = fill_;
+        solving_[i].new_bottleneck = static_cast<std::int32_t>(r);
         fixing_.push_back(i);
       }
       if (fixing_.size() > fixed_before) state_[r].saturated_at = level;
     }
     for (; next_capped != capped_.end() && flows_[*next_capped].max_rate <= limit; ++next_capped)
-      if (const auto i = *next_capped; fixed_in_[i] != fill_)
-        fixed_in_[i] = fill_, new_bottleneck_[i] = own_cap, fixing_.push_back(i);
+      if (const auto i = *next_capped; solving_[i].fixed_in != fill_)
+        solving_[i].fixed_in = fill_, solving_[i].new_bottleneck = own_cap, fixing_.push_back(i);
     for (std::size_t k = 0; k < fixing_.size(); ++k) {
       if (k + prefetch_ahead < fixing_.size()) {
         // Its cap and hops: the first cache line, and the next for a path of over five hops.
@@ -355,7 +352,7 @@ void flow_network::fill_region() {
       }
       const auto i = fixing_[k];
       const auto& f = flows_[i];
-      const double rate = new_rate_[i] = std::min(level, f.max_rate);
+      const double rate = solving_[i].new_rate = std::min(level, f.max_rate);
       for (const auto& h : f.hops()) {
         state_[h.id].capacity_left = std::max(0.0, state_[h.id].capacity_left - h.weight * rate);
         state_[h.id].unfixed_weight -= h.weight;
@@ -365,7 +362,7 @@ void flow_network::fill_region() {
   }
   if (unfixed > 0)  // transfers no resource and no cap limits: none can, but they would not move
     for (const auto i : region_)
-      if (fixed_in_[i] != fill_) new_rate_[i] = 0, new_bottleneck_[i] = unsolved;
+      if (solving_[i].fixed_in != fill_) solving_[i].new_rate = 0, solving_[i].new_bottleneck = unsolved;
 }
 
 bool flow_network::grow_region() {
@@ -378,7 +375,7 @@ bool flow_network::grow_region() {
     if (held > no_weight) {
       bool kept = state_[r].capacity_left <= tie * state_[r].level * held;
       for (auto k = state_[r].region_begin, end = k + state_[r].region_count; kept && k < end; ++k)
-        kept = new_rate_[region_on_[k]] <= state_[r].level * (1 + tie);
+        kept = solving_[region_on_[k]].new_rate <= state_[r].level * (1 + tie);
       if (!kept) add_group(r);
     }
     // Region transfers bottlenecked here need every held one on it to be no faster.
@@ -411,12 +408,12 @@ double flow_network::fair_level(resource_id r, double level) {
   for (const auto [i, hop] : on_[r]) {
     const auto& f = flows_[i];
     const double weight = f.path[hop].weight;
-    if (in_region_[i] != stamp_) {
+    if (solving_[i].in_region != stamp_) {
       shares_.push_back({f.rate, weight, i});
       fastest = std::max(fastest, f.rate);
-    } else if (new_bottleneck_[i] != static_cast<std::int32_t>(r)) {
-      shares_.push_back({new_rate_[i], weight, nowhere});
-      fastest = std::max(fastest, new_rate_[i]);
+    } else if (solving_[i].new_bottleneck != static_cast<std::int32_t>(r)) {
+      shares_.push_back({solving_[i].new_rate, weight, nowhere});
+      fastest = std::max(fastest, solving_[i].new_rate);
     } else {
       rising += weight;
     }
@@ -450,13 +447,13 @@ void flow_network::commit_region(double now) {
   }
   for (const auto i : region_) {
     auto& f = flows_[i];
-    const double rate = new_rate_[i];
+    const double rate = solving_[i].new_rate;
     const bool moves = std::abs(rate - f.rate) > same_rate * f.rate;
     for (const auto& h : f.hops()) {
       auto& state = state_[h.id];
-      if (f.bottleneck != new_bottleneck_[i]) {
+      if (f.bottleneck != solving_[i].new_bottleneck) {
         if (static_cast<std::int32_t>(h.id) == f.bottleneck) state.own_weight -= h.weight;
-        if (static_cast<std::int32_t>(h.id) == new_bottleneck_[i]) state.own_weight += h.weight;
+        if (static_cast<std::int32_t>(h.id) == solving_[i].new_bottleneck) state.own_weight += h.weight;
       }
       // Kept or not, its rate bounds the resource's fastest again: `fair_level` left it out.
       state.fastest = std::max(state.fastest, moves ? rate : f.rate);
@@ -465,7 +462,7 @@ void flow_network::commit_region(double now) {
         state.load += h.weight * (rate - f.rate);
       }
     }
-    f.bottleneck = new_bottleneck_[i];
+    f.bottleneck = solving_[i].new_bottleneck;
     if (!moves) continue;
     f.remaining = std::max(0.0, f.remaining - f.rate * (now - f.since) * 1e-9);
     f.since = now;

@@ -232,10 +232,13 @@ class flow_network {
   std::uint64_t fill_ = 0;   ///< one filling of the region
   std::vector<std::uint32_t> region_, capped_, fixing_, arrived_;
   /// Per flow slot: the recomputation that put it in the region, the filling that fixed it, its
-  /// new rate and bottleneck.
-  std::vector<std::uint64_t> in_region_, fixed_in_;
-  std::vector<double> new_rate_;
-  std::vector<std::int32_t> new_bottleneck_;
+  /// new rate and bottleneck; side by side, one read for the four.
+  struct solving {
+    std::uint64_t in_region = 0, fixed_in = 0;
+    double new_rate = 0;
+    std::int32_t new_bottleneck = unsolved;
+  };
+  std::vector<solving> solving_;
   std::vector<std::uint32_t> region_on_;
   std::vector<resource_id> reached_, unfilled_, saturating_;
   /// For `fair_level`: the transfers on a resource that do not rise with it, `slot` those held.
