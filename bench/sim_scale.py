@@ -17,6 +17,10 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
   ... --against OLD --in-run                            the same timed inside the longer run alone
                                                         (its first version's delivery to its last):
                                                         one run's noise instead of two runs'
+  ... --against OLD --side-by-side                      timed inside the run, both binaries at once,
+                                                        one per core: the steadiest comparison here
+                                                        (rounds within 2% of each other where
+                                                        alternating runs spread over 30%)
 """
 import json
 import resource
@@ -35,16 +39,37 @@ def flag(name, default):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
-def run(scenario, trainers, instances, versions=1, binary=None):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run([binary or ferry, "sim", f"examples/sim/{scenario}.toml", "--json", "--set", f"versions={versions}",
-                          "--set", f"placement.trainers={trainers}", "--set", f"placement.instances={instances}"],
-                         capture_output=True, text=True, check=True).stdout
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+def command(scenario, trainers, instances, versions, binary):
+    return [binary or ferry, "sim", f"examples/sim/{scenario}.toml", "--json", "--set", f"versions={versions}",
+            "--set", f"placement.trainers={trainers}", "--set", f"placement.instances={instances}"]
+
+
+def parsed(out):
     r = json.loads(out)
     assert r["delivered"], r["error"]
+    return r
+
+
+def run(scenario, trainers, instances, versions=1, binary=None):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(command(scenario, trainers, instances, versions, binary), capture_output=True, text=True,
+                         check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = parsed(out)
     r["cpu_seconds"] = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return r
+
+
+def side_by_side(scenario, trainers, instances, versions, binaries):
+    """Each binary's seconds and events per version beyond the first, timed inside its run, all run
+    at once (one per core): they share the same minutes of the VM, whose speed moves by up to 1.5x
+    within an hour, and its caches, evenly."""
+    running = [subprocess.Popen(command(scenario, trainers, instances, versions, b), stdout=subprocess.PIPE, text=True)
+               for b in binaries]
+    results = [parsed(p.communicate()[0]) for p in running]
+    if any("steady_wall_seconds" not in r for r in results):
+        sys.exit("--side-by-side: both binaries must report steady_wall_seconds (ferry sim --json, 2026-11-28 on)")
+    return [(r["steady_wall_seconds"] / (versions - 1), r["steady_events"] / (versions - 1)) for r in results]
 
 
 def steady_state(scenario, trainers, instances, versions, binary=None, timed_by="wall_seconds"):
@@ -67,6 +92,7 @@ if "--against" in sys.argv:
     old, rounds, gpus = flag("--against", None), int(flag("--rounds", "3")), flag("--gpus", "64")
     timed_by = "cpu_seconds" if "--cpu" in sys.argv else "wall_seconds"
     in_one_run = "--in-run" in sys.argv
+    together = "--side-by-side" in sys.argv
     scenario = flag("--scenario", "kimi-k2")
     if gpus not in ("64", "384"):
         sys.exit("--gpus: 64 or 384")
@@ -75,7 +101,9 @@ if "--against" in sys.argv:
     trainers, instances = SIZES[0] if gpus == "64" else SIZES[-1]
     versions = 9 if gpus == "64" else 3  # a version at 384 GPUs takes 16 s
     clock = "CPU s" if timed_by == "cpu_seconds" else "s"
-    print(f"{scenario}, {trainers + 16 * instances} GPUs, versions 1 and {versions}\n")
+    how = "timed inside runs of" if in_one_run or together else "runs of 1 and"
+    print(f"{scenario}, {trainers + 16 * instances} GPUs, {how} {versions} versions"
+          f"{', side by side' if together else ''}\n")
     print(f"| round | {clock} per version, {old} | {clock} per version, {ferry} | events/s, old | events/s, new | new / old |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     results = []  # per round: (old, new), each (s per version, events/s)
@@ -83,7 +111,10 @@ if "--against" in sys.argv:
         # The VM's speed drifts within minutes: whichever runs first must not always be the same one.
         order = (old, ferry) if r % 2 else (ferry, old)
         measured = {}
-        for binary in order:
+        if together:
+            for binary, (per_version, events) in zip(order, side_by_side(scenario, trainers, instances, versions, order)):
+                measured[binary] = (per_version, events / per_version)
+        for binary in order if not together else ():
             if in_one_run:
                 per_version, events, _ = in_run(scenario, trainers, instances, versions, binary)
             else:
