@@ -19,8 +19,9 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
                                                         one run's noise instead of two runs'
   ... --against OLD --side-by-side                      timed inside the run, both binaries at once,
                                                         one per core: the steadiest comparison here
-                                                        (rounds within 2% of each other where
-                                                        alternating runs spread over 30%)
+                                                        (its rounds' ratios within 10% of each
+                                                        other, where alternating runs spread over
+                                                        30%)
 """
 import json
 import resource
