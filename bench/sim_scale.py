@@ -63,8 +63,8 @@ def run(scenario, trainers, instances, versions=1, binary=None):
 
 def side_by_side(scenario, trainers, instances, versions, binaries):
     """Each binary's seconds and events per version beyond the first, timed inside its run, all run
-    at once (one per core): they share the same minutes of the VM, whose speed moves by up to 1.5x
-    within an hour, and its caches, evenly."""
+    at once (one per core): they share the same minutes of the VM, whose speed moved 2.4x within
+    an hour, and its caches, evenly."""
     running = [subprocess.Popen(command(scenario, trainers, instances, versions, b), stdout=subprocess.PIPE, text=True)
                for b in binaries]
     results = [parsed(p.communicate()[0]) for p in running]
@@ -111,16 +111,13 @@ if "--against" in sys.argv:
     for r in range(1, rounds + 1):
         # The VM's speed drifts within minutes: whichever runs first must not always be the same one.
         order = (old, ferry) if r % 2 else (ferry, old)
-        measured = {}
         if together:
-            for binary, (per_version, events) in zip(order, side_by_side(scenario, trainers, instances, versions, order)):
-                measured[binary] = (per_version, events / per_version)
-        for binary in order if not together else ():
-            if in_one_run:
-                per_version, events, _ = in_run(scenario, trainers, instances, versions, binary)
-            else:
-                per_version, events, _, _ = steady_state(scenario, trainers, instances, versions, binary, timed_by)
-            measured[binary] = (per_version, events / per_version)
+            timed = side_by_side(scenario, trainers, instances, versions, order)
+        elif in_one_run:
+            timed = [in_run(scenario, trainers, instances, versions, b)[:2] for b in order]
+        else:
+            timed = [steady_state(scenario, trainers, instances, versions, b, timed_by)[:2] for b in order]
+        measured = {b: (per_version, events / per_version) for b, (per_version, events) in zip(order, timed)}
         pair = [measured[old], measured[ferry]]
         results.append(pair)
         (before, before_rate), (after, after_rate) = pair
