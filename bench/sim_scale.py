@@ -61,16 +61,20 @@ def run(scenario, trainers, instances, versions=1, binary=None):
     return r
 
 
+def timed_inside(r, versions):
+    """Seconds and events per version beyond the first, as the run timed them itself (from the
+    first version's delivery to the last's)."""
+    if "steady_wall_seconds" not in r:
+        sys.exit("timing inside the run: the binary must report steady_wall_seconds (ferry sim --json, 2026-11-28 on)")
+    return r["steady_wall_seconds"] / (versions - 1), r["steady_events"] / (versions - 1)
+
+
 def side_by_side(scenario, trainers, instances, versions, binaries):
-    """Each binary's seconds and events per version beyond the first, timed inside its run, all run
-    at once (one per core): they share the same minutes of the VM, whose speed moved 2.4x within
-    an hour, and its caches, evenly."""
+    """`timed_inside` for each binary, all run at once (one per core): they share the same minutes of
+    the VM, whose speed moved 2.4x within an hour, and its caches, evenly."""
     running = [subprocess.Popen(command(scenario, trainers, instances, versions, b), stdout=subprocess.PIPE, text=True)
                for b in binaries]
-    results = [parsed(p.communicate()[0]) for p in running]
-    if any("steady_wall_seconds" not in r for r in results):
-        sys.exit("--side-by-side: both binaries must report steady_wall_seconds (ferry sim --json, 2026-11-28 on)")
-    return [(r["steady_wall_seconds"] / (versions - 1), r["steady_events"] / (versions - 1)) for r in results]
+    return [timed_inside(parsed(p.communicate()[0]), versions) for p in running]
 
 
 def steady_state(scenario, trainers, instances, versions, binary=None, timed_by="wall_seconds"):
@@ -80,13 +84,6 @@ def steady_state(scenario, trainers, instances, versions, binary=None, timed_by=
     per_version = (many[timed_by] - one[timed_by]) / (versions - 1)
     events = (many["chunk_stage_events"] - one["chunk_stage_events"]) / (versions - 1)
     return per_version, events, one, many
-
-
-def in_run(scenario, trainers, instances, versions, binary=None):
-    """Seconds per version beyond the first, timed inside one run (from the first version's
-    delivery to the last's): one run's noise, not the difference of two runs'."""
-    r = run(scenario, trainers, instances, versions, binary)
-    return r["steady_wall_seconds"] / (versions - 1), r["steady_events"] / (versions - 1), r
 
 
 if "--against" in sys.argv:
@@ -114,7 +111,8 @@ if "--against" in sys.argv:
         if together:
             timed = side_by_side(scenario, trainers, instances, versions, order)
         elif in_one_run:
-            timed = [in_run(scenario, trainers, instances, versions, b)[:2] for b in order]
+            # One run's noise, not the difference of two runs'.
+            timed = [timed_inside(run(scenario, trainers, instances, versions, b), versions) for b in order]
         else:
             timed = [steady_state(scenario, trainers, instances, versions, b, timed_by)[:2] for b in order]
         measured = {b: (per_version, events / per_version) for b, (per_version, events) in zip(order, timed)}
