@@ -48,15 +48,17 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
       return fail_job("worker " + worker_name(m.instance, m.rank) + ": instance ids are below " +
                       std::to_string(shape_.limits.max_instance_id) + " (job_limits::max_instance_id)");
     }
-    if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
+    if (auto it = members_.workers.find({m.instance, m.rank}); it != members_.workers.end() && it->second.who == h.from) return;  // sent again
+    // A table equal to a live one passed this check when that one was registered.
+    auto [table, fresh] = members_.intern(m.tensors, m.parts);
+    if (std::string why; fresh && !check_registration(table->tensors.items(), shape_.limits, why)) {
       return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
     }
-    if (auto it = members_.workers.find({m.instance, m.rank}); it != members_.workers.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     readmit(h.from);
     members_.workers[{m.instance, m.rank}] = {.who = h.from,
                                               .transport_address = m.transport_address,
-                                              .table = members_.intern(m.tensors, m.parts),
+                                              .table = std::move(table),
                                               .on_device = m.on_device};
     if (started_) {
       const bool new_instance = !instances_seen_.contains(m.instance);
@@ -304,7 +306,7 @@ void job_coordinator::regroup(const std::string& reason) {
   std::map<const job_membership::worker_table*, selection> checked;  // each distinct table once
   for (const auto& [key, w] : members_.workers) {
     const auto [it, fresh] = checked.try_emplace(w.table.get());
-    if (fresh && !check_worker_tensors(published, w.table->tensors, w.table->parts, it->second, why)) {
+    if (fresh && !check_worker_tensors(published, w.table->tensors.items(), w.table->parts.items(), it->second, why)) {
       return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
     }
     if (it->second.empty()) continue;

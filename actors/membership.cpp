@@ -4,14 +4,14 @@
 
 namespace ferry {
 
-std::shared_ptr<const job_membership::worker_table> job_membership::intern(const std::vector<tensor_spec>& tensors,
-                                                                           const std::vector<byte_range>& parts) {
+job_membership::interned_table job_membership::intern(const shared_vector<tensor_spec>& tensors,
+                                                      const shared_vector<byte_range>& parts) {
   std::erase_if(tables_, [](const auto& t) { return t.expired(); });
   for (const auto& t : tables_)
-    if (auto live = t.lock(); live && live->tensors == tensors && live->parts == parts) return live;
-  auto fresh = std::make_shared<const worker_table>(worker_table{.tensors = tensors, .parts = parts});
-  tables_.push_back(fresh);
-  return fresh;
+    if (auto live = t.lock(); live && live->tensors == tensors && live->parts == parts) return {live, false};
+  auto table = std::make_shared<const worker_table>(worker_table{.tensors = tensors, .parts = parts});
+  tables_.push_back(table);
+  return {table, true};
 }
 
 std::map<std::uint32_t, job_membership::trainer_entry>::iterator job_membership::find_trainer(const address& who) {

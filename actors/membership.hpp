@@ -28,8 +28,8 @@ class job_membership {
   /// What a worker registered. Workers of one part register equal tables (Kimi-K2's 128
   /// whole-model workers: 140k tensors each), which share one copy (`intern`).
   struct worker_table {
-    std::vector<tensor_spec> tensors;
-    std::vector<byte_range> parts;  ///< parallel to `tensors`, or empty: whole tensors
+    shared_vector<tensor_spec> tensors;
+    shared_vector<byte_range> parts;  ///< parallel to `tensors`, or empty: whole tensors
   };
   struct worker_entry {
     address who;
@@ -61,10 +61,12 @@ class job_membership {
   std::map<node_id, clock::time_point> last_seen;
   std::map<node_id, given_up_entry> given_up;
 
-  /// The shared copy of the table equal to `tensors` and `parts`; a copy of them, shared from now
-  /// on, when no table is equal.
-  std::shared_ptr<const worker_table> intern(const std::vector<tensor_spec>& tensors,
-                                             const std::vector<byte_range>& parts);
+  struct interned_table {
+    std::shared_ptr<const worker_table> table;
+    bool fresh = false;  ///< no live table was equal: this one is new
+  };
+  /// The live table equal to `tensors` and `parts`, or a new one of these two, shared from now on.
+  interned_table intern(const shared_vector<tensor_spec>& tensors, const shared_vector<byte_range>& parts);
   /// The shard `who` registered as, or trainers.end().
   std::map<std::uint32_t, trainer_entry>::iterator find_trainer(const address& who);
   const worker_entry* find_worker(const address& who) const;

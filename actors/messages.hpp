@@ -9,6 +9,7 @@
 #include "actors/tensor.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/message_registry.hpp"
+#include "runtime/shared_vector.hpp"
 #include "runtime/transport.hpp"
 
 namespace ferry {
@@ -55,17 +56,18 @@ struct register_trainer {
   FERRY_DEFINE_MAP(shard, transport_address, tensors)
 };
 
-/// Rollout worker -> coordinator: where it sits and the tensors it expects.
+/// Rollout worker -> coordinator: where it sits and the tensors it expects. Workers of a process
+/// that hold one table send one shared copy of it (a simulation's hundreds of 140k-tensor tables).
 struct register_worker {
   static constexpr msg_kind kind{17};
   std::uint32_t instance = 0;
   std::uint32_t rank = 0;
   std::string transport_address;
-  std::vector<tensor_spec> tensors;
+  shared_vector<tensor_spec> tensors;
   bool on_device = false;  ///< the tensors live on a GPU (striping pays off there)
   /// The bytes of each tensor it holds (parallel to `tensors`; empty: all of every one). A worker
   /// that registers part of the table receives only that part.
-  std::vector<byte_range> parts;
+  shared_vector<byte_range> parts;
   FERRY_DEFINE_MAP(instance, rank, transport_address, tensors, on_device, parts)
 };
 

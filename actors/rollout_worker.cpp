@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
@@ -89,15 +91,40 @@ void rollout_worker::join() {
     register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
                       .on_device = on_device()};
     // A worker that took the trainers' table still takes it (registers none) when it registers again.
-    const auto table = takes_trainers_table_ ? std::span<const tensor_ref>{} : std::span(*tensors_);
-    m.tensors.reserve(table.size());
-    m.parts.reserve(table.size());
-    for (const auto& t : table) {
-      m.tensors.push_back(t.spec);
-      m.parts.push_back(t.held());
+    if (!takes_trainers_table_) {
+      if (!registered_) registered_ = registered_table::of(tensors_);
+      m.tensors = registered_->tensors;
+      m.parts = registered_->parts;
     }
     return m;
   });
+}
+
+std::shared_ptr<const rollout_worker::registered_table> rollout_worker::registered_table::of(
+    const std::shared_ptr<const std::vector<tensor_ref>>& local) {
+  struct entry {
+    std::weak_ptr<const std::vector<tensor_ref>> local;
+    std::weak_ptr<const registered_table> table;
+  };
+  static std::mutex mutex;
+  static std::map<const void*, entry> made;
+  std::lock_guard lock(mutex);
+  std::erase_if(made, [](const auto& e) { return e.second.table.expired(); });
+  auto& e = made[local.get()];
+  // The same address may be a new table: only the very one it was made from matches.
+  if (auto live = e.table.lock(); live && e.local.lock() == local) return live;
+  std::vector<tensor_spec> tensors;
+  std::vector<byte_range> parts;
+  tensors.reserve(local->size());
+  parts.reserve(local->size());
+  for (const auto& t : *local) {
+    tensors.push_back(t.spec);
+    parts.push_back(t.held());
+  }
+  auto table = std::make_shared<const registered_table>(
+      registered_table{.tensors = shared_vector(std::move(tensors)), .parts = shared_vector(std::move(parts))});
+  e = {.local = local, .table = table};
+  return table;
 }
 
 std::string rollout_worker::name() const { return "worker " + std::to_string(instance_) + "." + std::to_string(rank_); }

@@ -87,8 +87,8 @@ void actor::send(address to, const M& body, std::function<void(std::error_code)>
   envelope_header head{.from = self_, .to = to, .epoch = epoch_};
   if (hands_over() && passes_own_check(body)) {
     head.kind = M::kind;
-    if (const auto bytes = frame_size(head, body); bytes < max_handed_over_bytes) {
-      return hand_over(to, {.message = {head, std::make_shared<const M>(body)}, .frame_bytes = bytes},
+    if (const auto size = frame_size(head, body); size.bytes - size.shared_bytes < max_handed_over_bytes) {
+      return hand_over(to, {.message = {head, std::make_shared<const M>(body)}, .frame_bytes = size.bytes},
                        std::move(sent));
     }
   }

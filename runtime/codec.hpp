@@ -13,6 +13,7 @@
 #include "runtime/errc.hpp"
 #include "runtime/message.hpp"
 #include "runtime/message_registry.hpp"
+#include "runtime/shared_vector.hpp"
 
 namespace ferry {
 
@@ -85,7 +86,11 @@ void pack_header(msgpack::packer<Buffer>& packer, const envelope_header& head) {
 /// Counts what a packer writes: a frame's size without making its bytes.
 struct size_counter {
   std::size_t bytes = 0;
-  void write(const char*, std::size_t n) { bytes += n; }
+  std::size_t shared_bytes = 0;  ///< of `bytes`, shared_vectors' contents
+  void write(const char* data, std::size_t n) {
+    bytes += n;
+    if (data == &shared_contents_mark) shared_bytes += n;
+  }
 };
 
 /// Writes the length prefix of a frame whose payload follows its first 4 bytes.
@@ -108,9 +113,9 @@ frame encode(envelope_header head, const M& body) {
 }
 
 /// A message sent on its own this large goes as a frame even where a transport hands messages
-/// over: a registration of a 140k-tensor table packs to a fraction of its object's memory, and
-/// hundreds of them wait to cross a simulated network at once. (A body encoded once for many is
-/// one object for all, handed over at any size.)
+/// over: a table of 140k tensors packs to a fraction of its object's memory, and hundreds of
+/// messages wait to cross a simulated network at once. What is shared is not counted: a body
+/// encoded once for many is one object for all, and so are the contents of a `shared_vector`.
 inline constexpr std::size_t max_handed_over_bytes = 1u << 20;
 
 /// Whether a decoder accepts `body` as far as its own check goes: a message failing its `valid()`
@@ -121,15 +126,21 @@ bool passes_own_check(const M& body) {
   return true;
 }
 
+/// The size of a frame, counted without making it.
+struct frame_extent {
+  std::size_t bytes = 0;
+  std::size_t shared_bytes = 0;  ///< of `bytes`, the contents of `shared_vector` fields
+};
+
 /// The size of the frame `encode(head, body)` makes, counted without making it.
 template <message M>
-std::size_t frame_size(envelope_header head, const M& body) {
+frame_extent frame_size(envelope_header head, const M& body) {
   head.kind = M::kind;
   detail::size_counter counter;
   msgpack::packer<detail::size_counter> packer(counter);
   detail::pack_header(packer, head);
   packer.pack(body);
-  return frame_prefix_bytes + counter.bytes;
+  return {.bytes = frame_prefix_bytes + counter.bytes, .shared_bytes = counter.shared_bytes};
 }
 
 /// A body encoded once for many recipients (the plan, sent to every member), and the body itself

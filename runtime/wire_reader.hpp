@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/shared_vector.hpp"
+
 namespace ferry::detail {
 
 /// Bytes that msgpack-c's parser would not accept (where a type does not match, the reader throws
@@ -50,6 +52,9 @@ template <class T, class A>
 struct read_directly<std::vector<T, A>>
     : std::bool_constant<read_directly<T>::value && !std::is_same_v<T, bool> &&
                          !std::is_same_v<T, unsigned char> && !std::is_same_v<T, signed char>> {};
+
+template <class T>
+struct read_directly<shared_vector<T>> : read_directly<std::vector<T>> {};
 
 /// A cursor over one msgpack value, read in place. Throws `wire_error` or `msgpack::type_error`
 /// (above); types it has no direct read for are parsed by msgpack-c into `zone` and converted
@@ -107,6 +112,10 @@ class wire_reader {
       out.ferry_fields().read(*this);
     } else if constexpr (array_fields_struct<T>) {
       read_fields(out.ferry_array());
+    } else if constexpr (is_shared_vector<T>) {
+      std::vector<typename T::value_type> items;
+      read(items);
+      out = T(std::move(items));
     } else {
       out.resize(enter_array());
       for (auto& item : out) read(item);

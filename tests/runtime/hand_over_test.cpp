@@ -1,7 +1,7 @@
 /// inproc's messages handed over as objects (what `ferry sim` runs on): they arrive as sent, in
 /// order; a body sent to many is one object; the receiver still checks kind, sender and actor;
 /// and a large message, or one its own check refuses, goes as a frame, decoded as over any
-/// transport.
+/// transport, unless its bulk is a shared vector.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -24,10 +24,18 @@ struct reading {
   FERRY_DEFINE_MAP(seconds)
 };
 
+/// A message whose bulk is shared (a registration's table).
+struct named_table {
+  static constexpr msg_kind kind{901};
+  shared_vector<std::string> names;
+  FERRY_DEFINE_MAP(names)
+};
+
 struct handing_over : ::testing::Test {
   message_registry registry = [] {
     auto r = runtime_messages();
     r.add<reading>("reading");
+    r.add<named_table>("named_table");
     return r;
   }();
   event_loop loop;
@@ -145,11 +153,26 @@ TEST_F(handing_over, a_large_message_goes_as_a_frame_under_the_receivers_limits)
   EXPECT_EQ(c.stats().rejected_total(), 1u);
 }
 
+TEST_F(handing_over, a_large_shared_vector_is_one_object_for_all) {
+  actor from(*a, 1), first(*b, 1), second(*b, 2);
+  const named_table sent{.names = std::vector<std::string>(max_handed_over_bytes / 8, "layer.0.weight")};
+  ASSERT_GT(frame_size({}, sent).bytes, 2 * max_handed_over_bytes);
+  std::vector<bool> shared;
+  for (auto* r : {&first, &second}) {
+    r->on<named_table>([&](const envelope_header&, const named_table& m) { shared.push_back(m.names.same_object(sent.names)); });
+    r->start();
+  }
+  from.start();
+  for (auto* r : {&first, &second}) from.send(r->self(), sent);
+  loop.run_until([&] { return shared.size() == 2; });
+  EXPECT_EQ(shared, (std::vector<bool>{true, true}));
+}
+
 TEST(frame_size, counts_what_encode_makes) {
   const envelope_header head{.from = {1, 2}, .to = {300, 70000}, .epoch = 5};
   for (const std::size_t n : {0, 1, 31, 32, 255, 256, 65535, 65536, 1 << 20}) {
     const ping p{.nonce = n * 977, .payload = std::string(n, 'x')};
-    EXPECT_EQ(frame_size(head, p), encode(head, p).size()) << n;
+    EXPECT_EQ(frame_size(head, p).bytes, encode(head, p).size()) << n;
     const auto body = encode_body(p);
     EXPECT_EQ(frame_size(head, body), encode(head, body).size()) << n;
   }
