@@ -302,11 +302,12 @@ void job_coordinator::regroup(const std::string& reason) {
     in.shard_tensors.push_back(t.tensors);
     published.insert(published.end(), t.tensors.begin(), t.tensors.end());
   }
+  const published_tensors by_name(published);
   std::string why;
   std::map<const job_membership::worker_table*, selection> checked;  // each distinct table once
   for (const auto& [key, w] : members_.workers) {
     const auto [it, fresh] = checked.try_emplace(w.table.get());
-    if (fresh && !check_worker_tensors(published, w.table->tensors.items(), w.table->parts.items(), it->second, why)) {
+    if (fresh && !check_worker_tensors(by_name, w.table->tensors.items(), w.table->parts.items(), it->second, why)) {
       return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
     }
     if (it->second.empty()) continue;

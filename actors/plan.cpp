@@ -472,7 +472,17 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
   return p;
 }
 
-result<void> check_worker_tensors(std::span<const tensor_spec> published, std::span<const tensor_spec> worker,
+published_tensors::published_tensors(std::span<const tensor_spec> all) : size_(all.size()) {
+  by_name_.reserve(all.size());
+  for (const auto& t : all) by_name_.emplace(t.name, &t);
+}
+
+const tensor_spec* published_tensors::find(std::string_view name) const {
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+result<void> check_worker_tensors(const published_tensors& published, std::span<const tensor_spec> worker,
                                   std::span<const byte_range> parts, selection& selected, std::string& why) {
   selected.clear();
   if (worker.empty()) return {};  // the worker takes the trainers' table, whatever it is
@@ -482,17 +492,15 @@ result<void> check_worker_tensors(std::span<const tensor_spec> published, std::s
           " tensors";
     return fail(errc::invalid_argument);
   }
-  std::unordered_map<std::string_view, const tensor_spec*> theirs;
-  for (const auto& t : published) theirs.emplace(t.name, &t);
   bool everything = worker.size() == published.size();
   for (std::size_t i = 0; i < worker.size(); ++i) {
     const auto& mine = worker[i];
-    const auto it = theirs.find(mine.name);
-    if (it == theirs.end()) {
+    const auto* theirs = published.find(mine.name);
+    if (!theirs) {
       why = "the worker registered tensor '" + mine.name + "', which no trainer publishes";
       return fail(errc::invalid_argument);
     }
-    const auto& t = *it->second;
+    const auto& t = *theirs;
     if (mine.type != t.type || mine.shape != t.shape) {
       why = "tensor '" + t.name + "' differs: trainer has " + std::string(dtype_name(t.type)) + " " +
             std::to_string(t.nbytes) + " bytes, worker has " + std::string(dtype_name(mine.type)) + " " +

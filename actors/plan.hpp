@@ -20,6 +20,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "actors/tensor.hpp"
@@ -195,11 +197,25 @@ result<plan> make_plan(const plan_inputs& in, std::string& why);
 std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
                                           std::optional<address> first_leader);
 
+/// What the trainers publish, found by name: hashed once for every distinct worker table checked
+/// against it (a simulation's 16 shares of 140k tensors each).
+class published_tensors {
+ public:
+  /// Views into `all`, which must outlive it.
+  explicit published_tensors(std::span<const tensor_spec> all);
+  const tensor_spec* find(std::string_view name) const;
+  std::size_t size() const { return size_; }
+
+ private:
+  std::unordered_map<std::string_view, const tensor_spec*> by_name_;
+  std::size_t size_ = 0;
+};
+
 /// Checks a worker's registration against what the trainers publish: names they publish, same
 /// dtypes and shapes, each range inside its tensor (`parts`: parallel to `worker`, or empty for
 /// whole tensors). Its selection, when it registered less than the whole table, goes to `selected`
 /// (sorted by name).
-result<void> check_worker_tensors(std::span<const tensor_spec> published, std::span<const tensor_spec> worker,
+result<void> check_worker_tensors(const published_tensors& published, std::span<const tensor_spec> worker,
                                   std::span<const byte_range> parts, selection& selected, std::string& why);
 
 }  // namespace ferry

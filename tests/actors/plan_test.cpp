@@ -97,7 +97,7 @@ TEST(plan, worker_registration_must_match_the_trainers) {
   const std::vector published{make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})};
   selection selected;
   auto check = [&](std::vector<tensor_spec> worker, std::vector<byte_range> parts = {}) {
-    return static_cast<bool>(check_worker_tensors(published, worker, parts, selected, why));
+    return static_cast<bool>(check_worker_tensors(published_tensors(published), worker, parts, selected, why));
   };
   EXPECT_TRUE(check({make_tensor_spec("b", dtype::f32, {4}), make_tensor_spec("w", dtype::bf16, {4, 4})}));
   EXPECT_TRUE(selected.empty());  // the whole table: no selection
