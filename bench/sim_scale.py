@@ -22,6 +22,8 @@ trainers and the instances of 16 scaled together, from 64 to 384 GPUs.
                                                         (its rounds' ratios within 10% of each
                                                         other, where alternating runs spread over
                                                         30%)
+  ... --against OLD --side-by-side --whole              the same for whole one-version runs, set-up
+                                                        included: what `ferry sim SCENARIO` costs
 """
 import json
 import resource
@@ -69,12 +71,17 @@ def timed_inside(r, versions):
     return r["steady_wall_seconds"] / (versions - 1), r["steady_events"] / (versions - 1)
 
 
-def side_by_side(scenario, trainers, instances, versions, binaries):
-    """`timed_inside` for each binary, all run at once (one per core): they share the same minutes of
-    the VM, whose speed moved 2.4x within an hour, and its caches, evenly."""
+def whole_run(r, versions):
+    """Seconds and events of the whole run, set-up included."""
+    return r["wall_seconds"], r["chunk_stage_events"]
+
+
+def side_by_side(scenario, trainers, instances, versions, binaries, reading=timed_inside):
+    """`reading` of each binary's run, all run at once (one per core): they share the same minutes
+    of the VM, whose speed moved 2.4x within an hour, and its caches, evenly."""
     running = [subprocess.Popen(command(scenario, trainers, instances, versions, b), stdout=subprocess.PIPE, text=True)
                for b in binaries]
-    return [timed_inside(parsed(p.communicate()[0]), versions) for p in running]
+    return [reading(parsed(p.communicate()[0]), versions) for p in running]
 
 
 def steady_state(scenario, trainers, instances, versions, binary=None, timed_by="wall_seconds"):
@@ -91,25 +98,29 @@ if "--against" in sys.argv:
     timed_by = "cpu_seconds" if "--cpu" in sys.argv else "wall_seconds"
     in_one_run = "--in-run" in sys.argv
     together = "--side-by-side" in sys.argv
+    whole = "--whole" in sys.argv
+    if whole and not together:
+        sys.exit("--whole: with --side-by-side")
     scenario = flag("--scenario", "kimi-k2")
     if gpus not in ("64", "384"):
         sys.exit("--gpus: 64 or 384")
     if scenario not in ("kimi-k2", "kimi-k2-ep16"):
         sys.exit("--scenario: kimi-k2 or kimi-k2-ep16")
     trainers, instances = SIZES[0] if gpus == "64" else SIZES[-1]
-    versions = 9 if gpus == "64" else 3  # a version at 384 GPUs takes 16 s
+    versions = 1 if whole else 9 if gpus == "64" else 3  # a version at 384 GPUs takes 16 s
     clock = "CPU s" if timed_by == "cpu_seconds" else "s"
-    how = "timed inside runs of" if in_one_run or together else "runs of 1 and"
-    print(f"{scenario}, {trainers + 16 * instances} GPUs, {how} {versions} versions"
+    per = "per run" if whole else "per version"
+    how = "whole runs of" if whole else "timed inside runs of" if in_one_run or together else "runs of 1 and"
+    print(f"{scenario}, {trainers + 16 * instances} GPUs, {how} {versions} version{'s' if versions > 1 else ''}"
           f"{', side by side' if together else ''}\n")
-    print(f"| round | {clock} per version, {old} | {clock} per version, {ferry} | events/s, old | events/s, new | new / old |")
+    print(f"| round | {clock} {per}, {old} | {clock} {per}, {ferry} | events/s, old | events/s, new | new / old |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     results = []  # per round: (old, new), each (s per version, events/s)
     for r in range(1, rounds + 1):
         # The VM's speed drifts within minutes: whichever runs first must not always be the same one.
         order = (old, ferry) if r % 2 else (ferry, old)
         if together:
-            timed = side_by_side(scenario, trainers, instances, versions, order)
+            timed = side_by_side(scenario, trainers, instances, versions, order, whole_run if whole else timed_inside)
         elif in_one_run:
             # One run's noise, not the difference of two runs'.
             timed = [timed_inside(run(scenario, trainers, instances, versions, b), versions) for b in order]
@@ -125,7 +136,7 @@ if "--against" in sys.argv:
     ratio = statistics.median(p[1][0] / p[0][0] for p in results)
     print(f"| median | {medians[0][0]:.4f} | {medians[1][0]:.4f} | {medians[0][1]:,.0f} | {medians[1][1]:,.0f} | "
           f"{ratio:.3f} |")
-    print(f"\nnew / old, time per version: {medians[1][0] / medians[0][0]:.3f} (medians), "
+    print(f"\nnew / old, time {per}: {medians[1][0] / medians[0][0]:.3f} (medians), "
           f"{ratio:.3f} (median of the rounds' ratios)")
     sys.exit(0)
 

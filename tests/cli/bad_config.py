@@ -4,13 +4,16 @@ print exactly one line on stderr that names what was wrong (no stack trace, no h
 
 Usage: bad_config.py FERRY_BINARY
 """
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 ferry = os.path.abspath(sys.argv[1])
 work = tempfile.mkdtemp(prefix="ferry-cli-")
+atexit.register(shutil.rmtree, work, ignore_errors=True)
 short_secret = os.path.join(work, "short")
 with open(short_secret, "w") as f:
     f.write("too short\n")

@@ -6,7 +6,9 @@ lost coordinator.
 
 Usage: node_timeout.py FERRY_BINARY
 """
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import time
 
 ferry = os.path.abspath(sys.argv[1])
 work = tempfile.mkdtemp(prefix="ferry-timeout-")
+atexit.register(shutil.rmtree, work, ignore_errors=True)
 env = dict(os.environ, FERRY_SECRET="t" * 32, IPATH_NO_BACKTRACE="1")
 job = ["--trainers", "1", "--instances", "1", "--workers", "1", "--model-bytes", "4MiB", "--chunk-bytes", "1MiB",
        "--versions", "100000"]

@@ -14,9 +14,11 @@ completing every version with verified digests.
 
 Usage: hostile_job.py FERRY_BINARY
 """
+import atexit
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -198,6 +200,7 @@ def turned_away_by_reason(log):
 def main():
     ferry = os.path.abspath(sys.argv[1])
     work = tempfile.mkdtemp(prefix="ferry-hostile-")
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the logs are printed on failure
     secret = os.urandom(32)
     secret_file = os.path.join(work, "secret")
     with open(secret_file, "wb") as f:

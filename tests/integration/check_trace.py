@@ -7,8 +7,10 @@ its part: there the applies of the last version only).
 
 Usage: check_trace.py MIN_NODES VERSIONS [--chaos] -- FERRY_BINARY COMMAND ARGS...
 """
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,7 +18,9 @@ import tempfile
 min_nodes, versions = int(sys.argv[1]), int(sys.argv[2])
 chaos = "--chaos" in sys.argv[: sys.argv.index("--")]
 command = sys.argv[sys.argv.index("--") + 1:]
-path = os.path.join(tempfile.mkdtemp(prefix="ferry-trace-"), "trace.json")
+work = tempfile.mkdtemp(prefix="ferry-trace-")
+atexit.register(shutil.rmtree, work, ignore_errors=True)
+path = os.path.join(work, "trace.json")
 env = dict(os.environ, IPATH_NO_BACKTRACE="1", FI_TCP_IFACE="lo")
 run = subprocess.run([*command, "--trace", path], env=env, capture_output=True, text=True, timeout=600)
 problems = []
