@@ -76,6 +76,16 @@ class rollout_worker final : public job_member {
     host_buffer bytes;
     device_memory* pinned = nullptr;  ///< unpinned from it when the copy goes
   };
+  /// What a worker registers of its table: its specs and the bytes it holds of each.
+  struct registered_table {
+    shared_vector<tensor_spec> tensors;
+    shared_vector<byte_range> parts;
+    /// The registration of `local`, one for every worker of the process that holds `local` while
+    /// any of them keeps it: a simulation's 128 whole-model workers send one 140k-tensor table.
+    /// Thread-safe.
+    static std::shared_ptr<const registered_table> of(const std::shared_ptr<const std::vector<tensor_ref>>& local);
+  };
+
   /// The plan and where this worker's tensors sit in it. A regroup replaces it and never changes
   /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
   struct worker_plan {
@@ -232,16 +242,6 @@ class rollout_worker final : public job_member {
 
   std::uint32_t instance_;
   std::uint32_t rank_;
-  /// What a worker registers of its table: its specs and the bytes it holds of each.
-  struct registered_table {
-    shared_vector<tensor_spec> tensors;
-    shared_vector<byte_range> parts;
-    /// The registration of `local`, one for every worker of the process that holds `local` while
-    /// any of them keeps it: a simulation's 128 whole-model workers send one 140k-tensor table.
-    /// Thread-safe.
-    static std::shared_ptr<const registered_table> of(const std::shared_ptr<const std::vector<tensor_ref>>& local);
-  };
-
   std::shared_ptr<const std::vector<tensor_ref>> tensors_;
   bool takes_trainers_table_ = false;  ///< registered no table: holds whatever the trainers publish
   std::shared_ptr<const registered_table> registered_;  ///< made at the first join, kept for a rejoin

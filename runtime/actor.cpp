@@ -63,7 +63,7 @@ void actor::serve() {
 void actor::send(address to, const encoded_body& body, std::function<void(std::error_code)> sent) {
   const envelope_header head{.kind = body.kind, .from = self_, .to = to, .epoch = epoch_};
   if (hands_over() && body.object) {
-    return hand_over(to, {.message = {head, body.object}, .frame_bytes = frame_size(head, body)},
+    return hand_over(to, {.message = {head, body.object}, .frame_bytes = frame_size(head, body).bytes},
                      std::move(sent));
   }
   send_frame(to, encode(head, body), std::move(sent));

@@ -48,12 +48,12 @@ frame encode(envelope_header head, const encoded_body& body) {
   return detail::framed(buffer.bytes(), body.bytes);
 }
 
-std::size_t frame_size(envelope_header head, const encoded_body& body) {
+frame_extent frame_size(envelope_header head, const encoded_body& body) {
   head.kind = body.kind;
   detail::size_counter counter;
   msgpack::packer<detail::size_counter> packer(counter);
   detail::pack_header(packer, head);
-  return frame_prefix_bytes + counter.bytes + body.bytes.size();
+  return {.bytes = frame_prefix_bytes + counter.bytes + body.bytes.size(), .shared_bytes = body.bytes.size()};
 }
 
 namespace {

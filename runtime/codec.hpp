@@ -129,7 +129,9 @@ bool passes_own_check(const M& body) {
 /// The size of a frame, counted without making it.
 struct frame_extent {
   std::size_t bytes = 0;
-  std::size_t shared_bytes = 0;  ///< of `bytes`, the contents of `shared_vector` fields
+  /// Of `bytes`, those one object holds for every message that carries them: the contents of
+  /// `shared_vector` fields, or a body encoded once for many.
+  std::size_t shared_bytes = 0;
 };
 
 /// The size of the frame `encode(head, body)` makes, counted without making it.
@@ -163,7 +165,7 @@ encoded_body encode_body(M body) {
 /// A frame of an already encoded body under `head` (whose kind is set from the body).
 frame encode(envelope_header head, const encoded_body& body);
 /// The size of the frame `encode(head, body)` makes, counted without making it.
-std::size_t frame_size(envelope_header head, const encoded_body& body);
+frame_extent frame_size(envelope_header head, const encoded_body& body);
 
 /// Reads a length prefix; `oversize_frame` if it announces more than the cap, `truncated_frame`
 /// if fewer than 4 bytes are given.
