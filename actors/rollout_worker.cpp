@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <mutex>
 
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
+#include "runtime/shared_per_sources.hpp"
 
 namespace ferry {
 
@@ -102,29 +101,20 @@ void rollout_worker::join() {
 
 std::shared_ptr<const rollout_worker::registered_table> rollout_worker::registered_table::of(
     const std::shared_ptr<const std::vector<tensor_ref>>& local) {
-  struct entry {
-    std::weak_ptr<const std::vector<tensor_ref>> local;
-    std::weak_ptr<const registered_table> table;
-  };
-  static std::mutex mutex;
-  static std::map<const void*, entry> made;
-  std::lock_guard lock(mutex);
-  std::erase_if(made, [](const auto& e) { return e.second.table.expired(); });
-  auto& e = made[local.get()];
-  // The same address may be a new table: only the very one it was made from matches.
-  if (auto live = e.table.lock(); live && e.local.lock() == local) return live;
-  std::vector<tensor_spec> tensors;
-  std::vector<byte_range> parts;
-  tensors.reserve(local->size());
-  parts.reserve(local->size());
-  for (const auto& t : *local) {
-    tensors.push_back(t.spec);
-    parts.push_back(t.held());
-  }
-  auto table = std::make_shared<const registered_table>(
-      registered_table{.tensors = shared_vector(std::move(tensors)), .parts = shared_vector(std::move(parts))});
-  e = {.local = local, .table = table};
-  return table;
+  return shared_per_sources<registered_table>(
+      [&] {
+        std::vector<tensor_spec> tensors;
+        std::vector<byte_range> parts;
+        tensors.reserve(local->size());
+        parts.reserve(local->size());
+        for (const auto& t : *local) {
+          tensors.push_back(t.spec);
+          parts.push_back(t.held());
+        }
+        return std::make_shared<const registered_table>(registered_table{
+            .tensors = shared_vector(std::move(tensors)), .parts = shared_vector(std::move(parts))});
+      },
+      local);
 }
 
 std::string rollout_worker::name() const { return "worker " + std::to_string(instance_) + "." + std::to_string(rank_); }

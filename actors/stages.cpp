@@ -2,11 +2,9 @@
 
 #include <xxhash.h>
 
-#include <map>
-#include <mutex>
-
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
+#include "runtime/shared_per_sources.hpp"
 
 namespace ferry {
 
@@ -19,21 +17,8 @@ tensor_placement::tensor_placement(const plan& job, std::span<const tensor_ref> 
 
 std::shared_ptr<const tensor_placement> tensor_placement::shared(
     const std::shared_ptr<const plan>& job, const std::shared_ptr<const std::vector<tensor_ref>>& local) {
-  struct entry {
-    std::weak_ptr<const plan> job;
-    std::weak_ptr<const std::vector<tensor_ref>> local;
-    std::weak_ptr<const tensor_placement> placement;
-  };
-  static std::mutex mutex;
-  static std::map<std::pair<const plan*, const void*>, entry> made;
-  std::lock_guard lock(mutex);
-  std::erase_if(made, [](const auto& e) { return e.second.placement.expired(); });
-  auto& e = made[{job.get(), local.get()}];
-  // The same addresses may be new objects: only the very ones it was made from match.
-  if (auto live = e.placement.lock(); live && e.job.lock() == job && e.local.lock() == local) return live;
-  auto placement = std::make_shared<const tensor_placement>(*job, *local);
-  e = {.job = job, .local = local, .placement = placement};
-  return placement;
+  return shared_per_sources<tensor_placement>(
+      [&] { return std::make_shared<const tensor_placement>(*job, *local); }, job, local);
 }
 
 void async_chunk_checksum(environment& env, std::span<const std::byte> bytes,
