@@ -48,12 +48,12 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
       return fail_job("worker " + worker_name(m.instance, m.rank) + ": instance ids are below " +
                       std::to_string(shape_.limits.max_instance_id) + " (job_limits::max_instance_id)");
     }
-    if (auto it = members_.workers.find({m.instance, m.rank}); it != members_.workers.end() && it->second.who == h.from) return;  // sent again
     // A table equal to a live one passed this check when that one was registered.
     auto [table, fresh] = members_.intern(m.tensors, m.parts);
     if (std::string why; fresh && !check_registration(table->tensors.items(), shape_.limits, why)) {
       return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
     }
+    if (auto it = members_.workers.find({m.instance, m.rank}); it != members_.workers.end() && it->second.who == h.from) return;  // sent again
     add_peer(h.from, m.transport_address);
     readmit(h.from);
     members_.workers[{m.instance, m.rank}] = {.who = h.from,
