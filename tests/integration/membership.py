@@ -5,7 +5,9 @@
 - a trainer shard's process is SIGKILLed while version 2 is in flight: the update fails on every
   participant within a bound (no worker completes it). The process is stopped (SIGSTOP) when
   version 1 is delivered, so version 2 cannot complete before the kill, however loaded the host;
-- a new process of that shard joins: the job publishes again and ends verified.
+- a new process of that shard joins: the job publishes again and ends verified. It is started only
+  once the new worker has joined (the coordinator says so on stderr): the job cannot publish
+  without that shard, so the join cannot lose a race with the job's end on a slow host.
 Usage: membership.py FERRY [JOB FLAGS...] (e.g. --shared-host-copies)"""
 import json
 import os
@@ -24,8 +26,13 @@ job = ["--trainers", "2", "--instances", "1", "--workers", "2", "--model-bytes",
        "--depth", "2", "--versions", "4", "--transport", "tcp", "--timeout", "120", *sys.argv[2:]]
 failures = []
 with tempfile.TemporaryDirectory() as scratch:
-    coordinator, address, env = start_coordinator(ferry, job, scratch)
+    coordinator_log = open(os.path.join(scratch, "coordinator.log"), "w+")
+    coordinator, address, env = start_coordinator(ferry, job, scratch, stderr=coordinator_log)
     logs = {}
+
+    def worker_joined():
+        coordinator_log.seek(0)
+        return "worker 0.2 joined (node 6)" in coordinator_log.read()
 
     def start(node_id, *role):
         log = open(os.path.join(scratch, f"node{node_id}.log"), "w+")
@@ -36,16 +43,21 @@ with tempfile.TemporaryDirectory() as scratch:
     trainers = {0: start(1, "--role", "trainer", "--shard", "0"), 1: start(2, "--role", "trainer", "--shard", "1")}
     workers = [start(3, "--role", "worker", "--instance", "0", "--rank", "0"),
                start(4, "--role", "worker", "--instance", "0", "--rank", "1")]
-    events, verdict, killed_at, failed_version = [], None, None, None
+    events, verdict, killed_at, failed_version, rejoined = [], None, None, None, False
     lines = line_reader(coordinator.stdout)
     end = time.time() + 150
     while time.time() < end and verdict is None:
         try:
-            line = lines.get(timeout=1)
+            line = lines.get(timeout=0.2)
         except queue.Empty:
-            continue
+            line = ""
+        if failed_version is not None and not rejoined and worker_joined():
+            trainers[1] = start(5, "--role", "trainer", "--shard", "1")  # the shard rejoins
+            rejoined = True
         if line is None:
             break
+        if not line:
+            continue
         e = json.loads(line)
         if "event" not in e:
             verdict = e
@@ -63,7 +75,6 @@ with tempfile.TemporaryDirectory() as scratch:
             failed_version = e["version"]
             if time.time() - killed_at > BOUND_S:
                 failures.append(f"update_failed came {time.time() - killed_at:.1f} s after the kill (bound {BOUND_S} s)")
-            trainers[1] = start(5, "--role", "trainer", "--shard", "1")  # the shard rejoins
     coordinator.wait(timeout=30)
     for p in [trainers[0], trainers[1], *workers]:
         try:
@@ -98,7 +109,8 @@ with tempfile.TemporaryDirectory() as scratch:
         for node_id, log in logs.items():
             log.seek(0)
             print(f"--- node {node_id} ---\n" + log.read()[-3000:])
-        print("--- coordinator stderr ---\n" + coordinator.stderr.read()[-4000:])
+        coordinator_log.seek(0)
+        print("--- coordinator stderr ---\n" + coordinator_log.read()[-4000:])
         sys.exit(1)
     print(f"ok: a worker left on SIGTERM and another joined; version 2 failed on every participant after its trainer was killed; "
           f"delivered {delivered} after the shard rejoined, verified")
