@@ -79,11 +79,13 @@ def stages(name, trainers, instance, k, shared):
     r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE)] for g in instance[:k]])
     s["h2d"] = gbps(sum(x["bytes"] for x in r), span(r, "h2d_start", "h2d_end"))
     if not shared:  # P2P: every trainer process writes its share of each stripe into that leader's slots
-        dirs = [tempfile.mkdtemp() for _ in range(k)]
+        dirs = [tempfile.TemporaryDirectory() for _ in range(k)]
         args = [str(len(trainers)), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE), P2P]
-        cmds = [[bench, "p2p-recv", d] + args for d in dirs]
-        cmds += [[bench, "p2p-send", d, str(i)] + args for d in dirs for i in range(len(trainers))]
+        cmds = [[bench, "p2p-recv", d.name] + args for d in dirs]
+        cmds += [[bench, "p2p-send", d.name, str(i)] + args for d in dirs for i in range(len(trainers))]
         r = [x for x in run_all(cmds, timeout=240) if x]
+        for d in dirs:
+            d.cleanup()
         s["p2p"] = gbps(sum(x["bytes"] for x in r), span(r, "start", "end"))
     with tempfile.TemporaryDirectory() as d:
         r = run_all([[bench, "bcast", d, str(rank), str(len(instance)), str(g), str(STAGE_BYTES), str(CHUNK),
