@@ -304,15 +304,17 @@ void job_coordinator::regroup(const std::string& reason) {
   }
   const published_tensors by_name(published);
   std::string why;
-  std::map<const job_membership::worker_table*, selection> checked;  // each distinct table once
+  std::map<const job_membership::worker_table*, shared_selection> checked;  // each distinct table once
   for (const auto& [key, w] : members_.workers) {
     const auto [it, fresh] = checked.try_emplace(w.table.get());
-    if (fresh && !check_worker_tensors(by_name, w.table->tensors.items(), w.table->parts.items(), it->second, why)) {
-      return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
+    if (fresh) {
+      selection s;
+      if (!check_worker_tensors(by_name, w.table->tensors.items(), w.table->parts.items(), s, why)) {
+        return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
+      }
+      if (!s.empty()) it->second = *selections_.insert(std::make_shared<const selection>(std::move(s))).first;
     }
-    if (it->second.empty()) continue;
-    selections_.insert(it->second);
-    in.selected.emplace(w.who, it->second);
+    if (it->second) in.selected.emplace(w.who, it->second);
   }
   in.selections = selections_;
   // Every instance some worker registered in, declared or joined since; one whose workers all

@@ -139,7 +139,7 @@ class job_coordinator final : public actor {
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
-  std::set<selection> selections_;       ///< every selection the job has seen: they fix the layout
+  selection_set selections_;             ///< every selection the job has seen: they fix the layout
   region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer
   bool started_ = false;   ///< the first plan was made
   bool in_force_ = false;  ///< every worker is ready for the current epoch

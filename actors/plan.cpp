@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <map>
 #include <set>
+#include <stdexcept>
 
 namespace ferry {
 
@@ -128,8 +129,15 @@ struct segment_cut {
   std::vector<tensor_segment> segments;
   std::vector<std::uint32_t> key_of;  ///< per segment: its key, numbered by first appearance
 };
-segment_cut cut_segments(plan& p, const std::set<selection>& selections, const std::map<address, selection>& selected) {
-  const std::vector<selection> known(selections.begin(), selections.end());
+segment_cut cut_segments(plan& p, const selection_set& selections, const std::map<address, shared_selection>& selected) {
+  const std::vector<shared_selection> known(selections.begin(), selections.end());
+  std::map<const selection*, std::uint32_t> number;  // by identity: no contents compared
+  for (std::uint32_t k = 0; k < known.size(); ++k) number.emplace(known[k].get(), k);
+  auto number_of = [&](const shared_selection& s) {
+    const auto it = number.find(s.get());
+    if (it == number.end()) throw std::logic_error("plan_inputs: a selected entry is not one of `selections` (use select)");
+    return it->second;
+  };
   std::vector<address> whole;                               // live workers without a selection
   std::vector<std::vector<address>> holders(known.size());  // per selection, its live workers
   for (const auto& inst : p.instances) {
@@ -138,13 +146,13 @@ segment_cut cut_segments(plan& p, const std::set<selection>& selections, const s
       if (it == selected.end()) {
         whole.push_back(w);
       } else {
-        holders[std::lower_bound(known.begin(), known.end(), it->second) - known.begin()].push_back(w);
+        holders[number_of(it->second)].push_back(w);
       }
     }
   }
   std::unordered_map<std::string_view, std::vector<std::pair<std::uint32_t, byte_range>>> wants;
   for (std::uint32_t k = 0; k < known.size(); ++k) {
-    for (const auto& r : known[k]) wants[r.name].emplace_back(k, r.range);
+    for (const auto& r : *known[k]) wants[r.name].emplace_back(k, r.range);
   }
   segment_cut out;
   std::map<std::vector<std::uint32_t>, std::pair<std::uint32_t, std::uint32_t>> keys;  // -> key, audience

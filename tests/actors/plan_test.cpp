@@ -127,8 +127,7 @@ TEST(plan, worker_registration_must_match_the_trainers) {
 /// workers A = {10, 1} and B = {11, 1} with the given selections.
 plan_inputs selective(std::map<address, selection> selected, std::uint64_t chunk = 1024) {
   auto in = inputs({{make_tensor_spec("w", dtype::f32, {1000}), make_tensor_spec("b", dtype::f32, {64})}}, chunk);
-  for (const auto& [who, s] : selected) in.selections.insert(s);
-  in.selected = std::move(selected);
+  for (auto& [who, s] : selected) in.select(who, std::move(s));
   in.require_coverage = true;
   return in;
 }
@@ -201,8 +200,7 @@ TEST(plan, the_layout_outlives_the_workers_and_changes_only_with_a_new_part) {
   EXPECT_LT(alone->bytes_for(worker_b), alone->total_bytes());
   // A replacement with a part never seen before moves the cuts: another layout.
   in.instances[0].workers = {worker_a, worker_b};
-  in.selected[worker_a] = {{"b", {0, 256}}, {"w", {0, 1000}}};
-  in.selections.insert(in.selected[worker_a]);
+  in.select(worker_a, {{"b", {0, 256}}, {"w", {0, 1000}}});
   auto moved = make_plan(in, why);
   ASSERT_TRUE(moved) << why;
   EXPECT_NE(moved->layout, both->layout);

@@ -104,8 +104,8 @@ TEST(update_scheduler, only_what_some_member_lacks_travels) {
   EXPECT_TRUE(update_scheduler::what_travels(*whole, whole->instances[0], members, 5).through_leaders.empty());
 
   // A holds rows [0, 500) of w, B the rest; both hold b: each row chunk goes to its one hearer.
-  in.selected = {{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}}, {worker_b, {{"w", {2000, 2000}}, {"b", {0, 256}}}}};
-  for (const auto& [who, s] : in.selected) in.selections.insert(s);
+  in.select(worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}});
+  in.select(worker_b, {{"w", {2000, 2000}}, {"b", {0, 256}}});
   auto split = make_plan(in, why);
   ASSERT_TRUE(split) << why;
   members = two_trainers_two_workers();
