@@ -26,7 +26,8 @@ job = ["--trainers", "2", "--instances", "1", "--workers", "2", "--model-bytes",
        "--depth", "2", "--versions", "4", "--transport", "tcp", "--timeout", "120", *sys.argv[2:]]
 failures = []
 with tempfile.TemporaryDirectory() as scratch:
-    coordinator_log = open(os.path.join(scratch, "coordinator.log"), "w+")
+    # Appending: the coordinator shares this file's offset, which each read here moves.
+    coordinator_log = open(os.path.join(scratch, "coordinator.log"), "a+")
     coordinator, address, env = start_coordinator(ferry, job, scratch, stderr=coordinator_log)
     logs = {}
 
