@@ -312,7 +312,7 @@ void job_coordinator::regroup(const std::string& reason) {
       if (!check_worker_tensors(by_name, w.table->tensors.items(), w.table->parts.items(), s, why)) {
         return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
       }
-      if (!s.empty()) it->second = *selections_.insert(std::make_shared<const selection>(std::move(s))).first;
+      if (!s.empty()) it->second = intern(selections_, std::move(s));
     }
     if (it->second) in.selected.emplace(w.who, it->second);
   }

@@ -80,6 +80,10 @@ struct by_contents {
   bool operator()(const shared_selection& a, const shared_selection& b) const { return *a < *b; }
 };
 using selection_set = std::set<shared_selection, by_contents>;
+/// `s` as an entry of `set`: the equal one already there, or `s`, added.
+inline shared_selection intern(selection_set& set, selection s) {
+  return *set.insert(std::make_shared<const selection>(std::move(s))).first;
+}
 
 /// One rollout instance: its workers in rank order and the ranks that receive point-to-point.
 /// With k leaders every chunk travels as k stripes (`stripe_of`), stripe s to leaders[s], and
@@ -194,7 +198,7 @@ struct plan_inputs {
 
   /// `who` registered `s`: it is selected, and among `selections` unless an equal one is there.
   void select(const address& who, selection s) {
-    selected[who] = *selections.insert(std::make_shared<const selection>(std::move(s))).first;
+    selected[who] = intern(selections, std::move(s));
   }
 };
 
