@@ -1,5 +1,7 @@
 #include "actors/plan.hpp"
 
+#include "runtime/shared_per_sources.hpp"
+
 #include <xxhash.h>
 
 #include <unordered_map>
@@ -40,19 +42,6 @@ std::vector<std::uint32_t> plan::chunks_of(std::uint32_t shard) const {
   }
   std::stable_sort(ids.begin(), ids.end(), [&](std::uint32_t x, std::uint32_t y) { return at[x] < at[y]; });
   return ids;
-}
-
-std::vector<int> plan::indices_in(std::span<const std::string_view> names,
-                                  std::optional<std::uint32_t> owned_by) const {
-  std::unordered_map<std::string_view, int> index;
-  index.reserve(names.size());
-  for (std::size_t i = 0; i < names.size(); ++i) index.emplace(names[i], static_cast<int>(i));
-  std::vector<int> out(tensors.size(), -1);
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (owned_by && (i >= owner.size() || owner[i] != *owned_by)) continue;
-    if (const auto it = index.find(tensors[i].name); it != index.end()) out[i] = it->second;
-  }
-  return out;
 }
 
 bool plan::hears(std::uint32_t audience, const address& worker) const {
@@ -112,6 +101,30 @@ std::shared_ptr<const plan> share_plan(const plan& p) {
   auto copy = std::make_shared<const plan>(p);
   slot = copy;
   return copy;
+}
+
+plan_index::plan_index(std::shared_ptr<const plan> job) : job_(std::move(job)) {
+  by_name_.reserve(job_->tensors.size());
+  for (std::uint32_t i = 0; i < job_->tensors.size(); ++i) by_name_.emplace(job_->tensors[i].name, i);
+  first_segment_.assign(job_->audiences.size() + 1, 0);
+  for (const auto& s : job_->segments) {
+    if (s.audience >= job_->audiences.size())
+      throw std::out_of_range("a segment's audience is past the plan's audiences");
+    ++first_segment_[s.audience + 1];
+  }
+  for (std::size_t a = 1; a < first_segment_.size(); ++a) first_segment_[a] += first_segment_[a - 1];
+  segments_.resize(job_->segments.size());
+  auto next = first_segment_;
+  for (std::uint32_t i = 0; i < job_->segments.size(); ++i) segments_[next[job_->segments[i].audience]++] = i;
+}
+
+std::shared_ptr<const plan_index> plan_index::of(const std::shared_ptr<const plan>& job) {
+  return shared_per_sources<plan_index>([&] { return std::make_shared<const plan_index>(job); }, job);
+}
+
+std::int64_t plan_index::tensor_named(std::string_view name) const {
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : std::int64_t{it->second};
 }
 
 namespace {

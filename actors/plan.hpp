@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -135,17 +136,36 @@ struct plan {
   receive_share receive_shares() const;
   /// Ids of the chunks `shard` sources, in send order: each audience's spread evenly over it.
   std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
-  /// For each of `tensors`, the index of the same name in `names`, or -1: one hashed pass, for
-  /// tables of 100k+ tensors (Kimi-K2's experts). With `owned_by`, only that shard's tensors are
-  /// looked up: a trainer shard holds a few hundred of them, and hashing every name of the plan was
-  /// a tenth of a 384-GPU simulation's wall time.
-  std::vector<int> indices_in(std::span<const std::string_view> names,
-                              std::optional<std::uint32_t> owned_by = std::nullopt) const;
 };
 
 /// One copy of `p` for the whole process: every member adopting a plan of the same digest shares
 /// it (a simulation runs hundreds of members, each handed a Kimi-K2 plan of ~35 MB). Thread-safe.
 std::shared_ptr<const plan> share_plan(const plan& p);
+
+/// What members look up in a plan: a tensor by name, an audience's segments. Made once per plan
+/// and shared by the process's members (`of`): each of a 384-GPU simulation's members scanned the
+/// plan's 140k tensors, and each worker its segments, to find the few it holds.
+class plan_index {
+ public:
+  explicit plan_index(std::shared_ptr<const plan> job);
+  /// The index of `job`, one for every caller that passes the same plan while any keeps it.
+  /// Thread-safe.
+  static std::shared_ptr<const plan_index> of(const std::shared_ptr<const plan>& job);
+
+  const plan& job() const { return *job_; }
+  /// The plan tensor named `name`; -1 when none is.
+  std::int64_t tensor_named(std::string_view name) const;
+  /// The segments of `audience`, in plan order.
+  std::span<const std::uint32_t> segments_of(std::uint32_t audience) const {
+    return {segments_.data() + first_segment_[audience], segments_.data() + first_segment_[audience + 1]};
+  }
+
+ private:
+  std::shared_ptr<const plan> job_;  ///< kept: the names below view into it
+  std::unordered_map<std::string_view, std::uint32_t> by_name_;
+  std::vector<std::uint32_t> segments_;       ///< grouped by audience
+  std::vector<std::uint32_t> first_segment_;  ///< per audience, its first in `segments_`; one more at the end
+};
 
 /// Caps on what a job's registrations may announce. The coordinator holds one; every refusal
 /// names the limit and the value that broke it. Defaults are far above real models (Llama-3-405B

@@ -93,4 +93,22 @@ std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollou
   return out;
 }
 
+std::vector<std::vector<tensor_ref>> rollout_shares(std::span<const tensor_spec> table, rollout_sharding sharding,
+                                                    std::uint32_t size) {
+  std::vector<std::vector<tensor_ref>> shares;
+  if (sharding != rollout_sharding::ep) {
+    for (std::uint32_t rank = 0; rank < size; ++rank) shares.push_back(rollout_share(table, sharding, rank, size));
+    return shares;
+  }
+  shares.resize(size);
+  for (const auto& t : table) {
+    if (const auto e = expert_of(t.name)) {
+      shares[*e % size].push_back({.spec = t});
+    } else {
+      for (auto& share : shares) share.push_back({.spec = t});
+    }
+  }
+  return shares;
+}
+
 }  // namespace ferry

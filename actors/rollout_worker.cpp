@@ -277,31 +277,42 @@ std::string rollout_worker::prepare_staging() {
 
 std::string rollout_worker::worker_plan::derive(const std::shared_ptr<const std::vector<tensor_ref>>& local,
                                                const address& self, const instance_plan& inst) {
-  placement = tensor_placement::shared(job, local);
+  index = plan_index::of(job);
+  placement = tensor_placement::shared(index, local);
+  // Asked once per audience, not per segment and chunk: a Kimi-K2 plan has 140k segments, and
+  // far fewer audiences.
+  std::vector<bool> heard(job->audiences.size()), whole(job->audiences.size());
+  for (std::uint32_t a = 0; a < job->audiences.size(); ++a) {
+    heard[a] = job->hears(a, self);
+    whole[a] = heard[a] && job->whole_instance(inst, a);
+  }
   // What this worker hears must lie in what it holds (a worker that took the trainers' table sees
   // it change when a trainer comes back with another).
-  for (std::uint32_t i = 0; i < job->segments.size(); ++i) {
-    const auto& s = job->segments[i];
-    if (!job->hears(s.audience, self)) continue;
-    const auto index = placement->local_index(s.tensor);
-    if (index < 0) return "publishes tensor '" + job->tensors[s.tensor].name + "', which this worker does not hold";
-    const auto held = (*local)[index].held();
-    if (s.offset < held.offset || s.offset + s.bytes > held.end()) {
-      return "sends bytes of tensor '" + job->tensors[s.tensor].name + "' this worker does not hold";
+  for (std::uint32_t a = 0; a < job->audiences.size(); ++a) {
+    if (!heard[a]) continue;
+    for (const auto i : index->segments_of(a)) {
+      const auto& s = job->segments[i];
+      const auto at = placement->local_index(s.tensor);
+      if (at < 0) return "publishes tensor '" + job->tensors[s.tensor].name + "', which this worker does not hold";
+      const auto held = (*local)[at].held();
+      if (s.offset < held.offset || s.offset + s.bytes > held.end()) {
+        return "sends bytes of tensor '" + job->tensors[s.tensor].name + "' this worker does not hold";
+      }
+      heard_segments.push_back(i);
     }
-    heard_segments.push_back(i);
   }
+  // In plan order, as the digests report them; already so when it hears one audience.
+  if (!std::ranges::is_sorted(heard_segments)) std::ranges::sort(heard_segments);
   mine.assign(job->chunks.size(), false);
   heard_directly.assign(job->chunks.size(), false);
-  std::map<std::uint32_t, bool> whole;  // audience -> the whole instance hears it
   for (const auto& c : job->chunks) {
-    if (!job->hears(c.audience, self)) continue;
+    if (c.audience >= heard.size())
+      return "names audience " + std::to_string(c.audience) + " for chunk " + std::to_string(c.id) + ", past its audiences";
+    if (!heard[c.audience]) continue;
     mine[c.id] = true;
     ++mine_count;
-    auto [it, fresh] = whole.emplace(c.audience, true);
-    if (fresh) it->second = job->whole_instance(inst, c.audience);
-    heard_directly[c.id] = !it->second;
-    direct = direct || !it->second;
+    heard_directly[c.id] = !whole[c.audience];
+    direct = direct || !whole[c.audience];
   }
   return {};
 }

@@ -90,6 +90,7 @@ class rollout_worker final : public job_member {
   /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
   struct worker_plan {
     std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
+    std::shared_ptr<const plan_index> index;  ///< of `job`, shared likewise while a member keeps it
     std::shared_ptr<const tensor_placement> placement;  ///< of the plan's tensors in tensors_
     std::vector<std::uint32_t> heard_segments;  ///< the segments this worker holds
     std::uint32_t mine_count = 0;               ///< chunks this worker hears

@@ -8,15 +8,22 @@
 
 namespace ferry {
 
-tensor_placement::tensor_placement(const plan& job, std::span<const tensor_ref> local,
+tensor_placement::tensor_placement(const plan_index& job, std::span<const tensor_ref> local,
                                    std::optional<std::uint32_t> owned_by)
-    : local_of_(job.indices_in(names_of(local), owned_by)) {
+    : local_of_(job.job().tensors.size(), -1) {
+  const auto& owner = job.job().owner;
   places_.reserve(local.size());
-  for (const auto& t : local) places_.push_back({.data = t.data, .first = t.held().offset});
+  for (std::size_t i = 0; i < local.size(); ++i) {
+    places_.push_back({.data = local[i].data, .first = local[i].held().offset});
+    const auto t = job.tensor_named(local[i].spec.name);
+    if (t < 0 || local_of_[t] >= 0) continue;
+    if (owned_by && (static_cast<std::size_t>(t) >= owner.size() || owner[t] != *owned_by)) continue;
+    local_of_[t] = static_cast<int>(i);
+  }
 }
 
 std::shared_ptr<const tensor_placement> tensor_placement::shared(
-    const std::shared_ptr<const plan>& job, const std::shared_ptr<const std::vector<tensor_ref>>& local) {
+    const std::shared_ptr<const plan_index>& job, const std::shared_ptr<const std::vector<tensor_ref>>& local) {
   return shared_per_sources<tensor_placement>(
       [&] { return std::make_shared<const tensor_placement>(*job, *local); }, job, local);
 }

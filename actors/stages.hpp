@@ -21,12 +21,12 @@ namespace ferry {
 /// hold one table share it (`shared`), so a simulation's hundreds of workers keep one.
 class tensor_placement {
  public:
-  /// `owned_by`: the trainer shard whose tensors `local` holds; the others are not looked up.
-  tensor_placement(const plan& job, std::span<const tensor_ref> local,
+  /// `owned_by`: the trainer shard whose tensors `local` holds; another shard's are not placed.
+  tensor_placement(const plan_index& job, std::span<const tensor_ref> local,
                    std::optional<std::uint32_t> owned_by = std::nullopt);
   /// The placement of `job` in `local`, one for every caller that passes the same two while any
   /// of them keeps it. Thread-safe.
-  static std::shared_ptr<const tensor_placement> shared(const std::shared_ptr<const plan>& job,
+  static std::shared_ptr<const tensor_placement> shared(const std::shared_ptr<const plan_index>& job,
                                                         const std::shared_ptr<const std::vector<tensor_ref>>& local);
 
   /// The index of plan tensor `tensor` in the member's table, or -1.

@@ -39,13 +39,6 @@ tensor_spec make_tensor_spec(std::string name, dtype type, std::vector<std::int6
   return tensor_spec{.name = std::move(name), .type = type, .shape = std::move(shape), .nbytes = n};
 }
 
-std::vector<std::string_view> names_of(std::span<const tensor_ref> tensors) {
-  std::vector<std::string_view> names;
-  names.reserve(tensors.size());
-  for (const auto& t : tensors) names.push_back(t.spec.name);
-  return names;
-}
-
 result<void> validate_tensor_table(std::span<const tensor_spec> table, std::string& why) {
   std::set<std::string_view> names;
   for (const auto& t : table) {

@@ -52,9 +52,6 @@ struct tensor_ref {
   byte_range held() const { return part ? *part : byte_range{0, spec.nbytes}; }
 };
 
-/// The tensors' names, viewing into `tensors` (valid while it is).
-std::vector<std::string_view> names_of(std::span<const tensor_ref> tensors);
-
 /// Checks one process's table: names non-empty and unique, no zero-byte tensor, nbytes equal to
 /// dtype size times shape. The error message names the tensor.
 result<void> validate_tensor_table(std::span<const tensor_spec> table, std::string& why);

@@ -141,7 +141,8 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   retire_routes();
   auto next = std::make_shared<shard_plan>(shard_plan{.job = share_plan(m.plan)});
   set_epoch(next->job->epoch);
-  next->placement = std::make_shared<const tensor_placement>(*next->job, tensors_, shard_);
+  next->index = plan_index::of(next->job);
+  next->placement = std::make_shared<const tensor_placement>(*next->index, tensors_, shard_);
   next->my_chunks = next->job->chunks_of(shard_);
   next->send_position.assign(next->job->chunks.size(), 0);
   for (std::uint32_t i = 0; i < next->my_chunks.size(); ++i) next->send_position[next->my_chunks[i]] = i;

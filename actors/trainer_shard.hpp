@@ -63,6 +63,7 @@ class trainer_shard final : public job_member {
   /// a fiber or a route that holds one keeps a consistent view.
   struct shard_plan {
     std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
+    std::shared_ptr<const plan_index> index;  ///< of `job`, shared likewise while a member keeps it
     std::shared_ptr<const tensor_placement> placement;  ///< of the plan's tensors in tensors_
     std::vector<std::uint32_t> my_chunks;  ///< this shard's chunk ids, in send order
     std::vector<std::uint32_t> send_position;  ///< per plan chunk: its place in `my_chunks`

@@ -124,7 +124,7 @@ class session {
   event_loop loop_;
   real_environment env_;
   transport_settings environment_;
-  std::optional<plan> plan_;
+  std::shared_ptr<const plan> plan_;
   std::vector<std::unique_ptr<node>> nodes_;
 
   std::vector<host_buffer> trainer_tensors_;  ///< per shard, tensors laid out back to back
@@ -167,7 +167,7 @@ bool session::prepare(std::string& why) {
   }
   auto p = make_plan(in, why);
   if (!p) return false;
-  plan_ = std::move(*p);
+  plan_ = std::make_shared<const plan>(std::move(*p));
 
   std::random_device random;
   for (int i = 0; i < 32; ++i) environment_.secret.push_back(static_cast<std::byte>(random()));
@@ -200,9 +200,10 @@ bool session::prepare(std::string& why) {
     return true;
   };
   const auto slot_bytes = std::size_t{shape_.depth} * shape_.chunk_bytes;
+  const plan_index index(plan_);
   for (std::uint32_t s = 0; s < shape_.trainers; ++s) {
     trainer_refs_.push_back(place(shards[s], trainer_tensors_.emplace_back()));
-    trainer_placements_.emplace_back(*plan_, trainer_refs_.back());
+    trainer_placements_.emplace_back(index, trainer_refs_.back());
     host_copies_.emplace_back(plan_->shard_bytes[s]);
     if (!registered(trainer_node(s), host_copies_.back(), host_regions_)) return false;
     offload_stages_.push_back(std::make_unique<offload_stage>(env_, trainer_node(s).id(), shape_.checksums));
@@ -217,7 +218,7 @@ bool session::prepare(std::string& why) {
     worker_slots_.emplace_back(slot_bytes);
     if (!registered(n, worker_slots_.back(), worker_regions_)) return false;
     worker_refs_.push_back(place(model, worker_tensors_.emplace_back()));
-    worker_placements_.emplace_back(*plan_, worker_refs_.back());
+    worker_placements_.emplace_back(index, worker_refs_.back());
     apply_stages_.push_back(std::make_unique<apply_stage>(env_, n.id()));
   }
   for (auto& n : nodes_) {

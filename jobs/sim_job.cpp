@@ -321,6 +321,7 @@ class sim_job {
   std::vector<std::unique_ptr<member>> members_;
   /// By share: a rank in an instance, or 0 for every worker of an unsharded model.
   std::map<std::uint32_t, std::shared_ptr<const std::vector<tensor_ref>>> shares_;
+  std::vector<std::vector<tensor_ref>> share_specs_;  ///< what each share holds, all found at once
   std::map<std::pair<std::uint32_t, std::vector<address>>, std::weak_ptr<sim_group>> groups_;
   std::unique_ptr<member> coordinator_member_;
   std::unique_ptr<job_coordinator> coordinator_;
@@ -419,7 +420,11 @@ std::shared_ptr<const std::vector<tensor_ref>> sim_job::share_of(std::uint32_t r
   const auto share = config_.shard_rollout == rollout_sharding::none ? 0 : rank % config_.instance_size;
   auto& table = shares_[share];
   if (!table) {
-    auto destinations = rollout_share(config_.model, config_.shard_rollout, share, config_.instance_size);
+    if (share_specs_.empty()) {
+      const auto shares = config_.shard_rollout == rollout_sharding::none ? 1 : config_.instance_size;
+      share_specs_ = rollout_shares(config_.model, config_.shard_rollout, shares);
+    }
+    auto destinations = share_specs_[share];
     for (auto& t : destinations) {
       t.data = sim_device_memory::take(t.held().bytes);
       t.device = device;

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <map>
+#include <numeric>
 
+#include "actors/stages.hpp"
 #include "actors/synthetic_model.hpp"
 
 namespace ferry {
@@ -176,6 +179,45 @@ TEST(plan, selective_segments_are_cut_at_ranges_and_packed_by_audience) {
   }
   EXPECT_EQ(straddling, 0u);  // row boundaries stay row boundaries (chunks are 256-aligned)
   EXPECT_GT(p->chunks.size(), 3u);
+}
+
+TEST(plan_index, finds_tensors_by_name_and_each_audiences_segments_and_places_a_members_table) {
+  std::string why;
+  auto made = make_plan(selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}},
+                                   {worker_b, {{"w", {1500, 2500}}, {"b", {0, 256}}}}}),
+                        why);
+  ASSERT_TRUE(made) << why;
+  const auto p = std::make_shared<const plan>(std::move(*made));
+  const auto index = plan_index::of(p);
+  EXPECT_EQ(plan_index::of(p), index);  // one per plan while it is kept
+  EXPECT_EQ(index->tensor_named("w"), 0);
+  EXPECT_EQ(index->tensor_named("b"), 1);
+  EXPECT_EQ(index->tensor_named("x"), -1);
+  // Every segment under its own audience, once, in plan order.
+  std::vector<std::uint32_t> all;
+  for (std::uint32_t a = 0; a < p->audiences.size(); ++a) {
+    const auto of = index->segments_of(a);
+    EXPECT_TRUE(std::ranges::is_sorted(of));
+    for (const auto i : of) EXPECT_EQ(p->segments[i].audience, a) << "segment " << i;
+    all.insert(all.end(), of.begin(), of.end());
+  }
+  std::ranges::sort(all);
+  std::vector<std::uint32_t> every(p->segments.size());
+  std::iota(every.begin(), every.end(), 0u);
+  EXPECT_EQ(all, every);
+
+  // A member holding b then w, and one (shard 0's trainer, or another) told whose tensors to place.
+  std::array<std::byte, 8> b_bytes{}, w_bytes{};
+  const std::vector<tensor_ref> local{{.spec = p->tensors[1], .data = b_bytes.data()},
+                                      {.spec = p->tensors[0], .data = w_bytes.data(), .part = byte_range{1500, 8}}};
+  const tensor_placement placed(*index, local);
+  EXPECT_EQ(placed.local_index(0), 1);
+  EXPECT_EQ(placed.local_index(1), 0);
+  EXPECT_EQ(placed.at(0, 1504), w_bytes.data() + 4);  // its part starts at byte 1500
+  EXPECT_EQ(tensor_placement(*index, local, 0).local_index(0), 1);
+  EXPECT_EQ(tensor_placement(*index, local, 1).local_index(0), -1);  // shard 0 owns it
+  const std::vector<tensor_ref> other{{.spec = make_tensor_spec("x", dtype::u8, {1})}};
+  EXPECT_EQ(tensor_placement(*index, other).local_index(0), -1);
 }
 
 TEST(plan, the_layout_outlives_the_workers_and_changes_only_with_a_new_part) {
