@@ -290,6 +290,7 @@ std::string rollout_worker::worker_plan::derive(const std::shared_ptr<const std:
   // it change when a trainer comes back with another).
   for (std::uint32_t a = 0; a < job->audiences.size(); ++a) {
     if (!heard[a]) continue;
+    const auto before = heard_segments.size();
     for (const auto i : index->segments_of(a)) {
       const auto& s = job->segments[i];
       const auto at = placement->local_index(s.tensor);
@@ -300,9 +301,10 @@ std::string rollout_worker::worker_plan::derive(const std::shared_ptr<const std:
       }
       heard_segments.push_back(i);
     }
+    // Kept in plan order, as the digests report them: each audience's segments are.
+    std::inplace_merge(heard_segments.begin(), heard_segments.begin() + static_cast<std::ptrdiff_t>(before),
+                       heard_segments.end());
   }
-  // In plan order, as the digests report them; already so when it hears one audience.
-  if (!std::ranges::is_sorted(heard_segments)) std::ranges::sort(heard_segments);
   mine.assign(job->chunks.size(), false);
   heard_directly.assign(job->chunks.size(), false);
   for (const auto& c : job->chunks) {

@@ -1,7 +1,8 @@
 #include "actors/tensor.hpp"
 
 #include <array>
-#include <set>
+#include <span>
+#include <unordered_set>
 
 namespace ferry {
 namespace {
@@ -33,14 +34,22 @@ result<dtype> parse_dtype(std::string_view name) {
   return fail(errc::invalid_argument);
 }
 
-tensor_spec make_tensor_spec(std::string name, dtype type, std::vector<std::int64_t> shape) {
+namespace {
+std::uint64_t bytes_of(dtype type, std::span<const std::int64_t> shape) {
   std::uint64_t n = dtype_bytes(type);
   for (auto d : shape) n *= static_cast<std::uint64_t>(d < 0 ? 0 : d);
+  return n;
+}
+}  // namespace
+
+tensor_spec make_tensor_spec(std::string name, dtype type, std::vector<std::int64_t> shape) {
+  const auto n = bytes_of(type, shape);
   return tensor_spec{.name = std::move(name), .type = type, .shape = std::move(shape), .nbytes = n};
 }
 
 result<void> validate_tensor_table(std::span<const tensor_spec> table, std::string& why) {
-  std::set<std::string_view> names;
+  std::unordered_set<std::string_view> names;  // hashed: a coordinator checks Kimi-K2's 140k names
+  names.reserve(table.size());
   for (const auto& t : table) {
     if (t.name.empty()) {
       why = "a tensor has an empty name";
@@ -58,7 +67,7 @@ result<void> validate_tensor_table(std::span<const tensor_spec> table, std::stri
       why = "tensor '" + t.name + "' has zero bytes";
       return fail(errc::invalid_argument);
     }
-    if (make_tensor_spec(t.name, t.type, t.shape).nbytes != t.nbytes) {
+    if (bytes_of(t.type, t.shape) != t.nbytes) {
       why = "tensor '" + t.name + "' has " + std::to_string(t.nbytes) + " bytes, which its dtype and shape contradict";
       return fail(errc::invalid_argument);
     }

@@ -424,7 +424,7 @@ std::shared_ptr<const std::vector<tensor_ref>> sim_job::share_of(std::uint32_t r
       const auto shares = config_.shard_rollout == rollout_sharding::none ? 1 : config_.instance_size;
       share_specs_ = rollout_shares(config_.model, config_.shard_rollout, shares);
     }
-    auto destinations = share_specs_[share];
+    auto destinations = std::move(share_specs_[share]);  // made once: its table is kept below
     for (auto& t : destinations) {
       t.data = sim_device_memory::take(t.held().bytes);
       t.device = device;
