@@ -1,7 +1,5 @@
 #include "actors/plan.hpp"
 
-#include "runtime/shared_per_sources.hpp"
-
 #include <xxhash.h>
 
 #include <unordered_map>
@@ -14,6 +12,8 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+
+#include "runtime/shared_per_sources.hpp"
 
 namespace ferry {
 
