@@ -460,7 +460,12 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
   p.depth = in.depth;
   p.shared_host_copies = in.shared_host_copies;
   p.shards = in.shards;
-  std::map<std::string, std::uint32_t> owner_of;
+  std::unordered_map<std::string_view, std::uint32_t> owner_of;  // views into `in`'s tables
+  std::size_t tensors = 0;
+  for (const auto& table : in.shard_tensors) tensors += table.size();
+  owner_of.reserve(tensors);
+  p.tensors.reserve(tensors);
+  p.owner.reserve(tensors);
   for (std::uint32_t s = 0; s < in.shard_tensors.size(); ++s) {
     const auto& table = in.shard_tensors[s];
     if (!validate_tensor_table(table, why)) return fail(errc::invalid_argument);
