@@ -103,30 +103,6 @@ std::shared_ptr<const plan> share_plan(const plan& p) {
   return copy;
 }
 
-plan_index::plan_index(std::shared_ptr<const plan> job) : job_(std::move(job)) {
-  by_name_.reserve(job_->tensors.size());
-  for (std::uint32_t i = 0; i < job_->tensors.size(); ++i) by_name_.emplace(job_->tensors[i].name, i);
-  first_segment_.assign(job_->audiences.size() + 1, 0);
-  for (const auto& s : job_->segments) {
-    if (s.audience >= job_->audiences.size())
-      throw std::out_of_range("a segment's audience is past the plan's audiences");
-    ++first_segment_[s.audience + 1];
-  }
-  for (std::size_t a = 1; a < first_segment_.size(); ++a) first_segment_[a] += first_segment_[a - 1];
-  segments_.resize(job_->segments.size());
-  auto next = first_segment_;
-  for (std::uint32_t i = 0; i < job_->segments.size(); ++i) segments_[next[job_->segments[i].audience]++] = i;
-}
-
-std::shared_ptr<const plan_index> plan_index::of(const std::shared_ptr<const plan>& job) {
-  return shared_per_sources<plan_index>([&] { return std::make_shared<const plan_index>(job); }, job);
-}
-
-std::int64_t plan_index::tensor_named(std::string_view name) const {
-  const auto it = by_name_.find(name);
-  return it == by_name_.end() ? -1 : std::int64_t{it->second};
-}
-
 namespace {
 std::uint64_t align_up(std::uint64_t n) { return (n + tensor_alignment - 1) / tensor_alignment * tensor_alignment; }
 
@@ -506,6 +482,28 @@ published_tensors::published_tensors(std::span<const tensor_spec> all) : size_(a
 const tensor_spec* published_tensors::find(std::string_view name) const {
   const auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second;
+}
+
+plan_index::plan_index(std::shared_ptr<const plan> job) : job_(std::move(job)), by_name_(job_->tensors) {
+  first_segment_.assign(job_->audiences.size() + 1, 0);
+  for (const auto& s : job_->segments) {
+    if (s.audience >= job_->audiences.size())
+      throw std::out_of_range("a segment's audience is past the plan's audiences");
+    ++first_segment_[s.audience + 1];
+  }
+  for (std::size_t a = 1; a < first_segment_.size(); ++a) first_segment_[a] += first_segment_[a - 1];
+  segments_.resize(job_->segments.size());
+  auto next = first_segment_;
+  for (std::uint32_t i = 0; i < job_->segments.size(); ++i) segments_[next[job_->segments[i].audience]++] = i;
+}
+
+std::shared_ptr<const plan_index> plan_index::of(const std::shared_ptr<const plan>& job) {
+  return shared_per_sources<plan_index>([&] { return std::make_shared<const plan_index>(job); }, job);
+}
+
+std::int64_t plan_index::tensor_named(std::string_view name) const {
+  const auto* t = by_name_.find(name);
+  return t ? t - job_->tensors.data() : -1;
 }
 
 result<void> check_worker_tensors(const published_tensors& published, std::span<const tensor_spec> worker,

@@ -142,31 +142,6 @@ struct plan {
 /// it (a simulation runs hundreds of members, each handed a Kimi-K2 plan of ~35 MB). Thread-safe.
 std::shared_ptr<const plan> share_plan(const plan& p);
 
-/// What members look up in a plan: a tensor by name, an audience's segments. Made once per plan
-/// and shared by the process's members (`of`): each of a 384-GPU simulation's members scanned the
-/// plan's 140k tensors, and each worker its segments, to find the few it holds.
-class plan_index {
- public:
-  explicit plan_index(std::shared_ptr<const plan> job);
-  /// The index of `job`, one for every caller that passes the same plan while any keeps it.
-  /// Thread-safe.
-  static std::shared_ptr<const plan_index> of(const std::shared_ptr<const plan>& job);
-
-  const plan& job() const { return *job_; }
-  /// The plan tensor named `name`; -1 when none is.
-  std::int64_t tensor_named(std::string_view name) const;
-  /// The segments of `audience`, in plan order.
-  std::span<const std::uint32_t> segments_of(std::uint32_t audience) const {
-    return {segments_.data() + first_segment_[audience], segments_.data() + first_segment_[audience + 1]};
-  }
-
- private:
-  std::shared_ptr<const plan> job_;  ///< kept: the names below view into it
-  std::unordered_map<std::string_view, std::uint32_t> by_name_;
-  std::vector<std::uint32_t> segments_;       ///< grouped by audience
-  std::vector<std::uint32_t> first_segment_;  ///< per audience, its first in `segments_`; one more at the end
-};
-
 /// Caps on what a job's registrations may announce. The coordinator holds one; every refusal
 /// names the limit and the value that broke it. Defaults are far above real models (Llama-3-405B
 /// has ~1.1k tensors; 1 TB in 64 MiB chunks is 16k chunks) and keep a registration's cost bounded.
@@ -236,8 +211,8 @@ result<plan> make_plan(const plan_inputs& in, std::string& why);
 std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
                                           std::optional<address> first_leader);
 
-/// What the trainers publish, found by name: hashed once for every distinct worker table checked
-/// against it (a simulation's 16 shares of 140k tensors each).
+/// Tensors found by name, hashed once: what the trainers publish, for every distinct worker table
+/// checked against it (a simulation's 16 shares of 140k tensors each), and a plan's (`plan_index`).
 class published_tensors {
  public:
   /// Views into `all`, which must outlive it.
@@ -248,6 +223,31 @@ class published_tensors {
  private:
   std::unordered_map<std::string_view, const tensor_spec*> by_name_;
   std::size_t size_ = 0;
+};
+
+/// What members look up in a plan: a tensor by name, an audience's segments. Made once per plan
+/// and shared by the process's members (`of`): each of a 384-GPU simulation's members scanned the
+/// plan's 140k tensors, and each worker its segments, to find the few it holds.
+class plan_index {
+ public:
+  explicit plan_index(std::shared_ptr<const plan> job);
+  /// The index of `job`, one for every caller that passes the same plan while any keeps it.
+  /// Thread-safe.
+  static std::shared_ptr<const plan_index> of(const std::shared_ptr<const plan>& job);
+
+  const plan& job() const { return *job_; }
+  /// The plan tensor named `name`; -1 when none is.
+  std::int64_t tensor_named(std::string_view name) const;
+  /// The segments of `audience`, in plan order.
+  std::span<const std::uint32_t> segments_of(std::uint32_t audience) const {
+    return {segments_.data() + first_segment_[audience], segments_.data() + first_segment_[audience + 1]};
+  }
+
+ private:
+  std::shared_ptr<const plan> job_;  ///< kept: the names below view into it
+  published_tensors by_name_;
+  std::vector<std::uint32_t> segments_;       ///< grouped by audience
+  std::vector<std::uint32_t> first_segment_;  ///< per audience, its first in `segments_`; one more at the end
 };
 
 /// Checks a worker's registration against what the trainers publish: names they publish, same
