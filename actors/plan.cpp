@@ -485,16 +485,29 @@ const tensor_spec* published_tensors::find(std::string_view name) const {
 }
 
 plan_index::plan_index(std::shared_ptr<const plan> job) : job_(std::move(job)), by_name_(job_->tensors) {
-  first_segment_.assign(job_->audiences.size() + 1, 0);
-  for (const auto& s : job_->segments) {
-    if (s.audience >= job_->audiences.size())
-      throw std::out_of_range("a segment's audience is past the plan's audiences");
-    ++first_segment_[s.audience + 1];
+  const auto audiences = job_->audiences.size();
+  const auto past = [&](std::string what, std::uint32_t audience) {
+    if (flaw_.empty()) {
+      flaw_ = "has " + what + " in audience " + std::to_string(audience) + ", past its " + std::to_string(audiences);
+    }
+  };
+  for (std::uint32_t i = 0; i < job_->chunks.size(); ++i) {
+    const auto& c = job_->chunks[i];
+    if (c.id != i && flaw_.empty()) flaw_ = "has chunk " + std::to_string(c.id) + " in place " + std::to_string(i);
+    if (c.audience >= audiences) past("chunk " + std::to_string(i), c.audience);
+  }
+  first_segment_.assign(audiences + 1, 0);
+  for (std::uint32_t i = 0; i < job_->segments.size(); ++i) {
+    const auto a = job_->segments[i].audience;
+    if (a < audiences) ++first_segment_[a + 1];
+    else past("segment " + std::to_string(i), a);
   }
   for (std::size_t a = 1; a < first_segment_.size(); ++a) first_segment_[a] += first_segment_[a - 1];
-  segments_.resize(job_->segments.size());
+  segments_.resize(first_segment_.back());
   auto next = first_segment_;
-  for (std::uint32_t i = 0; i < job_->segments.size(); ++i) segments_[next[job_->segments[i].audience]++] = i;
+  for (std::uint32_t i = 0; i < job_->segments.size(); ++i) {
+    if (const auto a = job_->segments[i].audience; a < audiences) segments_[next[a]++] = i;
+  }
 }
 
 std::shared_ptr<const plan_index> plan_index::of(const std::shared_ptr<const plan>& job) {

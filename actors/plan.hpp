@@ -238,6 +238,9 @@ class plan_index {
   const plan& job() const { return *job_; }
   /// The plan tensor named `name`; -1 when none is.
   std::int64_t tensor_named(std::string_view name) const;
+  /// What makes the plan unreadable to a member, or empty: a segment or chunk naming an audience
+  /// the plan lacks, a chunk whose id is not its place. Such a segment is in no audience's list.
+  const std::string& flaw() const { return flaw_; }
   /// The segments of `audience`, in plan order.
   std::span<const std::uint32_t> segments_of(std::uint32_t audience) const {
     return {segments_.data() + first_segment_[audience], segments_.data() + first_segment_[audience + 1]};
@@ -248,6 +251,7 @@ class plan_index {
   published_tensors by_name_;
   std::vector<std::uint32_t> segments_;       ///< grouped by audience
   std::vector<std::uint32_t> first_segment_;  ///< per audience, its first in `segments_`; one more at the end
+  std::string flaw_;
 };
 
 /// Checks a worker's registration against what the trainers publish: names they publish, same

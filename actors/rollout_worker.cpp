@@ -278,6 +278,7 @@ std::string rollout_worker::prepare_staging() {
 std::string rollout_worker::worker_plan::derive(const std::shared_ptr<const std::vector<tensor_ref>>& local,
                                                const address& self, const instance_plan& inst) {
   index = plan_index::of(job);
+  if (!index->flaw().empty()) return index->flaw();
   placement = tensor_placement::shared(index, local);
   // Asked once per audience, not per segment and chunk: a Kimi-K2 plan has 140k segments, and
   // far fewer audiences.
@@ -308,8 +309,6 @@ std::string rollout_worker::worker_plan::derive(const std::shared_ptr<const std:
   mine.assign(job->chunks.size(), false);
   heard_directly.assign(job->chunks.size(), false);
   for (const auto& c : job->chunks) {
-    if (c.audience >= heard.size())
-      return "names audience " + std::to_string(c.audience) + " for chunk " + std::to_string(c.id) + ", past its audiences";
     if (!heard[c.audience]) continue;
     mine[c.id] = true;
     ++mine_count;

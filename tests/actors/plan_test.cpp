@@ -218,6 +218,28 @@ TEST(plan_index, finds_tensors_by_name_and_each_audiences_segments_and_places_a_
   EXPECT_EQ(tensor_placement(*index, local, 1).local_index(0), -1);  // shard 0 owns it
   const std::vector<tensor_ref> other{{.spec = make_tensor_spec("x", dtype::u8, {1})}};
   EXPECT_EQ(tensor_placement(*index, other).local_index(0), -1);
+  EXPECT_EQ(index->flaw(), "");
+}
+
+TEST(plan_index, names_what_a_member_cannot_read_in_a_plan_from_the_wire) {
+  std::string why;
+  auto made = make_plan(selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}}}), why);
+  ASSERT_TRUE(made) << why;
+  const auto audiences = static_cast<std::uint32_t>(made->audiences.size());
+  auto with = [&](auto&& spoil) {
+    auto p = *made;
+    spoil(p);
+    return plan_index(std::make_shared<const plan>(std::move(p)));
+  };
+  const auto bad_segment = with([&](plan& p) { p.segments[1].audience = audiences; });
+  EXPECT_EQ(bad_segment.flaw(), "has segment 1 in audience " + std::to_string(audiences) + ", past its " +
+                                    std::to_string(audiences));
+  std::size_t listed = 0;
+  for (std::uint32_t a = 0; a < audiences; ++a) listed += bad_segment.segments_of(a).size();
+  EXPECT_EQ(listed, made->segments.size() - 1);  // the others stay readable
+  EXPECT_EQ(with([&](plan& p) { p.chunks[0].audience = audiences + 7; }).flaw(),
+            "has chunk 0 in audience " + std::to_string(audiences + 7) + ", past its " + std::to_string(audiences));
+  EXPECT_EQ(with([](plan& p) { p.chunks[1].id = 0; }).flaw(), "has chunk 0 in place 1");
 }
 
 TEST(plan, the_layout_outlives_the_workers_and_changes_only_with_a_new_part) {
