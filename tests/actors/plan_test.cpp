@@ -137,12 +137,14 @@ plan_inputs selective(std::map<address, selection> selected, std::uint64_t chunk
 
 const address worker_a{10, 1}, worker_b{11, 1};
 
+/// A holds rows [0, 500) of w, B rows [375, 1000) (they share [375, 500)); both hold b whole.
+plan_inputs overlapping_rows() {
+  return selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}}, {worker_b, {{"w", {1500, 2500}}, {"b", {0, 256}}}}});
+}
+
 TEST(plan, selective_segments_are_cut_at_ranges_and_packed_by_audience) {
-  // A holds rows [0, 500) of w, B rows [375, 1000) (they share [375, 500)); both hold b whole.
   std::string why;
-  auto p = make_plan(selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}},
-                                {worker_b, {{"w", {1500, 2500}}, {"b", {0, 256}}}}}),
-                     why);
+  auto p = make_plan(overlapping_rows(), why);
   ASSERT_TRUE(p) << why;
   ASSERT_EQ(p->segments.size(), 4u);  // w: A alone, both, B alone; b: both
   EXPECT_EQ(p->audiences.size(), 3u);  // everyone, {A}, {B}
@@ -183,9 +185,7 @@ TEST(plan, selective_segments_are_cut_at_ranges_and_packed_by_audience) {
 
 TEST(plan_index, finds_tensors_by_name_and_each_audiences_segments_and_places_a_members_table) {
   std::string why;
-  auto made = make_plan(selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}},
-                                   {worker_b, {{"w", {1500, 2500}}, {"b", {0, 256}}}}}),
-                        why);
+  auto made = make_plan(overlapping_rows(), why);
   ASSERT_TRUE(made) << why;
   const auto p = std::make_shared<const plan>(std::move(*made));
   const auto index = plan_index::of(p);
