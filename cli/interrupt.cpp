@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/host_buffer.hpp"
+
 namespace ferry::cli {
 namespace {
 
@@ -46,6 +48,7 @@ void watch_interrupts() {
       char byte = 0;
       while (::read(signalled[0], &byte, 1) < 0 && errno == EINTR) {
       }
+      host_buffer::stop_prefaulting();  // a member being made skips the rest of its first touches
       source().request_stop();
       [[maybe_unused]] const auto n = ::write(interrupted[1], &byte, 1);
       std::this_thread::sleep_for(stuck_after);

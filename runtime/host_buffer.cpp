@@ -19,13 +19,20 @@
 namespace ferry {
 namespace {
 
-/// Faults every page of [p, p + bytes) in now. tmpfs (a memfd) hands out 4 KiB pages one by one
-/// at ~1.5 GB/s on one thread, so large buffers are faulted in by several.
+std::atomic<bool> prefaulting{true};
+
+/// Faults every page of [p, p + bytes) in now, unless `stop_prefaulting` comes first. tmpfs (a
+/// memfd) hands out 4 KiB pages one by one at ~1.5 GB/s on one thread, so large buffers are
+/// faulted in by several, each in pieces small enough that a stop waits ~50 ms, not seconds.
 void populate(std::byte* p, std::size_t bytes) {
-  constexpr std::size_t per_thread = 1ull << 30;
+  static constexpr std::size_t per_thread = std::size_t{256} << 20;
+  static constexpr std::size_t piece = std::size_t{64} << 20;
   auto fault = [](std::byte* from, std::size_t n) {
-    if (madvise(from, n, MADV_POPULATE_WRITE) != 0) {  // kernels before 5.14: touch each page
-      for (std::size_t i = 0; i < n; i += 4096) from[i] = std::byte{0};
+    for (std::size_t at = 0; at < n && prefaulting.load(std::memory_order_relaxed); at += piece) {
+      const auto length = std::min(piece, n - at);
+      if (madvise(from + at, length, MADV_POPULATE_WRITE) != 0) {  // kernels before 5.14: touch
+        for (std::size_t i = 0; i < length; i += 4096) from[at + i] = std::byte{0};
+      }
     }
   };
   const auto threads = std::min<std::size_t>(
@@ -62,6 +69,10 @@ host_buffer host_buffer::shareable(std::size_t bytes) {
   b.data_ = static_cast<std::byte*>(p);
   populate(b.data_, bytes);
   return b;
+}
+
+void host_buffer::stop_prefaulting() {
+  prefaulting.store(false, std::memory_order_relaxed);
 }
 
 host_buffer host_buffer::size_only(std::size_t bytes, bool shareable) {

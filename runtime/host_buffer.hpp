@@ -42,6 +42,10 @@ class host_buffer {
   static host_buffer size_only(std::size_t bytes, bool shareable = false);
   /// The pid in the `shared_ref` of a shareable size-only buffer.
   static constexpr std::int32_t simulated_pid = 1;
+  /// From now on, buffers in this process (those being made too) fault their pages in on first
+  /// touch instead of up front: a process that is stopping need not wait for gigabytes it will
+  /// not use. Safe from any thread; there is no way back.
+  static void stop_prefaulting();
   /// Maps the shareable buffer `ref` of another process (or this one), read and write; its pages
   /// are faulted in on first touch. Fails with `errc::invalid_argument`, saying why in `why`, when
   /// it lives on another host, the process or its memfd is gone, access is denied, or it is another

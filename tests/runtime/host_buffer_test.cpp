@@ -1,10 +1,12 @@
 #include "runtime/host_buffer.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 namespace ferry {
 namespace {
@@ -14,6 +16,35 @@ TEST(host_buffer, a_plain_buffer_is_zeroed_and_not_shareable) {
   EXPECT_EQ(b.size(), 1u << 20);
   EXPECT_EQ(b.data()[12345], std::byte{0});
   EXPECT_EQ(b.shared_ref().pid, 0);
+}
+
+/// How many of `b`'s pages are in memory now.
+std::size_t resident_pages(const host_buffer& b) {
+  std::vector<unsigned char> in_core((b.size() + 4095) / 4096);
+  if (mincore(b.data(), b.size(), in_core.data()) != 0) return 0;
+  std::size_t n = 0;
+  for (const auto page : in_core) n += page & 1;
+  return n;
+}
+
+TEST(host_buffer, pages_are_faulted_in_up_front_until_prefaulting_stops) {
+  constexpr std::size_t bytes = 32 << 20;
+  const host_buffer before(bytes);
+  EXPECT_EQ(resident_pages(before), bytes / 4096);
+  const pid_t child = fork();
+  if (child == 0) {  // stopping is for the whole process, and for good: in a child
+    host_buffer::stop_prefaulting();
+    host_buffer plain(bytes);
+    auto shareable = host_buffer::shareable(bytes);
+    if (resident_pages(plain) != 0 || resident_pages(shareable) != 0) _exit(2);
+    plain.data()[bytes - 1] = std::byte{9};  // still usable: a first touch faults the page in
+    if (plain.data()[bytes - 1] != std::byte{9} || plain.data()[0] != std::byte{0}) _exit(3);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: pages faulted in after the stop, 3: wrong bytes";
 }
 
 TEST(host_buffer, a_mapping_of_a_shareable_buffer_sees_and_changes_the_same_bytes) {
