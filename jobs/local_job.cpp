@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -109,6 +110,7 @@ class local_job {
 
   /// The coordinator, then every member, joined; false once the result says why not.
   bool start() {
+    began_ = env_.clock().now();
     node* coordinator_node = add_node();
     if (!coordinator_node) return false;
     coord_ = std::make_unique<job_coordinator>(
@@ -136,6 +138,7 @@ class local_job {
       if (!n) return false;
       memory_.push_back(allocate(shards[s]));
       trainers_.push_back(std::make_unique<trainer_shard>(*n, 1, coord_->self(), s, memory_.back().refs, trainer_opts));
+      built(fmt::format("trainer shard {}", s), memory_.back().refs);
     }
     for (std::uint32_t i = 0; i < config_.instances && !stop_.stop_requested(); ++i) {
       for (std::uint32_t r = 0; r < config_.workers_per_instance && !stop_.stop_requested(); ++r) {
@@ -145,6 +148,7 @@ class local_job {
         workers_.push_back(std::make_unique<rollout_worker>(
             *n, 1, coord_->self(), i, r, rollout_share(model_, config_.shard_rollout, r, config_.workers_per_instance),
             worker_opts));
+        built(fmt::format("worker {}.{}", i, r), workers_.back()->tensors());
       }
     }
     for (auto& t : trainers_) t->join();
@@ -152,9 +156,23 @@ class local_job {
     return true;
   }
 
+  /// A progress line per member made: with large models, faulting in their memory is most of the
+  /// set-up (seconds per GB on a VM's memory never touched since boot).
+  void built(const std::string& member, const std::vector<tensor_ref>& tensors) {
+    if (!progress_) return;
+    std::uint64_t bytes = 0;
+    for (const auto& t : tensors) bytes += t.held().bytes;
+    const auto members = config_.trainers + config_.instances * config_.workers_per_instance;
+    progress_(fmt::format("set-up: {} of {} members made, {} with {:.2f} GB, {:.1f} s", trainers_.size() + workers_.size(),
+                          members, member, bytes / 1e9, std::chrono::duration<double>(env_.clock().now() - began_).count()));
+  }
+
   void watch_coordinator() {
     coord_->on_ready = [this](const plan& p) {
       ready_ = true;
+      if (progress_)
+        progress_(fmt::format("set-up: ready after {:.1f} s, every member's staging and host copies made",
+                              std::chrono::duration<double>(env_.clock().now() - began_).count()));
       result_.chunks = p.chunks.size();
       result_.stripes = static_cast<std::uint32_t>(p.instances.at(0).leaders.size());
       const auto share = p.receive_shares();
@@ -237,6 +255,7 @@ class local_job {
   job_result result_;
   event_loop loop_;
   real_environment env_{loop_};
+  clock::time_point began_;  ///< of the set-up
   bool stopping_ = false;
   std::stop_callback<std::function<void()>> on_stop_;
   transport_settings settings_;

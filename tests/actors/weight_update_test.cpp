@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace ferry {
 namespace {
@@ -31,6 +33,18 @@ TEST(weight_update, every_worker_holds_every_version) {
     EXPECT_EQ(r.versions[i].workers, 6u);
   }
   EXPECT_GT(r.chunks, 20u);
+}
+
+TEST(weight_update, progress_tells_each_member_made_then_ready_then_each_version) {
+  std::vector<std::string> lines;
+  const auto r = run_local_job(small_job(), [&](const std::string& line) { lines.push_back(line); });
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_EQ(lines.size(), 8u + 1 + 3);  // 2 trainer shards and 6 workers, ready, 3 versions
+  EXPECT_TRUE(lines[0].starts_with("set-up: 1 of 8 members made, trainer shard 0 with 0.01 GB")) << lines[0];
+  EXPECT_TRUE(lines[7].starts_with("set-up: 8 of 8 members made, worker 1.2 with 0.02 GB")) << lines[7];
+  EXPECT_TRUE(lines[8].starts_with("set-up: ready after ")) << lines[8];
+  for (int v = 1; v <= 3; ++v)
+    EXPECT_TRUE(lines[8 + v].starts_with("version " + std::to_string(v) + "/3: ")) << lines[8 + v];
 }
 
 class depths : public ::testing::TestWithParam<std::uint32_t> {};
@@ -137,8 +151,8 @@ TEST(weight_update, a_stop_between_versions_ends_the_job_there) {
   int lines = 0;
   const auto r = run_local_job(
       c,
-      [&](const std::string&) {
-        if (++lines == 2) stop.request_stop();
+      [&](const std::string& line) {
+        if (line.starts_with("version ") && ++lines == 2) stop.request_stop();
       },
       stop.get_token());
   EXPECT_FALSE(r.ok);
@@ -159,7 +173,8 @@ TEST(weight_update, a_stop_from_another_thread_ends_the_job_mid_update) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     stop.request_stop();
   });
-  const auto r = run_local_job(c, [&](const std::string&) { first = true; }, stop.get_token());
+  const auto r = run_local_job(
+      c, [&](const std::string& line) { first = first || line.starts_with("version "); }, stop.get_token());
   stopper.join();
   EXPECT_TRUE(r.interrupted) << r.error;
   EXPECT_GE(r.versions.size(), 1u);
