@@ -163,16 +163,18 @@ class local_job {
     std::uint64_t bytes = 0;
     for (const auto& t : tensors) bytes += t.held().bytes;
     const auto members = config_.trainers + config_.instances * config_.workers_per_instance;
-    progress_(fmt::format("set-up: {} of {} members made, {} with {:.2f} GB, {:.1f} s", trainers_.size() + workers_.size(),
-                          members, member, bytes / 1e9, std::chrono::duration<double>(env_.clock().now() - began_).count()));
+    progress_(fmt::format("set-up: {} of {} members made, {} with {:.2f} GB, {:.1f} s",
+                          trainers_.size() + workers_.size(), members, member, bytes / 1e9, set_up_seconds()));
   }
+
+  double set_up_seconds() { return std::chrono::duration<double>(env_.clock().now() - began_).count(); }
 
   void watch_coordinator() {
     coord_->on_ready = [this](const plan& p) {
       ready_ = true;
       if (progress_)
         progress_(fmt::format("set-up: ready after {:.1f} s, every member's staging and host copies made",
-                              std::chrono::duration<double>(env_.clock().now() - began_).count()));
+                              set_up_seconds()));
       result_.chunks = p.chunks.size();
       result_.stripes = static_cast<std::uint32_t>(p.instances.at(0).leaders.size());
       const auto share = p.receive_shares();

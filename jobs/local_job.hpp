@@ -51,8 +51,9 @@ struct job_result {
 };
 
 /// Runs the job on the calling thread (which must have no fibers yet). `progress` gets a line
-/// per member made and per delivered version. A stop requested on `stop` (from any thread) ends the job at once, mid-
-/// update if need be: the actors unwind as after a failure and the result says `interrupted`.
+/// per member made, one when the job is ready, and one per delivered version. A stop requested on
+/// `stop` (from any thread) ends the job at once, mid-update if need be: the actors unwind as
+/// after a failure and the result says `interrupted`.
 job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress = {},
                          std::stop_token stop = {});
 
