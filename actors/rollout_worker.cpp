@@ -765,10 +765,8 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
     });
     return;
   }
-  std::uint64_t held_bytes = 0;
-  for (const auto& t : *tensors_) held_bytes += t.held().bytes;
   host().env().cpu().async_run(
-      held_bytes,
+      held_bytes(*tensors_),
       [this, report, plan = plan_] {
         for (const auto i : plan->heard_segments) {
           const auto& s = plan->job->segments[i];

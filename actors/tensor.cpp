@@ -42,6 +42,12 @@ std::uint64_t bytes_of(dtype type, std::span<const std::int64_t> shape) {
 }
 }  // namespace
 
+std::uint64_t held_bytes(std::span<const tensor_ref> tensors) {
+  std::uint64_t n = 0;
+  for (const auto& t : tensors) n += t.held().bytes;
+  return n;
+}
+
 tensor_spec make_tensor_spec(std::string name, dtype type, std::vector<std::int64_t> shape) {
   const auto n = bytes_of(type, shape);
   return tensor_spec{.name = std::move(name), .type = type, .shape = std::move(shape), .nbytes = n};

@@ -52,6 +52,9 @@ struct tensor_ref {
   byte_range held() const { return part ? *part : byte_range{0, spec.nbytes}; }
 };
 
+/// The bytes `tensors` hold: their `held()` ranges, summed.
+std::uint64_t held_bytes(std::span<const tensor_ref> tensors);
+
 /// Checks one process's table: names non-empty and unique, no zero-byte tensor, nbytes equal to
 /// dtype size times shape. The error message names the tensor.
 result<void> validate_tensor_table(std::span<const tensor_spec> table, std::string& why);

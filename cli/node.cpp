@@ -172,10 +172,8 @@ class api_node {
     } else if (auto error = check_device_tensors(destinations, version); !error.empty()) {
       failure_ = "GPU bytes differ: " + error;
     } else {
-      std::uint64_t bytes = 0;
-      for (const auto& t : destinations) bytes += t.held().bytes;
       log::info("worker {}.{}: every byte of version {} verified on GPU {} ({} bytes)", f_.instance, f_.rank, version,
-                f_.device, bytes);
+                f_.device, held_bytes(destinations));
     }
   }
 

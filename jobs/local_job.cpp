@@ -160,11 +160,9 @@ class local_job {
   /// set-up (seconds per GB on a VM's memory never touched since boot).
   void built(const std::string& member, const std::vector<tensor_ref>& tensors) {
     if (!progress_) return;
-    std::uint64_t bytes = 0;
-    for (const auto& t : tensors) bytes += t.held().bytes;
     const auto members = config_.trainers + config_.instances * config_.workers_per_instance;
     progress_(fmt::format("set-up: {} of {} members made, {} with {:.2f} GB, {:.1f} s",
-                          trainers_.size() + workers_.size(), members, member, bytes / 1e9, set_up_seconds()));
+                          trainers_.size() + workers_.size(), members, member, held_bytes(tensors) / 1e9, set_up_seconds()));
   }
 
   double set_up_seconds() { return std::chrono::duration<double>(env_.clock().now() - began_).count(); }
