@@ -3,14 +3,29 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <fmt/ranges.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 
 #include "cli/commands.hpp"
 #include "cli/interrupt.hpp"
+#include "cli/launch.hpp"
 #include "jobs/sim_scenario.hpp"
 #include "runtime/log.hpp"
 
@@ -25,6 +40,7 @@ struct sim_flags {
   std::vector<std::string> sweep;
   std::string csv = "sweep.csv";
   std::string plot = "sweep.png";
+  unsigned jobs = 0;  ///< a sweep's runs at once; 0: one per core
 };
 
 double peak_rss_mib() {
@@ -169,17 +185,19 @@ std::pair<std::string, std::vector<std::string>> axis_of(const std::string& spec
   return {spec.substr(0, eq), values};
 }
 
-int run_sweep(const sim_flags& f) {
-  std::vector<std::pair<std::string, std::vector<std::string>>> axes;
-  for (const auto& s : f.sweep) {
-    auto axis = axis_of(s);
-    if (axis.second.empty()) {
-      std::fprintf(stderr, "ferry sim: --sweep %s: expected key=v1,v2,...\n", s.c_str());
-      return 2;
-    }
-    axes.push_back(std::move(axis));
-  }
-  // Every combination, checked before any runs.
+/// One combination of a sweep's values: its `--set`s, the options they make (the scenario is
+/// checked with them before any run starts) and, once its run ended, that run's `--json` report.
+struct sweep_point {
+  std::vector<std::string> sets;
+  std::uint32_t depth = 0, stripes = 0;
+  std::uint64_t chunk_bytes = 0;
+  std::optional<nlohmann::json> report;
+  double seconds = 0;  ///< its process's life, start to exit
+};
+
+/// Every combination of the axes' values, the first axis varying slowest.
+std::vector<std::vector<std::string>> combinations(
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& axes) {
   std::vector<std::vector<std::string>> runs{{}};
   for (const auto& [key, values] : axes) {
     std::vector<std::vector<std::string>> next;
@@ -191,62 +209,214 @@ int run_sweep(const sim_flags& f) {
       }
     runs = std::move(next);
   }
-  std::vector<sim_config> configs;
-  for (const auto& run : runs) {
-    sim_config c;
+  return runs;
+}
+
+/// Runs each point as a `ferry sim --json` process of its own, `jobs` at once (a simulation runs on
+/// one thread), and calls `ended(i)` as point i's run ends, its report kept when it gave one.
+/// False once SIGINT or SIGTERM arrived: the runs still going got it too and were reaped.
+bool run_points(const sim_flags& f, std::vector<sweep_point>& points, unsigned jobs,
+                const std::function<void(std::size_t)>& ended) {
+  struct running {
+    std::size_t point;
+    pid_t pid;
+    int out;  ///< the read end of its stdout
+    std::string text;
+    std::chrono::steady_clock::time_point began;
+  };
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<running> runs;
+  std::size_t next = 0;
+  while (next < points.size() || !runs.empty()) {
+    while (runs.size() < jobs && next < points.size()) {
+      std::vector<std::string> args{self, "sim", f.scenario, "--json"};
+      for (const auto& s : f.sets) args.insert(args.end(), {"--set", s});
+      for (const auto& s : points[next].sets) args.insert(args.end(), {"--set", s});
+      const auto [pid, out] = spawn_reading(args);
+      if (pid < 0) {
+        fmt::print(stderr, "ferry sim: cannot start run {}: {}\n", next + 1, std::strerror(errno));
+        ended(next++);
+        continue;
+      }
+      runs.push_back({next++, pid, out, {}, std::chrono::steady_clock::now()});
+    }
+    std::vector<pollfd> waits;
+    for (const auto& r : runs) waits.push_back({.fd = r.out, .events = POLLIN, .revents = 0});
+    waits.push_back({.fd = interrupt_fd(), .events = POLLIN, .revents = 0});
+    if (poll(waits.data(), waits.size(), -1) < 0) continue;  // EINTR
+    if (waits.back().revents != 0) {
+      std::vector<pid_t> pids;
+      for (const auto& r : runs) pids.push_back(r.pid), close(r.out);
+      reap(pids, interrupted_grace);
+      return false;
+    }
+    for (std::size_t k = runs.size(); k-- > 0;) {
+      if (waits[k].revents == 0) continue;
+      auto& r = runs[k];
+      char buffer[4096];
+      if (const auto n = read(r.out, buffer, sizeof buffer); n > 0) {
+        r.text.append(buffer, static_cast<std::size_t>(n));
+        continue;
+      }
+      close(r.out);
+      int status = 0;
+      reap_child(r.pid, status, 0);
+      points[r.point].seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - r.began).count();
+      // A run that did not deliver still reports (exit 1); anything else is a failed run.
+      auto report = nlohmann::json::parse(r.text, nullptr, false);
+      if (WIFEXITED(status) && WEXITSTATUS(status) <= 1 && report.is_object()) {
+        points[r.point].report = std::move(report);
+      } else {
+        fmt::print(stderr, "ferry sim: run {} ({}) {}\n", r.point + 1,
+                   fmt::join(points[r.point].sets, " "),
+                   WIFSIGNALED(status)
+                       ? fmt::format("died of signal {}", WTERMSIG(status))
+                       : fmt::format("exited {} without a report", WEXITSTATUS(status)));
+      }
+      const auto point = r.point;
+      runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(k));
+      ended(point);
+    }
+  }
+  return true;
+}
+
+/// "ferry.depth" and "depth" name one field.
+std::string field_of(const std::string& key) {
+  return key.find('.') == std::string::npos ? "ferry." + key : key;
+}
+
+int run_sweep(const sim_flags& f) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> axes;
+  for (const auto& s : f.sweep) {
+    auto axis = axis_of(s);
+    if (axis.second.empty()) {
+      std::fprintf(stderr, "ferry sim: --sweep %s: expected key=v1,v2,...\n", s.c_str());
+      return 2;
+    }
+    axes.push_back(std::move(axis));
+  }
+  // Each point is checked before any runs.
+  std::vector<sweep_point> points;
+  for (auto& run : combinations(axes)) {
     auto sets = f.sets;
     sets.insert(sets.end(), run.begin(), run.end());
+    sim_config c;
     if (auto why = load_scenario(f.scenario, sets, c); !why.empty()) {
       std::fprintf(stderr, "ferry sim: %s\n", why.c_str());
       return 2;
     }
-    configs.push_back(std::move(c));
+    points.push_back({.sets = std::move(run),
+                      .depth = c.depth,
+                      .stripes = c.stripes,
+                      .chunk_bytes = c.chunk_bytes});
+  }
+  // Axes beyond depth, chunk and stripes get a column each, named by their field.
+  std::vector<std::size_t> extra;
+  for (std::size_t a = 0; a < axes.size(); ++a) {
+    const auto field = field_of(axes[a].first);
+    if (field != "ferry.depth" && field != "ferry.chunk" && field != "ferry.stripes")
+      extra.push_back(a);
   }
   std::ofstream csv(f.csv);
   if (!csv) {
     std::fprintf(stderr, "ferry sim: --csv %s: cannot write\n", f.csv.c_str());
     return 2;
   }
-  csv << "depth,chunk_mib,stripes,predicted_seconds,stall_seconds,bound_seconds,bottleneck,wall_"
-         "seconds\n";
-  for (std::size_t i = 0; i < configs.size(); ++i) {
-    const auto& c = configs[i];
-    auto run = c;
-    run.stop = interrupt_token();
-    const auto r = run_sim(run);
-    if (r.interrupted) {
-      std::fprintf(stderr, "ferry sim: stopped by %s after %zu of %zu runs\n", interrupt_name(), i, configs.size());
-      return interrupted_exit_code();
+  csv << "depth,chunk_mib,stripes";
+  for (const auto a : extra) csv << "," << field_of(axes[a].first);
+  csv << ",predicted_seconds,stall_seconds,bound_seconds,bottleneck,wall_seconds\n";
+  const unsigned jobs = std::min<std::size_t>(
+      f.jobs > 0 ? f.jobs : std::max(1u, std::thread::hardware_concurrency()), points.size());
+  fmt::print(stderr, "ferry sim: {} runs of {}, {} at a time\n", points.size(), f.scenario, jobs);
+
+  // Rows in the points' order, each written (and flushed) once every point before it ended.
+  std::size_t written = 0, finished = 0, failed = 0;
+  const auto write_row = [&](const sweep_point& p) {
+    const auto& r = *p.report;
+    csv << fmt::format("{},{:g},{}", p.depth, static_cast<double>(p.chunk_bytes) / (1 << 20),
+                       p.stripes);
+    for (const auto a : extra) csv << "," << p.sets[a].substr(p.sets[a].find('=') + 1);
+    csv << fmt::format(",{:.6f},{:.6f},{:.6f},{},{:.3f}\n", r["predicted_seconds"].get<double>(),
+                       r["stall_seconds"].get<double>(), r["bound_seconds"].get<double>(),
+                       r["bottleneck"].get<std::string>(), r["wall_seconds"].get<double>());
+  };
+  const auto flush_rows = [&](bool all) {
+    for (; written < points.size(); ++written) {
+      if (!points[written].report && !all) break;
+      if (points[written].report) write_row(points[written]);
     }
-    fmt::print(stderr, "[{}/{}] depth {} chunk {} MiB stripes {}: {:.4f} s (bound {:.4f} s){}\n",
-               i + 1, configs.size(), c.depth, c.chunk_bytes >> 20, c.stripes, r.predicted_seconds,
-               r.bound_seconds, r.delivered ? "" : " NOT DELIVERED: " + r.error);
-    csv << fmt::format("{},{},{},{:.6f},{:.6f},{:.6f},{},{:.3f}\n", c.depth, c.chunk_bytes >> 20,
-                       c.stripes, r.predicted_seconds, r.stall, r.bound_seconds, r.bottleneck,
-                       r.wall_seconds);
+    csv.flush();
+  };
+  const auto began = std::chrono::steady_clock::now();
+  const bool whole = run_points(f, points, jobs, [&](std::size_t i) {
+    const auto& p = points[i];
+    ++finished;
+    if (!p.report) {
+      ++failed;
+    } else {
+      const auto& r = *p.report;
+      fmt::print(
+          stderr, "[{}/{}] {}: {:.4f} s (bound {:.4f} s){}\n", finished, points.size(),
+          fmt::join(p.sets, " "), r["predicted_seconds"].get<double>(),
+          r["bound_seconds"].get<double>(),
+          r["delivered"].get<bool>() ? "" : " NOT DELIVERED: " + r["error"].get<std::string>());
+    }
+    flush_rows(false);
+  });
+  if (!whole) {
+    flush_rows(true);  // the runs that ended, out of order after the first gap
+    std::fprintf(stderr, "ferry sim: stopped by %s after %zu of %zu runs (%s has them)\n",
+                 interrupt_name(), finished, points.size(), f.csv.c_str());
+    return interrupted_exit_code();
   }
+  flush_rows(true);
   csv.close();
-  fmt::print("wrote {}\n", f.csv);
-  // The plot: predicted update per depth, one line per (chunk, stripes).
-  const std::string script = fmt::format(
-      "set terminal pngcairo size 1000,600 noenhanced; set output '{}'; set datafile separator ',';"
-      "set xlabel 'depth'; set ylabel 'predicted update (s)'; set logscale x 2; set key outside "
-      "right;"
-      "set title 'ferry sim --sweep: {}';"
-      "plot for [k in system(\"tail -n +2 {} | cut -d, -f2,3 | sort -u -t, -k1n -k2n | tr '\\\\n' "
-      "' '\")] "
-      "'{}' using 1:((stringcolumn(2).','.stringcolumn(3)) eq k ? $4 : 1/0) with linespoints "
-      "title 'chunk MiB,stripes '.k",
-      f.plot, f.scenario, f.csv, f.csv);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  double lives = 0;
+  for (const auto& p : points) lives += p.seconds;
+  fmt::print(
+      "wrote {}: {} runs in {:.1f} s, {} at a time (their processes' lives add up to {:.1f} s)\n",
+      f.csv, points.size() - failed, wall, jobs, lives);
+  // The plot: predicted update per depth, one line per combination of the other axes. Each line's
+  // points go into the script as a data block of their own, in the order of depth.
+  std::vector<std::pair<std::string, std::map<std::uint32_t, double>>>
+      lines;  // in the sweep's order
+  for (const auto& p : points) {
+    if (!p.report) continue;
+    auto key = fmt::format("{:g},{}", static_cast<double>(p.chunk_bytes) / (1 << 20), p.stripes);
+    for (const auto a : extra) key += "," + p.sets[a].substr(p.sets[a].find('=') + 1);
+    auto line = std::ranges::find(lines, key, [](const auto& l) { return l.first; });
+    if (line == lines.end()) line = lines.insert(line, {key, {}});
+    line->second[p.depth] = (*p.report)["predicted_seconds"].get<double>();
+  }
+  std::string title = "chunk MiB,stripes";
+  for (const auto a : extra) title += "," + field_of(axes[a].first);
   std::ofstream gp(f.plot + ".gp");
-  gp << script << "\n";
+  gp << fmt::format(
+      "set terminal pngcairo size 1000,600 noenhanced\nset output '{}'\nset xlabel 'depth'\n"
+      "set ylabel 'predicted update (s)'\nset logscale x 2\nset key below\n"
+      "set title 'ferry sim --sweep: {}'\n",
+      f.plot, f.scenario);
+  std::vector<std::string> plots;
+  for (const auto& [key, by_depth] : lines) {
+    const auto block = fmt::format("$line{}", plots.size());
+    gp << block << " << EOD\n";
+    for (const auto& [depth, predicted] : by_depth)
+      gp << fmt::format("{} {:.6f}\n", depth, predicted);
+    gp << "EOD\n";
+    plots.push_back(fmt::format("{} using 1:2 with linespoints title '{} {}'", block, title, key));
+  }
+  gp << "plot " << fmt::format("{}", fmt::join(plots, ", ")) << "\n";
   gp.close();
   if (std::system(fmt::format("gnuplot {}.gp > /dev/null 2>&1", f.plot).c_str()) == 0) {
     fmt::print("wrote {} (gnuplot script {}.gp)\n", f.plot, f.plot);
   } else {
     fmt::print("no plot: gnuplot failed or is missing (script in {}.gp)\n", f.plot);
   }
-  return 0;
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -261,10 +431,14 @@ void add_sim(CLI::App& app, command_table& commands) {
   sim->add_option("--set", f->sets,
                   "override a scenario field: key=value (ferry.depth=8, hardware.nic_gbps=200)");
   sim->add_option("--sweep", f->sweep,
-                  "sweep ferry options: depth=1,2,4 chunk=16MiB,64MiB stripes=1,2")
+                  "sweep scenario fields, every combination: depth=1,2,4 chunk=16MiB,64MiB "
+                  "hardware.nic_gbps=200,400")
       ->expected(1, 8);
   sim->add_option("--csv", f->csv, "where --sweep writes its CSV")->capture_default_str();
   sim->add_option("--plot", f->plot, "where --sweep writes its PNG")->capture_default_str();
+  sim->add_option("--jobs", f->jobs,
+                  "how many of a sweep's runs go at once (default: one per core)")
+      ->check(CLI::Range(1, 256));
   commands[sim] = [f] {
     log::set_level(log::level::warn);
     return f->sweep.empty() ? run_one(*f) : run_sweep(*f);

@@ -5,7 +5,7 @@ enough to be still running, it gets the signal after it printed progress, and mu
 interrupted trainer or worker node leaves the job: the coordinator regroups without it.
 
 Usage: interrupt.py FERRY_BINARY COMMAND SIGNAL
-  COMMAND: demo | demo_setup | local | chaos | bench | sim | coordinator | node;  SIGNAL: INT | TERM
+  COMMAND: demo | demo_setup | local | chaos | bench | sim | sim_sweep | coordinator | node;  SIGNAL: INT | TERM
 """
 import json
 import os
@@ -229,6 +229,14 @@ def main():
         scenario = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "sim", "B2.toml")
         run_self_contained(ferry, ["sim", scenario, "--set", "ferry.versions=100000000"], sig, "version 3 delivered",
                            what)
+    elif command == "sim_sweep":
+        # Runs in processes of their own: each gets the signal, and none outlives the sweep.
+        scenario = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "sim", "B2.toml")
+        with tempfile.TemporaryDirectory(prefix="ferry-sweep-") as scratch:
+            run_self_contained(ferry, ["sim", scenario, "--set", "ferry.versions=100000000", "--sweep", "depth=1,2,4",
+                                       "--jobs", "2", "--csv", os.path.join(scratch, "sweep.csv"),
+                                       "--plot", os.path.join(scratch, "sweep.png")],
+                               sig, "at a time", what, settle=1.0)
     elif command in ("coordinator", "node"):
         run_job_member(ferry, sig, what, command)
     else:
