@@ -254,10 +254,9 @@ bool run_points(const sim_flags& f, std::vector<sweep_point>& points, unsigned j
       if (waits[k].revents == 0) continue;
       auto& r = runs[k];
       char buffer[4096];
-      if (const auto n = read(r.out, buffer, sizeof buffer); n > 0) {
-        r.text.append(buffer, static_cast<std::size_t>(n));
-        continue;
-      }
+      const auto n = read(r.out, buffer, sizeof buffer);
+      if (n > 0) r.text.append(buffer, static_cast<std::size_t>(n));
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;  // else the end of its output
       close(r.out);
       int status = 0;
       reap_child(r.pid, status, 0);
