@@ -379,6 +379,22 @@ int run_sweep(const sim_flags& f) {
   fmt::print(
       "wrote {}: {} runs in {:.1f} s, {} at a time (their processes' lives add up to {:.1f} s)\n",
       f.csv, points.size() - failed, wall, jobs, lives);
+  // The answer a sweep is run for: the combination that delivers soonest.
+  const sweep_point* best = nullptr;
+  const auto seconds_of = [](const sweep_point& p) {
+    return (*p.report)["predicted_seconds"].get<double>();
+  };
+  for (const auto& p : points) {
+    if (p.report && (*p.report)["delivered"].get<bool>() &&
+        (!best || seconds_of(p) < seconds_of(*best)))
+      best = &p;
+  }
+  if (best) {
+    const double bound = (*best->report)["bound_seconds"].get<double>();
+    fmt::print("best: {}: {:.4f} s, {:.2f}x its bound ({:.4f} s, {})\n", fmt::join(best->sets, " "),
+               seconds_of(*best), bound > 0 ? seconds_of(*best) / bound : 0, bound,
+               (*best->report)["bottleneck"].get<std::string>());
+  }
   // The plot: predicted update per depth, one line per combination of the other axes. Each line's
   // points go into the script as a data block of their own, in the order of depth.
   std::vector<std::pair<std::string, std::map<std::uint32_t, double>>>

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """`ferry sim --sweep` (issue 16): every combination runs, two at a time, each in a process of its
 own; the CSV has a row per combination in the sweep's order, a column per swept field, and the
-predictions a lone `ferry sim` of the same combination gives; the plot's script holds one line
-per combination of the other axes. A bad sweep is refused before anything runs.
+predictions a lone `ferry sim` of the same combination gives; the best combination is named; the
+plot's script holds one line per combination of the other axes. A bad sweep is refused before
+anything runs.
 
 Usage: sim_sweep.py FERRY_BINARY
 """
@@ -61,6 +62,12 @@ with tempfile.TemporaryDirectory(prefix="ferry-sweep-") as scratch:
         check(float(r["predicted_seconds"]) >= float(r["bound_seconds"]) - 1e-6,
               f"depth {depth} stripes {stripes}: beats its bound")
         check(r["hardware.copy_threads"] == "16", "the extra axis' value is not in its column")
+    # The combination that delivers soonest is named.
+    best = min(rows, key=lambda r: float(r["predicted_seconds"])) if rows else None
+    named = re.search(r"^best: depth=(\d+) stripes=(\d+) hardware.copy_threads=16: ([0-9.]+) s", run.stdout, re.M)
+    check(best is not None and named is not None and (named[1], named[2]) == (best["depth"], best["stripes"])
+          and abs(float(named[3]) - float(best["predicted_seconds"])) < 1e-4,
+          f"sweep: the best line {named[0] if named else None!r} is not the row {best}")
     # One data block per (chunk, stripes, copy_threads), its points in the order of depth.
     with open(plot + ".gp") as f:
         script = f.read()
