@@ -158,7 +158,7 @@ result<void> check_registration(std::span<const tensor_spec> tensors, const job_
                                 std::string& why);
 
 /// The regions each peer offered in its latest epoch, capped by `job_limits::max_regions_per_peer`
-/// (a worker registers fresh staging for every plan, so earlier epochs do not count).
+/// (a worker offers its staging again for every plan, so earlier epochs do not count).
 class region_budget {
  public:
   /// Records `region` offered by `peer` in `epoch`; refuses, saying why, one region too many.

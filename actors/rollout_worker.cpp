@@ -266,6 +266,10 @@ std::string rollout_worker::prepare_staging() {
     if (on_device()) {
       if (auto ec = options_.memory->pin(slots_.span())) return "cannot pin the receive slots: " + ec.message();
     }
+  } else if (slots_region_) {
+    // Kept, under a new key where the transport can refuse a write and keep the link: a write of
+    // an older epoch still on its way (held up by a cut link) must not land over this epoch's.
+    if (auto fresh = host().transport().rekey_region(slots_region_->id)) slots_region_ = *fresh;
   }
   if (on_device() && !device_slots_) {
     auto slots = options_.memory->allocate(std::size_t{plan_->job->depth} * plan_->job->chunk_bytes);

@@ -106,6 +106,13 @@ class transport {
   /// The memory must outlive its registration.
   virtual result<region_desc> register_region(std::span<std::byte> memory) = 0;
   virtual void deregister_region(std::uint64_t region_id) = 0;
+  /// Gives a registered region a new key, keeping its id and memory: a write presenting the old
+  /// key is refused from then on (the writer's completion says so), and its link stays up. A
+  /// receiver that reuses memory across epochs retires the older epochs' writes so. Unsupported
+  /// where a refused write costs the link (libfabric's rxm tears the connection down).
+  virtual result<region_desc> rekey_region(std::uint64_t /*region_id*/) {
+    return fail(std::make_error_code(std::errc::operation_not_supported));
+  }
 
   /// Writes `local` into `remote` at `offset` on node `remote.owner`, with immediate `imm`.
   /// `local` must lie inside a region registered here and stay untouched until completion.

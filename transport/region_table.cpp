@@ -4,11 +4,19 @@
 
 namespace ferry {
 
-region_desc region_table::add(std::span<std::byte> memory) {
+namespace {
+
+std::uint64_t fresh_key() {
   static thread_local std::mt19937_64 keys{std::random_device{}()};
+  return keys();
+}
+
+}  // namespace
+
+region_desc region_table::add(std::span<std::byte> memory) {
   std::lock_guard lock(mutex_);
   const auto id = next_id_++;
-  const auto key = keys();
+  const auto key = fresh_key();
   regions_.emplace(id, entry{memory, key});
   return region_desc{.owner = owner_, .id = id, .addr = 0, .key = key, .length = memory.size()};
 }
@@ -16,6 +24,15 @@ region_desc region_table::add(std::span<std::byte> memory) {
 void region_table::remove(std::uint64_t id) {
   std::lock_guard lock(mutex_);
   regions_.erase(id);
+}
+
+result<region_desc> region_table::rekey(std::uint64_t id) {
+  std::lock_guard lock(mutex_);
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return fail(transport_errc::unknown_region);
+  auto& e = it->second;
+  for (const auto old = e.key; e.key == old;) e.key = fresh_key();
+  return region_desc{.owner = owner_, .id = id, .addr = 0, .key = e.key, .length = e.memory.size()};
 }
 
 result<std::span<std::byte>> region_table::resolve(std::uint64_t id, std::uint64_t key, std::uint64_t offset,

@@ -20,6 +20,9 @@ class region_table {
   /// Registers `memory` with a fresh id and a random key; `addr` is 0 (writes use offsets).
   region_desc add(std::span<std::byte> memory);
   void remove(std::uint64_t id);
+  /// Gives region `id` a fresh random key, keeping its id and memory: from now on a write that
+  /// presents the old key is refused.
+  result<region_desc> rekey(std::uint64_t id);
 
   /// The destination bytes of a write, or why it must be refused.
   result<std::span<std::byte>> resolve(std::uint64_t id, std::uint64_t key, std::uint64_t offset,

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/steady_timer.hpp>
 #include <numeric>
 #include <thread>
@@ -187,6 +188,28 @@ TEST_P(tcp_pair, bad_writes_are_refused_before_any_byte_lands) {
   EXPECT_EQ(tb->stats().links_accepted, 1u);
 }
 
+TEST_P(tcp_pair, a_rekeyed_region_refuses_the_old_key_and_keeps_the_link) {
+  std::vector<std::byte> source(4096, std::byte{0x5a}), target(8192);
+  ASSERT_TRUE(ta->register_region(source));
+  const auto old_key = tb->register_region(target);
+  ASSERT_TRUE(old_key);
+  const auto new_key = tb->rekey_region(old_key->id);
+  ASSERT_TRUE(new_key);
+  EXPECT_EQ(new_key->id, old_key->id);
+  auto write = [&](const region_desc& to, std::uint64_t offset) {
+    std::optional<std::error_code> result;
+    ta->async_write(source, to, offset, 0, [&](std::error_code ec) { result = ec; });
+    run_until([&] { return result.has_value(); });
+    return result.value_or(std::error_code{});
+  };
+  EXPECT_EQ(write(*old_key, 0), transport_errc::key_mismatch);
+  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_FALSE(write(*new_key, 4096));
+  EXPECT_TRUE(std::all_of(target.begin() + 4096, target.end(), [](std::byte x) { return x == std::byte{0x5a}; }));
+  EXPECT_EQ(tb->stats().writes_refused, 1u);
+  EXPECT_EQ(tb->stats().links_accepted, 1u);
+}
+
 TEST_P(tcp_pair, many_writes_and_frames_interleave) {
   constexpr std::size_t block = 64 << 10, blocks = 64;
   std::vector<std::byte> source(block * blocks), target(block * blocks);
@@ -315,6 +338,63 @@ TEST_P(tcp_pair, lost_peer_fails_pending_write_once_and_next_send_reconnects) {
   EXPECT_EQ(control_body, std::vector<std::byte>(f.begin() + frame_prefix_bytes, f.end()));
   EXPECT_EQ(completions, 1);
   EXPECT_EQ(sent, 1);
+}
+
+// A write whose header came before the rekey: its payload lands a piece at a time, and the pieces
+// begun after the rekey are refused. A peer driven by hand sends the header and the first piece,
+// waits for the rekey, then sends the rest.
+TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) {
+  event_loop loop;
+  real_environment env{loop};
+  auto receiver = tcp_transport::make(loop, 2, secret_options());
+  std::vector<write_notice> notices;
+  ASSERT_FALSE(receiver->start({.on_write = [&](const write_notice& n) { notices.push_back(n); }}));
+  constexpr std::size_t piece = 4 << 20, length = 3 * piece;
+  std::vector<std::byte> target(length + 4096);
+  const auto old_key = *receiver->register_region(target);
+
+  std::atomic<bool> rekeyed = false, finished = false;
+  std::optional<tcp_link::write_ack> refused, accepted;
+  region_desc new_key;
+  std::thread writer([&] {
+    test::raw_peer p(test::port_of(receiver->local_address()));
+    if (!p.handshake(1, 2, test::test_secret())) return finished.store(true);
+    const std::vector<std::byte> payload(length, std::byte{0x11});
+    p.send(tcp_link::encode(tcp_link::write_header{.region = old_key.id, .key = old_key.key, .length = length, .id = 1}));
+    p.send(std::span(payload).first(piece));
+    while (!rekeyed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    p.send(std::span(payload).subspan(piece));
+    if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::write_ack) refused = tcp_link::parse_write_ack(f->body);
+    // The link is still up: a write under the new key lands.
+    p.send(tcp_link::encode(tcp_link::write_header{.region = new_key.id, .key = new_key.key, .offset = length, .length = 4096, .id = 2}));
+    p.send(std::span(payload).first(4096));
+    if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::write_ack) accepted = tcp_link::parse_write_ack(f->body);
+    finished = true;
+  });
+  const auto first_piece = std::span(target).first(piece);
+  loop.run_until([&] {
+    return finished || std::all_of(first_piece.begin(), first_piece.end(), [](std::byte x) { return x == std::byte{0x11}; });
+  });
+  // Past the turn that landed the first piece: the second is asked for under the old key.
+  loop.run_until([&] { return true; });
+  new_key = *receiver->rekey_region(old_key.id);
+  rekeyed = true;
+  loop.run_until([&] { return finished.load(); });
+  writer.join();
+
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->id, 1u);
+  EXPECT_EQ(refused->status, static_cast<std::uint16_t>(transport_errc::key_mismatch));
+  ASSERT_TRUE(accepted);
+  EXPECT_EQ(accepted->id, 2u);
+  EXPECT_EQ(accepted->status, 0u);
+  // At most the piece already asked for lands after the rekey; the last one does not.
+  const auto last_piece = std::span(target).subspan(2 * piece, piece);
+  EXPECT_TRUE(std::all_of(last_piece.begin(), last_piece.end(), [](std::byte x) { return x == std::byte{0}; }));
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].offset, length);
+  EXPECT_EQ(receiver->stats().writes_refused, 1u);
+  receiver->close();
 }
 
 INSTANTIATE_TEST_SUITE_P(schemes, tcp_pair, ::testing::Values("tcp", "cma"),

@@ -241,6 +241,8 @@ void inproc_transport::deliver(node_id from, const parcel& p) {
 
 result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) { return regions_.add(memory); }
 void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.remove(region_id); }
+// A write held up by a cut is checked again when it arrives (`async_write`): the new key keeps it out.
+result<region_desc> inproc_transport::rekey_region(std::uint64_t region_id) { return regions_.rekey(region_id); }
 
 void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
                                    write_imm imm, completion done) {

@@ -104,6 +104,7 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   void async_hand_over(node_id to, handed_message m, completion done) override;
   result<region_desc> register_region(std::span<std::byte> memory) override;
   void deregister_region(std::uint64_t region_id) override;
+  result<region_desc> rekey_region(std::uint64_t region_id) override;
   void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
                    write_imm imm, completion done) override;
 

@@ -31,6 +31,9 @@ struct large_transfers {
   }
 };
 
+/// A write's payload is read into its region by pieces of this size, its key checked before each.
+constexpr std::uint64_t payload_piece = std::uint64_t{4} << 20;
+
 /// The start of a lost link's detail when the stream ended inside a frame.
 const std::string mid_frame = "mid-frame: ";
 
@@ -503,31 +506,45 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   void on_write_header() {
     const auto h = wire::parse_write(body_);
     if (!h) return violation("malformed WRITE");
-    auto target = owner().regions_.resolve(h->region, h->key, h->offset, h->length);
-    if (!target) {
-      ++owner().stats_.writes_refused;
-      log::warn("tcp {}: refused a write of {} bytes from node {}: {}", owner().self_, h->length,
-                peer_, target.error().message());
-      return drain(h->length, [id = h->id, why = target.error()](link& l) {
-        l.enqueue_ack(id, static_cast<std::uint16_t>(why.value()));
-        l.read_next();
-      });
+    if (auto target = owner().regions_.resolve(h->region, h->key, h->offset, h->length); !target) {
+      return refuse_payload(*h, h->length, target.error());
     }
-    // The payload lands directly in the registered region: no staging copy.
+    read_payload(*h, 0);
+  }
+
+  /// Reads a write's payload straight into its region (no staging copy), a piece at a time, the
+  /// key checked again before each: once the region's owner retired the key (`rekey_region`, a
+  /// new epoch), the rest is refused, so that an older epoch's write still arriving stops landing.
+  void read_payload(const wire::write_header& h, std::uint64_t landed) {
+    if (landed == h.length) {
+      enqueue_ack(h.id, 0);
+      const write_notice notice{
+          .from = peer_, .region = h.region, .offset = h.offset, .length = h.length, .imm = h.imm};
+      if (owner().events_.on_write) owner().events_.on_write(notice);
+      if (!closed()) read_next();
+      return;
+    }
+    const auto piece = std::min<std::uint64_t>(h.length - landed, payload_piece);
+    auto target = owner().regions_.resolve(h.region, h.key, h.offset + landed, piece);
+    if (!target) return refuse_payload(h, h.length - landed, target.error());
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(target->data(), target->size()), large_transfers{},
-                     [self, h = *h](const error_code& ec, std::size_t) {
+                     [self, h, landed, piece](const error_code& ec, std::size_t) {
                        if (self->closed()) return;
                        if (ec) return self->drop(transport_errc::connection_lost, ec.message());
-                       self->enqueue_ack(h.id, 0);
-                       const write_notice notice{.from = self->peer_,
-                                                 .region = h.region,
-                                                 .offset = h.offset,
-                                                 .length = h.length,
-                                                 .imm = h.imm};
-                       if (self->owner().events_.on_write) self->owner().events_.on_write(notice);
-                       if (!self->closed()) self->read_next();
+                       self->read_payload(h, landed + piece);
                      });
+  }
+
+  /// Drains the `left` payload bytes of a write the region check refused and acks it with why.
+  void refuse_payload(const wire::write_header& h, std::uint64_t left, std::error_code why) {
+    ++owner().stats_.writes_refused;
+    log::warn("tcp {}: refused a write of {} bytes from node {}: {}", owner().self_, h.length,
+              peer_, why.message());
+    drain(left, [id = h.id, why](link& l) {
+      l.enqueue_ack(id, static_cast<std::uint16_t>(why.value()));
+      l.read_next();
+    });
   }
 
   /// Same-host mode: checks the write like a WRITE, then has the copier pull its bytes out of the
@@ -930,6 +947,11 @@ result<region_desc> tcp_transport::register_region(std::span<std::byte> memory) 
 }
 void tcp_transport::deregister_region(std::uint64_t region_id) {
   regions_.remove(region_id);
+}
+// A write whose header came before is refused from its next piece on (`read_payload`); a
+// same-host copy already running finishes.
+result<region_desc> tcp_transport::rekey_region(std::uint64_t region_id) {
+  return regions_.rekey(region_id);
 }
 
 void tcp_transport::async_write(std::span<const std::byte> local, const region_desc& remote,

@@ -103,6 +103,7 @@ class tcp_transport final : public transport, public std::enable_shared_from_thi
   void async_send(node_id to, frame f, completion done) override;
   result<region_desc> register_region(std::span<std::byte> memory) override;
   void deregister_region(std::uint64_t region_id) override;
+  result<region_desc> rekey_region(std::uint64_t region_id) override;
   void async_write(std::span<const std::byte> local, const region_desc& remote,
                    std::uint64_t offset, write_imm imm, completion done) override;
 
