@@ -5,6 +5,7 @@
 
 #include <fmt/ranges.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "cli/commands.hpp"
@@ -185,15 +187,46 @@ std::pair<std::string, std::vector<std::string>> axis_of(const std::string& spec
   return {spec.substr(0, eq), values};
 }
 
+/// What a sweep keeps of a run's `--json` report.
+struct run_report {
+  bool delivered = false;
+  std::string error, bottleneck;
+  double predicted_seconds = 0, stall_seconds = 0, bound_seconds = 0, wall_seconds = 0;
+};
+
+/// The report a run printed; nothing when its output is not one.
+std::optional<run_report> parse_report(const std::string& text) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  try {
+    return run_report{.delivered = j.at("delivered").get<bool>(),
+                      .error = j.at("error").get<std::string>(),
+                      .bottleneck = j.at("bottleneck").get<std::string>(),
+                      .predicted_seconds = j.at("predicted_seconds").get<double>(),
+                      .stall_seconds = j.at("stall_seconds").get<double>(),
+                      .bound_seconds = j.at("bound_seconds").get<double>(),
+                      .wall_seconds = j.at("wall_seconds").get<double>()};
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
 /// One combination of a sweep's values: its `--set`s, the options they make (the scenario is
-/// checked with them before any run starts) and, once its run ended, that run's `--json` report.
+/// checked with them before any run starts) and, once its run ended, that run's report.
 struct sweep_point {
   std::vector<std::string> sets;
   std::uint32_t depth = 0, stripes = 0;
   std::uint64_t chunk_bytes = 0;
-  std::optional<nlohmann::json> report;
-  double seconds = 0;  ///< its process's life, start to exit
+  bool ended = false;
+  std::optional<run_report> report;  ///< none when the run failed
+  double seconds = 0;                ///< its process's life, start to exit
 };
+
+/// `text` inside a gnuplot string in single quotes.
+std::string gnuplot_quoted(std::string_view text) {
+  std::string out;
+  for (const char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out;
+}
 
 /// Every combination of the axes' values, the first axis varying slowest.
 std::vector<std::vector<std::string>> combinations(
@@ -214,7 +247,8 @@ std::vector<std::vector<std::string>> combinations(
 
 /// Runs each point as a `ferry sim --json` process of its own, `jobs` at once (a simulation runs on
 /// one thread), and calls `ended(i)` as point i's run ends, its report kept when it gave one.
-/// False once SIGINT or SIGTERM arrived: the runs still going got it too and were reaped.
+/// False once SIGINT or SIGTERM arrived (or the wait for the runs failed): the runs still going
+/// got the signal too and were reaped.
 bool run_points(const sim_flags& f, std::vector<sweep_point>& points, unsigned jobs,
                 const std::function<void(std::size_t)>& ended) {
   struct running {
@@ -235,6 +269,7 @@ bool run_points(const sim_flags& f, std::vector<sweep_point>& points, unsigned j
       const auto [pid, out] = spawn_reading(args);
       if (pid < 0) {
         fmt::print(stderr, "ferry sim: cannot start run {}: {}\n", next + 1, std::strerror(errno));
+        points[next].ended = true;
         ended(next++);
         continue;
       }
@@ -243,10 +278,17 @@ bool run_points(const sim_flags& f, std::vector<sweep_point>& points, unsigned j
     std::vector<pollfd> waits;
     for (const auto& r : runs) waits.push_back({.fd = r.out, .events = POLLIN, .revents = 0});
     waits.push_back({.fd = interrupt_fd(), .events = POLLIN, .revents = 0});
-    if (poll(waits.data(), waits.size(), -1) < 0) continue;  // EINTR
-    if (waits.back().revents != 0) {
+    const bool waited = poll(waits.data(), waits.size(), -1) >= 0;
+    if (!waited && errno == EINTR) continue;
+    if (!waited || waits.back().revents != 0) {
+      if (!waited)
+        fmt::print(stderr, "ferry sim: cannot wait for the runs: {}\n", std::strerror(errno));
       std::vector<pid_t> pids;
-      for (const auto& r : runs) pids.push_back(r.pid), close(r.out);
+      for (const auto& r : runs) {
+        pids.push_back(r.pid);
+        close(r.out);
+        if (!waited) kill(r.pid, SIGTERM);
+      }
       reap(pids, interrupted_grace);
       return false;
     }
@@ -263,8 +305,9 @@ bool run_points(const sim_flags& f, std::vector<sweep_point>& points, unsigned j
       points[r.point].seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - r.began).count();
       // A run that did not deliver still reports (exit 1); anything else is a failed run.
-      auto report = nlohmann::json::parse(r.text, nullptr, false);
-      if (WIFEXITED(status) && WEXITSTATUS(status) <= 1 && report.is_object()) {
+      auto report = parse_report(r.text);
+      points[r.point].ended = true;
+      if (WIFEXITED(status) && WEXITSTATUS(status) <= 1 && report) {
         points[r.point].report = std::move(report);
       } else {
         fmt::print(stderr, "ferry sim: run {} ({}) {}\n", r.point + 1,
@@ -325,25 +368,25 @@ int run_sweep(const sim_flags& f) {
   }
   csv << "depth,chunk_mib,stripes";
   for (const auto a : extra) csv << "," << field_of(axes[a].first);
-  csv << ",predicted_seconds,stall_seconds,bound_seconds,bottleneck,wall_seconds\n";
+  csv << ",predicted_seconds,stall_seconds,bound_seconds,bottleneck,wall_seconds,delivered\n";
   const unsigned jobs = std::min<std::size_t>(
       f.jobs > 0 ? f.jobs : std::max(1u, std::thread::hardware_concurrency()), points.size());
   fmt::print(stderr, "ferry sim: {} runs of {}, {} at a time\n", points.size(), f.scenario, jobs);
 
-  // Rows in the points' order, each written (and flushed) once every point before it ended.
+  // Rows in the points' order, each written (and flushed) once every point before it ended; a
+  // failed run has none.
   std::size_t written = 0, finished = 0, failed = 0;
   const auto write_row = [&](const sweep_point& p) {
     const auto& r = *p.report;
     csv << fmt::format("{},{:g},{}", p.depth, static_cast<double>(p.chunk_bytes) / (1 << 20),
                        p.stripes);
     for (const auto a : extra) csv << "," << p.sets[a].substr(p.sets[a].find('=') + 1);
-    csv << fmt::format(",{:.6f},{:.6f},{:.6f},{},{:.3f}\n", r["predicted_seconds"].get<double>(),
-                       r["stall_seconds"].get<double>(), r["bound_seconds"].get<double>(),
-                       r["bottleneck"].get<std::string>(), r["wall_seconds"].get<double>());
+    csv << fmt::format(",{:.6f},{:.6f},{:.6f},{},{:.3f},{}\n", r.predicted_seconds, r.stall_seconds,
+                       r.bound_seconds, r.bottleneck, r.wall_seconds, r.delivered);
   };
   const auto flush_rows = [&](bool all) {
     for (; written < points.size(); ++written) {
-      if (!points[written].report && !all) break;
+      if (!points[written].ended && !all) break;
       if (points[written].report) write_row(points[written]);
     }
     csv.flush();
@@ -356,16 +399,15 @@ int run_sweep(const sim_flags& f) {
       ++failed;
     } else {
       const auto& r = *p.report;
-      fmt::print(
-          stderr, "[{}/{}] {}: {:.4f} s (bound {:.4f} s){}\n", finished, points.size(),
-          fmt::join(p.sets, " "), r["predicted_seconds"].get<double>(),
-          r["bound_seconds"].get<double>(),
-          r["delivered"].get<bool>() ? "" : " NOT DELIVERED: " + r["error"].get<std::string>());
+      fmt::print(stderr, "[{}/{}] {}: {:.4f} s (bound {:.4f} s){}\n", finished, points.size(),
+                 fmt::join(p.sets, " "), r.predicted_seconds, r.bound_seconds,
+                 r.delivered ? "" : " NOT DELIVERED: " + r.error);
     }
     flush_rows(false);
   });
   if (!whole) {
-    flush_rows(true);  // the runs that ended, out of order after the first gap
+    flush_rows(true);  // the runs that ended, the others left out
+    if (!interrupt_signal()) return 1;
     std::fprintf(stderr, "ferry sim: stopped by %s after %zu of %zu runs (%s has them)\n",
                  interrupt_name(), finished, points.size(), f.csv.c_str());
     return interrupted_exit_code();
@@ -381,31 +423,32 @@ int run_sweep(const sim_flags& f) {
       f.csv, points.size() - failed, wall, jobs, lives);
   // The answer a sweep is run for: the combination that delivers soonest.
   const sweep_point* best = nullptr;
-  const auto seconds_of = [](const sweep_point& p) {
-    return (*p.report)["predicted_seconds"].get<double>();
-  };
   for (const auto& p : points) {
-    if (p.report && (*p.report)["delivered"].get<bool>() &&
-        (!best || seconds_of(p) < seconds_of(*best)))
+    if (p.report && p.report->delivered &&
+        (!best || p.report->predicted_seconds < best->report->predicted_seconds))
       best = &p;
   }
-  if (best) {
-    const double bound = (*best->report)["bound_seconds"].get<double>();
-    fmt::print("best: {}: {:.4f} s, {:.2f}x its bound ({:.4f} s, {})\n", fmt::join(best->sets, " "),
-               seconds_of(*best), bound > 0 ? seconds_of(*best) / bound : 0, bound,
-               (*best->report)["bottleneck"].get<std::string>());
+  if (!best) {
+    fmt::print("no run delivered: no best, no plot\n");
+    return 1;
   }
-  // The plot: predicted update per depth, one line per combination of the other axes. Each line's
-  // points go into the script as a data block of their own, in the order of depth.
+  const auto& top = *best->report;
+  fmt::print("best: {}: {:.4f} s, {:.2f}x its bound ({:.4f} s, {})\n", fmt::join(best->sets, " "),
+             top.predicted_seconds,
+             top.bound_seconds > 0 ? top.predicted_seconds / top.bound_seconds : 0,
+             top.bound_seconds, top.bottleneck);
+  // The plot: predicted update per depth of the runs that delivered, one line per combination of
+  // the other axes. Each line's points go into the script as a data block of their own, in the
+  // order of depth.
   std::vector<std::pair<std::string, std::map<std::uint32_t, double>>>
       lines;  // in the sweep's order
   for (const auto& p : points) {
-    if (!p.report) continue;
+    if (!p.report || !p.report->delivered) continue;
     auto key = fmt::format("{:g},{}", static_cast<double>(p.chunk_bytes) / (1 << 20), p.stripes);
     for (const auto a : extra) key += "," + p.sets[a].substr(p.sets[a].find('=') + 1);
     auto line = std::ranges::find(lines, key, [](const auto& l) { return l.first; });
     if (line == lines.end()) line = lines.insert(line, {key, {}});
-    line->second[p.depth] = (*p.report)["predicted_seconds"].get<double>();
+    line->second[p.depth] = p.report->predicted_seconds;
   }
   std::string title = "chunk MiB,stripes";
   for (const auto a : extra) title += "," + field_of(axes[a].first);
@@ -414,7 +457,7 @@ int run_sweep(const sim_flags& f) {
       "set terminal pngcairo size 1000,600 noenhanced\nset output '{}'\nset xlabel 'depth'\n"
       "set ylabel 'predicted update (s)'\nset logscale x 2\nset key below\n"
       "set title 'ferry sim --sweep: {}'\n",
-      f.plot, f.scenario);
+      gnuplot_quoted(f.plot), gnuplot_quoted(f.scenario));
   std::vector<std::string> plots;
   for (const auto& [key, by_depth] : lines) {
     const auto block = fmt::format("$line{}", plots.size());
@@ -422,11 +465,18 @@ int run_sweep(const sim_flags& f) {
     for (const auto& [depth, predicted] : by_depth)
       gp << fmt::format("{} {:.6f}\n", depth, predicted);
     gp << "EOD\n";
-    plots.push_back(fmt::format("{} using 1:2 with linespoints title '{} {}'", block, title, key));
+    plots.push_back(fmt::format("{} using 1:2 with linespoints title '{} {}'", block,
+                                gnuplot_quoted(title), gnuplot_quoted(key)));
   }
   gp << "plot " << fmt::format("{}", fmt::join(plots, ", ")) << "\n";
   gp.close();
-  if (std::system(fmt::format("gnuplot {}.gp > /dev/null 2>&1", f.plot).c_str()) == 0) {
+  // The script's path goes to gnuplot as an argument, never through a shell's parsing.
+  int status = -1;
+  if (const pid_t pid =
+          spawn({"/bin/sh", "-c", "exec gnuplot \"$0\" > /dev/null 2>&1", f.plot + ".gp"});
+      pid > 0)
+    reap_child(pid, status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     fmt::print("wrote {} (gnuplot script {}.gp)\n", f.plot, f.plot);
   } else {
     fmt::print("no plot: gnuplot failed or is missing (script in {}.gp)\n", f.plot);
@@ -451,8 +501,9 @@ void add_sim(CLI::App& app, command_table& commands) {
       ->expected(1, 8);
   sim->add_option("--csv", f->csv, "where --sweep writes its CSV")->capture_default_str();
   sim->add_option("--plot", f->plot, "where --sweep writes its PNG")->capture_default_str();
-  sim->add_option("--jobs", f->jobs,
-                  "how many of a sweep's runs go at once (default: one per core)")
+  sim->add_option(
+         "--jobs", f->jobs,
+         "how many of a sweep's runs go at once, each with its own memory (default: one per core)")
       ->check(CLI::Range(1, 256));
   commands[sim] = [f] {
     log::set_level(log::level::warn);

@@ -107,9 +107,10 @@ class transport {
   virtual result<region_desc> register_region(std::span<std::byte> memory) = 0;
   virtual void deregister_region(std::uint64_t region_id) = 0;
   /// Gives a registered region a new key, keeping its id and memory: a write presenting the old
-  /// key is refused from then on (the writer's completion says so), and its link stays up. A
-  /// receiver that reuses memory across epochs retires the older epochs' writes so. Unsupported
-  /// where a refused write costs the link (libfabric's rxm tears the connection down).
+  /// key and checked from then on is refused, and its link stays up (bytes already being copied
+  /// may still land: a transport says how much). A receiver that reuses memory across epochs
+  /// retires the older epochs' writes so. Unsupported where a refused write costs the link
+  /// (libfabric's rxm tears the connection down).
   virtual result<region_desc> rekey_region(std::uint64_t /*region_id*/) {
     return fail(std::make_error_code(std::errc::operation_not_supported));
   }

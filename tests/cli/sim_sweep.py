@@ -37,7 +37,10 @@ def lone_prediction(sets):
 
 
 with tempfile.TemporaryDirectory(prefix="ferry-sweep-") as scratch:
-    table, plot = os.path.join(scratch, "sweep.csv"), os.path.join(scratch, "sweep.png")
+    # A quote and a space in the plot's path: gnuplot and the shell must take it as it is.
+    odd = os.path.join(scratch, "o'dd dir")
+    os.mkdir(odd)
+    table, plot = os.path.join(scratch, "sweep.csv"), os.path.join(odd, "sweep $HOME.png")
     # The third axis has one value: a column of its own, and part of each line's key in the plot.
     run = subprocess.run([ferry, "sim", scenario, "--sweep", "depth=1,2", "stripes=1,2", "hardware.copy_threads=16",
                           "--jobs", "2", "--csv", table, "--plot", plot], capture_output=True, text=True, timeout=300)
@@ -68,6 +71,8 @@ with tempfile.TemporaryDirectory(prefix="ferry-sweep-") as scratch:
     check(best is not None and named is not None and (named[1], named[2]) == (best["depth"], best["stripes"])
           and abs(float(named[3]) - float(best["predicted_seconds"])) < 1e-4,
           f"sweep: the best line {named[0] if named else None!r} is not the row {best}")
+    check(os.path.getsize(plot) > 0 if os.path.exists(plot) else False, f"sweep: no plot at {plot!r}")
+    check(all(r["delivered"] == "true" for r in rows), "sweep: a row not delivered")
     # One data block per (chunk, stripes, copy_threads), its points in the order of depth.
     with open(plot + ".gp") as f:
         script = f.read()

@@ -362,7 +362,11 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
     const std::vector<std::byte> payload(length, std::byte{0x11});
     p.send(tcp_link::encode(tcp_link::write_header{.region = old_key.id, .key = old_key.key, .length = length, .id = 1}));
     p.send(std::span(payload).first(piece));
-    while (!rekeyed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // The main thread rekeys once the first piece landed; a test that waits longer has failed.
+    for (int waited = 0; !rekeyed; ++waited) {
+      if (waited == 30'000) return finished.store(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     p.send(std::span(payload).subspan(piece));
     if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::write_ack) refused = tcp_link::parse_write_ack(f->body);
     // The link is still up: a write under the new key lands.
