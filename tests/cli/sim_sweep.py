@@ -15,16 +15,12 @@ import subprocess
 import sys
 import tempfile
 
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "integration"))
+from job_verdict import check, failures  # noqa: E402
+
 ferry = os.path.abspath(sys.argv[1])
-scenario = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "sim", "B2.toml")
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-    return ok
+scenario = os.path.join(here, "..", "..", "examples", "sim", "B2.toml")
 
 
 def lone_prediction(sets):
