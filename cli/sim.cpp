@@ -439,9 +439,8 @@ int run_sweep(const sim_flags& f) {
              top.bound_seconds, top.bottleneck);
   // The plot: predicted update per depth of the runs that delivered, one line per combination of
   // the other axes. Each line's points go into the script as a data block of their own, in the
-  // order of depth.
-  std::vector<std::pair<std::string, std::map<std::uint32_t, double>>>
-      lines;  // in the sweep's order
+  // order of depth; the lines in the sweep's order.
+  std::vector<std::pair<std::string, std::map<std::uint32_t, double>>> lines;
   for (const auto& p : points) {
     if (!p.report || !p.report->delivered) continue;
     auto key = fmt::format("{:g},{}", static_cast<double>(p.chunk_bytes) / (1 << 20), p.stripes);
