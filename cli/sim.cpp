@@ -373,14 +373,19 @@ int run_sweep(const sim_flags& f) {
       f.jobs > 0 ? f.jobs : std::max(1u, std::thread::hardware_concurrency()), points.size());
   fmt::print(stderr, "ferry sim: {} runs of {}, {} at a time\n", points.size(), f.scenario, jobs);
 
+  // A point's columns after depth and before its results: chunk, stripes and the extra axes. They
+  // also key its line in the plot.
+  const auto other_columns = [&](const sweep_point& p) {
+    auto columns = fmt::format("{:g},{}", static_cast<double>(p.chunk_bytes) / (1 << 20), p.stripes);
+    for (const auto a : extra) columns += "," + p.sets[a].substr(p.sets[a].find('=') + 1);
+    return columns;
+  };
   // Rows in the points' order, each written (and flushed) once every point before it ended; a
   // failed run has none.
   std::size_t written = 0, finished = 0, failed = 0;
   const auto write_row = [&](const sweep_point& p) {
     const auto& r = *p.report;
-    csv << fmt::format("{},{:g},{}", p.depth, static_cast<double>(p.chunk_bytes) / (1 << 20),
-                       p.stripes);
-    for (const auto a : extra) csv << "," << p.sets[a].substr(p.sets[a].find('=') + 1);
+    csv << p.depth << "," << other_columns(p);
     csv << fmt::format(",{:.6f},{:.6f},{:.6f},{},{:.3f},{}\n", r.predicted_seconds, r.stall_seconds,
                        r.bound_seconds, r.bottleneck, r.wall_seconds, r.delivered);
   };
@@ -443,8 +448,7 @@ int run_sweep(const sim_flags& f) {
   std::vector<std::pair<std::string, std::map<std::uint32_t, double>>> lines;
   for (const auto& p : points) {
     if (!p.report || !p.report->delivered) continue;
-    auto key = fmt::format("{:g},{}", static_cast<double>(p.chunk_bytes) / (1 << 20), p.stripes);
-    for (const auto a : extra) key += "," + p.sets[a].substr(p.sets[a].find('=') + 1);
+    const auto key = other_columns(p);
     auto line = std::ranges::find(lines, key, [](const auto& l) { return l.first; });
     if (line == lines.end()) line = lines.insert(line, {key, {}});
     line->second[p.depth] = p.report->predicted_seconds;
