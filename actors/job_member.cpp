@@ -1,5 +1,7 @@
 #include "actors/job_member.hpp"
 
+#include <algorithm>
+
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
 
@@ -53,6 +55,21 @@ void job_member::lost_coordinator(std::error_code why) {
     grace_timer_ = 0;
     if (!stopped_ && !failed_ && admissions_ == before) fail("lost the coordinator: " + why.message());
   });
+}
+
+void job_member::link_to(const std::vector<peer_entry>& peers) {
+  auto& transport = host().transport();
+  std::vector<node_id> members;
+  members.reserve(peers.size());
+  for (const auto& p : peers) {
+    if (p.node == host().id()) continue;
+    transport.add_peer(p.node, p.address);
+    members.push_back(p.node);
+  }
+  std::ranges::sort(members);
+  for (const auto node : linked_)
+    if (node != coordinator_.node && !std::ranges::binary_search(members, node)) transport.remove_peer(node);
+  linked_ = std::move(members);
 }
 
 void job_member::leave(const std::string& reason) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "actors/messages.hpp"
 #include "runtime/actor.hpp"
@@ -60,6 +61,11 @@ class job_member : public actor {
     registering_ = false;
     ++admissions_;
   }
+  /// Links this member to a new plan's members: adds those it lacks, and removes those the last
+  /// plan had and this one dropped, so that what a dropped member still has on its way (a write
+  /// held up by a cut link) stops where the transport can stop it: tcp shuts the link mid-payload,
+  /// inproc drops what the cut held. A dropped member that comes back is in a later plan again.
+  void link_to(const std::vector<peer_entry>& peers);
   /// Fails this member once: logs, calls `failing()`, then `on_failed`.
   void fail(const std::string& reason);
   /// "trainer shard 1", "worker 0.2": the member in log lines.
@@ -116,6 +122,7 @@ class job_member : public actor {
   std::function<void()> send_registration_;  ///< set by join_with
   bool registering_ = false;                 ///< registered, and not admitted yet
   std::uint64_t admissions_ = 0;
+  std::vector<node_id> linked_;  ///< the last plan's members but this one, sorted
   std::chrono::milliseconds registration_wait_{1000}, since_registration_{0};
   loop_confined state_confined_;
   boost::fibers::condition_variable_any state_cv_;

@@ -129,9 +129,7 @@ void rollout_worker::corrupted(const std::string& reason) {
 }
 
 void rollout_worker::adopt_plan(const plan_ready& m) {
-  for (const auto& p : m.peers) {
-    if (p.node != host().id()) host().transport().add_peer(p.node, p.address);
-  }
+  link_to(m.peers);
   const auto it = std::find_if(m.plan.instances.begin(), m.plan.instances.end(),
                                [&](const instance_plan& i) { return i.id == instance_; });
   if (it == m.plan.instances.end() || std::find(it->workers.begin(), it->workers.end(), self()) == it->workers.end()) {

@@ -132,9 +132,7 @@ void trainer_shard::advance_routes() {
 }
 
 void trainer_shard::adopt_plan(const plan_ready& m) {
-  for (const auto& p : m.peers) {
-    if (p.node != host().id()) host().transport().add_peer(p.node, p.address);
-  }
+  link_to(m.peers);
   // A new epoch: senders of the old one stop; the coordinator says what to send next.
   ++send_generation_;
   ready_ = false;

@@ -7,10 +7,11 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -165,14 +166,11 @@ class raw_peer {
   /// The next frame, or nullopt on close, reset or timeout.
   std::optional<link_frame> read_frame() {
     std::array<std::byte, tcp_link::head_bytes> head;
-    boost::system::error_code ec;
-    boost::asio::read(socket_, boost::asio::buffer(head), ec);
-    if (ec) return std::nullopt;
+    if (read_exact(head)) return std::nullopt;
     const auto h = tcp_link::parse_head(head);
     if (!h || h->length > (1u << 20)) return std::nullopt;
     link_frame f{static_cast<tcp_link::frame_type>(h->type), bytes(h->length - 1)};
-    boost::asio::read(socket_, boost::asio::buffer(f.body), ec);
-    if (ec) return std::nullopt;
+    if (read_exact(f.body)) return std::nullopt;
     return f;
   }
 
@@ -181,14 +179,13 @@ class raw_peer {
   bool closed_by_peer(std::vector<link_frame>* seen = nullptr) {
     for (;;) {
       std::array<std::byte, tcp_link::head_bytes> head;
-      boost::system::error_code ec;
-      boost::asio::read(socket_, boost::asio::buffer(head), ec);
+      auto ec = read_exact(head);
       if (ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset) return true;
       if (ec) return false;  // timeout
       const auto h = tcp_link::parse_head(head);
       if (!h) return false;
       link_frame f{static_cast<tcp_link::frame_type>(h->type), bytes(h->length - 1)};
-      boost::asio::read(socket_, boost::asio::buffer(f.body), ec);
+      ec = read_exact(f.body);
       if (ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset) return true;
       if (ec) return false;
       if (seen) seen->push_back(std::move(f));
@@ -240,6 +237,18 @@ class raw_peer {
   }
 
  private:
+  /// Fills `b`; eof, a reset, or `would_block` after the receive timeout. Asio's own blocking
+  /// read polls again without a timeout when the socket's runs out, and would hang the test.
+  boost::system::error_code read_exact(std::span<std::byte> b) {
+    for (std::size_t got = 0; got < b.size();) {
+      const auto n = ::recv(socket_.native_handle(), b.data() + got, b.size() - got, 0);
+      if (n == 0) return boost::asio::error::eof;
+      if (n < 0 && errno != EINTR) return {errno, boost::system::system_category()};
+      if (n > 0) got += static_cast<std::size_t>(n);
+    }
+    return {};
+  }
+
   boost::asio::io_context io_;
   boost::asio::ip::tcp::socket socket_;
 };

@@ -401,6 +401,53 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
   receiver->close();
 }
 
+// A member drops the links of members a new plan dropped (`job_member::link_to`): what such a
+// member still had on its way stops mid-payload.
+TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) {
+  event_loop loop;
+  real_environment env{loop};
+  auto receiver = tcp_transport::make(loop, 2, secret_options());
+  std::vector<write_notice> notices;
+  ASSERT_FALSE(receiver->start({.on_write = [&](const write_notice& n) { notices.push_back(n); }}));
+  constexpr std::size_t piece = 4 << 20, length = 3 * piece;
+  std::vector<std::byte> target(length);
+  const auto region = *receiver->register_region(target);
+
+  std::atomic<bool> removed = false, finished = false, closed = false;
+  std::thread writer([&] {
+    // The link is closed by then: the loop has nothing left to wake it.
+    auto finish = [&] { finished = true, loop.post([] {}); };
+    test::raw_peer p(test::port_of(receiver->local_address()));
+    if (!p.handshake(1, 2, test::test_secret())) return finish();
+    const std::vector<std::byte> payload(length, std::byte{0x11});
+    p.send(tcp_link::encode(tcp_link::write_header{.region = region.id, .key = region.key, .length = length, .id = 1}));
+    p.send(std::span(payload).first(piece));
+    // The main thread removes this peer once the first piece landed; a test that waits longer has failed.
+    for (int waited = 0; !removed; ++waited) {
+      if (waited == 30'000) return finish();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    p.send(std::span(payload).subspan(piece));  // into a closed link: may fail
+    closed = p.closed_by_peer();
+    finish();
+  });
+  const auto first_piece = std::span(target).first(piece);
+  loop.run_until([&] {
+    return finished || std::all_of(first_piece.begin(), first_piece.end(), [](std::byte x) { return x == std::byte{0x11}; });
+  });
+  loop.run_until([&] { return true; });  // the second piece is asked for
+  receiver->remove_peer(1);
+  removed = true;
+  loop.run_until([&] { return finished.load(); });
+  writer.join();
+
+  EXPECT_TRUE(closed);
+  const auto rest = std::span(target).subspan(piece);
+  EXPECT_TRUE(std::all_of(rest.begin(), rest.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_TRUE(notices.empty());
+  receiver->close();
+}
+
 INSTANTIATE_TEST_SUITE_P(schemes, tcp_pair, ::testing::Values("tcp", "cma"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
