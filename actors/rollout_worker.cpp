@@ -73,6 +73,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
 }
 
 rollout_worker::~rollout_worker() {
+  *alive_ = false;
   stop_member();
   if (gen_) gen_->broadcast->abort();
   if (fibers_ > 0 || in_flight_ > 0) host().loop().run_until([this] { return fibers_ == 0 && in_flight_ == 0; });
@@ -218,11 +219,13 @@ void rollout_worker::start_generation(const std::vector<address>& members, std::
     });
   }
   // The old epoch's readers of the staging (apply, upload) finish first, so that no write of the
-  // new epoch lands under them; then the worker says what it holds.
+  // new epoch lands under them, and so do the writes into it that the old key let in, so that
+  // none lands over the new epoch's; then the worker says what it holds.
   if (in_flight_ > 0) note("new epoch waits for old readers");
+  if (!staging_settled_) note("new epoch waits for older writes to land");
   ++fibers_;
   host().loop().spawn([this, g] {
-    if (wait_for([&] { return g != gen_ || in_flight_ == 0; }) && g == gen_) {
+    if (wait_for([&] { return g != gen_ || (in_flight_ == 0 && staging_settled_); }) && g == gen_) {
       auto ready = holdings();
       if (leader_ || plan_->direct) ready.slots = *slots_region_;
       ready.direct_slot = direct_slot_;
@@ -267,7 +270,14 @@ std::string rollout_worker::prepare_staging() {
   } else if (slots_region_) {
     // Kept, under a new key where the transport can refuse a write and keep the link: a write of
     // an older epoch still on its way (held up by a cut link) must not land over this epoch's.
+    // Those the old key let in before still land; the staging is offered once they have.
     if (auto fresh = host().transport().rekey_region(slots_region_->id)) slots_region_ = *fresh;
+    const auto rekey = ++staging_rekeys_;
+    staging_settled_ = !host().transport().when_writes_end(slots_region_->id, [this, alive = alive_, rekey] {
+      if (!*alive || rekey != staging_rekeys_) return;
+      staging_settled_ = true;
+      changed();
+    });
   }
   if (on_device() && !device_slots_) {
     auto slots = options_.memory->allocate(std::size_t{plan_->job->depth} * plan_->job->chunk_bytes);

@@ -256,6 +256,10 @@ class rollout_worker final : public job_member {
   host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots; then direct slots
   std::uint32_t direct_slot_ = 0;  ///< the first direct slot: chunks its instance does not hear whole
   std::optional<region_desc> slots_region_;
+  /// Whether the writes the staging's last key let in have all ended (`prepare_staging`); the
+  /// number of the rekey that is waited for.
+  bool staging_settled_ = true;
+  std::uint64_t staging_rekeys_ = 0;
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
   /// Trainers' shared host copies mapped here; dropped when their trainer's process is gone.
   std::map<shared_memory_ref, std::shared_ptr<const mapped_copy>> sources_;
@@ -267,6 +271,8 @@ class rollout_worker final : public job_member {
   stage_meter upload_meter_, broadcast_meter_;
   apply_stage apply_;
   int in_flight_ = 0;  ///< chunks delivering, relays and reports under way
+  /// False once destroyed: the transport's calls back (`when_writes_end`) may come later.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace ferry

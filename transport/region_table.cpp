@@ -22,8 +22,15 @@ region_desc region_table::add(std::span<std::byte> memory) {
 }
 
 void region_table::remove(std::uint64_t id) {
-  std::lock_guard lock(mutex_);
-  regions_.erase(id);
+  std::vector<std::function<void()>> ended;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = regions_.find(id);
+    if (it == regions_.end()) return;
+    ended = std::move(it->second.when_ended);
+    regions_.erase(it);
+  }
+  for (auto& done : ended) done();  // nothing can land in it any more
 }
 
 result<region_desc> region_table::rekey(std::uint64_t id) {
@@ -38,12 +45,45 @@ result<region_desc> region_table::rekey(std::uint64_t id) {
 result<std::span<std::byte>> region_table::resolve(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
                                                    std::uint64_t length) const {
   std::lock_guard lock(mutex_);
+  return check(id, key, offset, length);
+}
+
+result<std::span<std::byte>> region_table::check(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
+                                                 std::uint64_t length) const {
   auto it = regions_.find(id);
   if (it == regions_.end()) return fail(transport_errc::unknown_region);
   if (it->second.key != key) return fail(transport_errc::key_mismatch);
   const auto size = it->second.memory.size();
   if (offset > size || length > size - offset) return fail(transport_errc::out_of_bounds);
   return it->second.memory.subspan(offset, length);
+}
+
+result<std::span<std::byte>> region_table::begin_write(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
+                                                       std::uint64_t length) {
+  std::lock_guard lock(mutex_);
+  auto target = check(id, key, offset, length);
+  if (target) ++regions_.at(id).writing;  // with the check, so that a rekey comes before or after both
+  return target;
+}
+
+void region_table::end_write(std::uint64_t id) {
+  std::vector<std::function<void()>> ended;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = regions_.find(id);
+    if (it == regions_.end() || it->second.writing == 0 || --it->second.writing > 0) return;
+    ended = std::move(it->second.when_ended);
+    it->second.when_ended.clear();
+  }
+  for (auto& done : ended) done();
+}
+
+bool region_table::when_writes_end(std::uint64_t id, std::function<void()> done) {
+  std::lock_guard lock(mutex_);
+  auto it = regions_.find(id);
+  if (it == regions_.end() || it->second.writing == 0) return false;
+  it->second.when_ended.push_back(std::move(done));
+  return true;
 }
 
 bool region_table::contains(std::span<const std::byte> local) const {

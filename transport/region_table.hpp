@@ -2,9 +2,11 @@
 /// The regions a node registered, and the receiver-side check of every incoming write:
 /// known region, matching key, in bounds. Shared by the transports that land bytes themselves.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <span>
+#include <vector>
 
 #include "runtime/errc.hpp"
 #include "transport/errc.hpp"
@@ -27,14 +29,27 @@ class region_table {
   /// The destination bytes of a write, or why it must be refused.
   result<std::span<std::byte>> resolve(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
                                        std::uint64_t length) const;
+  /// The same, and the write is under way until `end_write(id)`: from its check to its last byte,
+  /// its refusal or its link's loss.
+  result<std::span<std::byte>> begin_write(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
+                                           std::uint64_t length);
+  void end_write(std::uint64_t id);
+  /// Whether a write into region `id` is under way. If so, `done` runs once none is, on the
+  /// thread that ends the last (or removes the region); else never.
+  bool when_writes_end(std::uint64_t id, std::function<void()> done);
   /// True when `local` lies inside one registered region.
   bool contains(std::span<const std::byte> local) const;
   std::size_t size() const;
 
  private:
+  /// `resolve` with the mutex held.
+  result<std::span<std::byte>> check(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
+                                     std::uint64_t length) const;
   struct entry {
     std::span<std::byte> memory;
     std::uint64_t key;
+    std::uint32_t writing = 0;  ///< writes under way
+    std::vector<std::function<void()>> when_ended;
   };
   node_id owner_;
   mutable std::mutex mutex_;

@@ -92,8 +92,7 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
                            "a member cut off past the heartbeat timeout, readmitted",
                            "registrations lost: the coordinator started late",
                            "old epoch's chain forward still reads its slot", "stale write dropped",
-                           "new epoch waits for old readers",
-                           "send waits for an older generation's writes"}) {
+                           "new epoch waits for old readers", "new epoch waits for older writes to land"}) {
     EXPECT_GT(seen[kind], 0u) << "no seed of this shard hit: " << kind;
   }
   std::string tally;

@@ -1,5 +1,6 @@
 // A region given a new key (`transport::rekey_region`, a rollout worker's staging at each new
-// epoch): a write of an older epoch, held up on a cut link, no longer lands over the new epoch's.
+// epoch): a write of an older epoch, held up on a cut link, no longer lands over the new epoch's,
+// and those the old key let in are waited for (`transport::when_writes_end`).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,6 +33,31 @@ TEST(region_table, a_new_key_refuses_the_old_one_and_keeps_id_and_memory) {
   ASSERT_TRUE(landing);
   EXPECT_EQ(landing->data(), memory.data() + 16);
   EXPECT_EQ(table.rekey(before.id + 1).error(), transport_errc::unknown_region);
+}
+
+TEST(region_table, the_writes_an_old_key_let_in_are_waited_for) {
+  std::vector<std::byte> memory(4096);
+  region_table table(7);
+  const auto old_key = table.add(memory);
+  EXPECT_FALSE(table.when_writes_end(old_key.id, [] { FAIL() << "no write was under way"; }));
+  ASSERT_TRUE(table.begin_write(old_key.id, old_key.key, 0, 64));
+  ASSERT_TRUE(table.begin_write(old_key.id, old_key.key, 64, 64));
+  const auto new_key = *table.rekey(old_key.id);
+  EXPECT_FALSE(table.begin_write(old_key.id, old_key.key, 0, 64));  // refused: not under way
+  int ended = 0;
+  EXPECT_TRUE(table.when_writes_end(old_key.id, [&] { ++ended; }));
+  table.end_write(old_key.id);
+  EXPECT_EQ(ended, 0);
+  table.end_write(old_key.id);
+  EXPECT_EQ(ended, 1);
+  EXPECT_FALSE(table.when_writes_end(new_key.id, [] {}));
+  table.end_write(old_key.id);  // one too many: ignored
+  // A region removed with writes under way: none can land any more.
+  ASSERT_TRUE(table.begin_write(new_key.id, new_key.key, 0, 64));
+  EXPECT_TRUE(table.when_writes_end(new_key.id, [&] { ++ended; }));
+  table.remove(new_key.id);
+  EXPECT_EQ(ended, 2);
+  EXPECT_FALSE(table.when_writes_end(new_key.id, [] {}));
 }
 
 /// Three inproc nodes on virtual time: 1 writes a slot of 2's in an old epoch, 3 in the new one.
@@ -100,6 +126,19 @@ TEST_F(cut_writer, a_held_write_of_the_old_key_does_not_land_after_a_rekey) {
   ASSERT_EQ(landed.size(), 2u);
   EXPECT_EQ(landed[0].from, 3u);
   EXPECT_EQ(landed[1].from, 3u);
+}
+
+TEST_F(cut_writer, a_write_the_old_key_let_in_lands_before_its_end_is_told) {
+  const auto old_key = *receiver->register_region(slot);
+  bool done = false, ended = false;
+  old_writer->async_write(old_bytes, old_key, 0, 0, [&](std::error_code ec) { done = !ec; });
+  ASSERT_TRUE(receiver->rekey_region(old_key.id));
+  EXPECT_TRUE(receiver->when_writes_end(old_key.id, [&] {
+    ended = true;
+    EXPECT_TRUE(all_equal(slot, std::byte{0xaa}));
+  }));
+  loop.run_until([&] { return ended && done; });
+  EXPECT_FALSE(receiver->when_writes_end(old_key.id, [] {}));
 }
 
 TEST(inproc_transport, rekeying_a_region_it_does_not_hold_fails) {

@@ -382,9 +382,15 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
   // Past the turn that landed the first piece: the second is asked for under the old key.
   loop.run_until([&] { return true; });
   new_key = *receiver->rekey_region(old_key.id);
+  // The write the old key let in is under way until its refusal.
+  bool ended = false;
+  EXPECT_TRUE(receiver->when_writes_end(old_key.id, [&] { ended = true; }));
+  loop.run_until([&] { return true; });
+  EXPECT_FALSE(ended);
   rekeyed = true;
   loop.run_until([&] { return finished.load(); });
   writer.join();
+  EXPECT_TRUE(ended);
 
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->id, 1u);
@@ -436,9 +442,11 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) 
     return finished || std::all_of(first_piece.begin(), first_piece.end(), [](std::byte x) { return x == std::byte{0x11}; });
   });
   loop.run_until([&] { return true; });  // the second piece is asked for
+  bool ended = false;
+  EXPECT_TRUE(receiver->when_writes_end(region.id, [&] { ended = true; }));
   receiver->remove_peer(1);
   removed = true;
-  loop.run_until([&] { return finished.load(); });
+  loop.run_until([&] { return finished.load() && ended; });
   writer.join();
 
   EXPECT_TRUE(closed);

@@ -243,6 +243,10 @@ result<region_desc> inproc_transport::register_region(std::span<std::byte> memor
 void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.remove(region_id); }
 // A write held up by a cut is checked again when it arrives (`async_write`): the new key keeps it out.
 result<region_desc> inproc_transport::rekey_region(std::uint64_t region_id) { return regions_.rekey(region_id); }
+bool inproc_transport::when_writes_end(std::uint64_t region_id, std::function<void()> done) {
+  // Its last write may end on a sender's loop (another thread, in a process of several loops).
+  return regions_.when_writes_end(region_id, [&loop = loop_, done = std::move(done)] { loop.post(done); });
+}
 
 void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
                                    write_imm imm, completion done) {
@@ -252,12 +256,14 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   if (!peer) lost_on_the_way(remote.owner);
   if (!open_ || !peer) return complete_with(transport_errc::peer_unreachable);
   reached_.insert(remote.owner);
-  auto target = peer->regions_.resolve(remote.id, remote.key, offset, local.size());
+  auto target = peer->regions_.begin_write(remote.id, remote.key, offset, local.size());
   if (!target) return complete_with(target.error());
 
   const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
   if (cut) {
-    // The bytes wait in "the kernel" (copied now), and are checked again on arrival.
+    // The bytes wait in "the kernel" (copied now), and are checked again on arrival: not under way
+    // meanwhile, as a cut may last.
+    peer->regions_.end_write(remote.id);
     network_.hold(self_, remote.owner, [notice, key = remote.key, bytes = std::vector<std::byte>(local.begin(), local.end())](
                                             inproc_transport& at) {
       if (auto landing = at.regions_.resolve(notice.region, key, notice.offset, bytes.size())) {
@@ -269,6 +275,7 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   }
   if (network_.model_) {
     network_.model_(self_, remote.owner, local.size(), [peer, notice, done = std::move(done)] {
+      peer->regions_.end_write(notice.region);
       peer->deliver_write(notice);
       done({});
     });
@@ -277,6 +284,7 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   cpu_.async_run(
       local.size(), [dst = *target, local] { std::memcpy(dst.data(), local.data(), local.size()); },
       [peer, notice, done = std::move(done)] {
+        peer->regions_.end_write(notice.region);
         peer->loop_.post([peer, notice] { peer->deliver_write(notice); });
         done({});
       });

@@ -249,6 +249,7 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     inflight_.clear();
     queue_.clear();
     pending_writes_.clear();
+    end_payload();
     owner_ = nullptr;
     for (auto& d : done) asio::post(io_, [d = std::move(d), why] { d(why); });
   }
@@ -506,10 +507,17 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   void on_write_header() {
     const auto h = wire::parse_write(body_);
     if (!h) return violation("malformed WRITE");
-    if (auto target = owner().regions_.resolve(h->region, h->key, h->offset, h->length); !target) {
+    if (auto target = owner().regions_.begin_write(h->region, h->key, h->offset, h->length); !target) {
       return refuse_payload(*h, h->length, target.error());
     }
+    payload_region_ = h->region;
     read_payload(*h, 0);
+  }
+
+  /// The payload read so far has ended: landed whole, refused, or cut short by the link's end.
+  void end_payload() {
+    if (payload_region_) owner().regions_.end_write(*payload_region_);
+    payload_region_.reset();
   }
 
   /// Reads a write's payload straight into its region (no staging copy), a piece at a time, the
@@ -517,6 +525,7 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   /// new epoch), the rest is refused, so that an older epoch's write still arriving stops landing.
   void read_payload(const wire::write_header& h, std::uint64_t landed) {
     if (landed == h.length) {
+      end_payload();
       enqueue_ack(h.id, 0);
       const write_notice notice{
           .from = peer_, .region = h.region, .offset = h.offset, .length = h.length, .imm = h.imm};
@@ -526,7 +535,10 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     }
     const auto piece = std::min<std::uint64_t>(h.length - landed, payload_piece);
     auto target = owner().regions_.resolve(h.region, h.key, h.offset + landed, piece);
-    if (!target) return refuse_payload(h, h.length - landed, target.error());
+    if (!target) {
+      end_payload();
+      return refuse_payload(h, h.length - landed, target.error());
+    }
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(target->data(), target->size()), large_transfers{},
                      [self, h, landed, piece](const error_code& ec, std::size_t) {
@@ -553,7 +565,7 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     const auto h = wire::parse_local_write(body_);
     if (!h) return violation("malformed LOCAL_WRITE");
     const auto& w = h->write;
-    auto target = owner().regions_.resolve(w.region, w.key, w.offset, w.length);
+    auto target = owner().regions_.begin_write(w.region, w.key, w.offset, w.length);
     if (!target) {
       ++owner().stats_.writes_refused;
       log::warn("tcp {}: refused a write of {} bytes from node {}: {}", owner().self_, w.length,
@@ -562,6 +574,7 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
       return read_next();
     }
     if (h->host != owner().host_tag_) {
+      owner().regions_.end_write(w.region);
       ++owner().stats_.copies_failed;
       log::warn(
           "tcp {}: refused a same-host write from node {}: it runs on another host, or in another "
@@ -571,8 +584,12 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
       return read_next();
     }
     auto self = shared_from_this();
+    // The copy ends in the region's table even when this link is gone by then.
     owner().copier_->async_copy(static_cast<pid_t>(h->pid), h->source, *target,
-                                [self, h = *h](int error) { self->on_copied(h, error); });
+                                [self, h = *h, transport = owner().weak_from_this()](int error) {
+                                  if (auto t = transport.lock()) t->regions_.end_write(h.write.region);
+                                  self->on_copied(h, error);
+                                });
     if (++copies_ < owner().options_.max_copies_per_link) return read_next();
     reading_paused_ = true;  // on_copied reads on
   }
@@ -690,6 +707,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   bool writing_ = false;
   std::map<std::uint64_t, completion> pending_writes_;
   std::size_t copies_ = 0;       ///< same-host copies running for this incoming link
+  /// The region of the WRITE whose payload this link is reading, under way in its table.
+  std::optional<std::uint64_t> payload_region_;
   bool reading_paused_ = false;  ///< at `max_copies_per_link`: the next read waits for a copy
 };
 
@@ -952,6 +971,11 @@ void tcp_transport::deregister_region(std::uint64_t region_id) {
 // same-host copy already running finishes.
 result<region_desc> tcp_transport::rekey_region(std::uint64_t region_id) {
   return regions_.rekey(region_id);
+}
+
+bool tcp_transport::when_writes_end(std::uint64_t region_id, std::function<void()> done) {
+  // Later on the loop, not inside the handling of the write that ended last.
+  return regions_.when_writes_end(region_id, [&loop = loop_, done = std::move(done)] { loop.post(done); });
 }
 
 void tcp_transport::async_write(std::span<const std::byte> local, const region_desc& remote,
