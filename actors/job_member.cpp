@@ -67,8 +67,12 @@ void job_member::link_to(const std::vector<peer_entry>& peers) {
     members.push_back(p.node);
   }
   std::ranges::sort(members);
-  for (const auto node : linked_)
-    if (node != coordinator_.node && !std::ranges::binary_search(members, node)) transport.remove_peer(node);
+  // Where writes are not tracked, a removal would report a trainer's write failed while the
+  // provider may still carry it, and end the trainer's wait for its older writes early.
+  if (transport.tracks_writes()) {
+    for (const auto node : linked_)
+      if (node != coordinator_.node && !std::ranges::binary_search(members, node)) transport.remove_peer(node);
+  }
   linked_ = std::move(members);
 }
 

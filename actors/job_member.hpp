@@ -62,9 +62,10 @@ class job_member : public actor {
     ++admissions_;
   }
   /// Links this member to a new plan's members: adds those it lacks, and removes those the last
-  /// plan had and this one dropped, so that what a dropped member still has on its way (a write
-  /// held up by a cut link) stops where the transport can stop it: tcp shuts the link mid-payload,
-  /// inproc drops what the cut held. A dropped member that comes back is in a later plan again.
+  /// plan had and this one dropped (where the transport tracks writes), so that what a dropped
+  /// member still has on its way (a write held up by a cut link) stops: tcp shuts the link
+  /// mid-payload, inproc drops what the cut held. A dropped member that comes back is in a later
+  /// plan again.
   void link_to(const std::vector<peer_entry>& peers);
   /// Fails this member once: logs, calls `failing()`, then `on_failed`.
   void fail(const std::string& reason);

@@ -114,10 +114,13 @@ class transport {
   virtual result<region_desc> rekey_region(std::uint64_t /*region_id*/) {
     return fail(std::make_error_code(std::errc::operation_not_supported));
   }
+  /// Whether this transport knows which writes into its regions are under way (not libfabric's
+  /// one-sided writes, which its provider may still carry after reporting them failed).
+  virtual bool tracks_writes() const { return false; }
   /// Whether a write into region `region_id` is under way: it passed the region's check and has
   /// neither landed nor been refused (nor lost its link). If so, `done` runs on the loop once
   /// none is; else never. After a rekey, the writes the old key let in have then all ended.
-  /// False where the transport cannot tell (libfabric's one-sided writes).
+  /// Always false where the transport does not track writes.
   virtual bool when_writes_end(std::uint64_t /*region_id*/, std::function<void()> /*done*/) { return false; }
 
   /// Writes `local` into `remote` at `offset` on node `remote.owner`, with immediate `imm`.

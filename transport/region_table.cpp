@@ -30,7 +30,7 @@ void region_table::remove(std::uint64_t id) {
     ended = std::move(it->second.when_ended);
     regions_.erase(it);
   }
-  for (auto& done : ended) done();  // nothing can land in it any more
+  for (auto& done : ended) done();  // its writes are counted no more
 }
 
 result<region_desc> region_table::rekey(std::uint64_t id) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/event_loop.hpp"
 #include "runtime/message_registry.hpp"
 #include "runtime/messages.hpp"
 #include "transport/link_auth.hpp"
@@ -128,6 +129,14 @@ inline std::uint64_t pattern_mismatches(std::span<const std::byte> in,
 /// A job secret for tests (32 bytes).
 inline job_secret test_secret(char fill = 's') {
   return job_secret(32, static_cast<std::byte>(fill));
+}
+
+/// Runs what is queued on `loop` now, and what that queues before it ends (`run_until` checks its
+/// condition first, so `run_until(true)` would run nothing).
+inline void one_turn(event_loop& loop) {
+  bool turned = false;
+  loop.post([&] { turned = true; });
+  loop.run_until([&] { return turned; });
 }
 
 inline std::uint16_t port_of(const std::string& address) {

@@ -380,12 +380,12 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
     return finished || std::all_of(first_piece.begin(), first_piece.end(), [](std::byte x) { return x == std::byte{0x11}; });
   });
   // Past the turn that landed the first piece: the second is asked for under the old key.
-  loop.run_until([&] { return true; });
+  test::one_turn(loop);
   new_key = *receiver->rekey_region(old_key.id);
   // The write the old key let in is under way until its refusal.
   bool ended = false;
   EXPECT_TRUE(receiver->when_writes_end(old_key.id, [&] { ended = true; }));
-  loop.run_until([&] { return true; });
+  test::one_turn(loop);
   EXPECT_FALSE(ended);
   rekeyed = true;
   loop.run_until([&] { return finished.load(); });
@@ -407,9 +407,17 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
   receiver->close();
 }
 
-// A member drops the links of members a new plan dropped (`job_member::link_to`): what such a
-// member still had on its way stops mid-payload.
-TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) {
+/// How a payload under way gets cut short: on the receiver's loop, or by what the writer does next
+/// (given the receiver's port).
+struct cut_short {
+  std::function<void(tcp_transport&)> on_loop;
+  std::function<void(std::uint16_t)> by_writer;
+};
+
+/// A hand-driven node 1 writes 12 MiB into a region of node 2 and stops after its first 4 MiB piece;
+/// then its link is cut short. The rest must never land, and the write must end for
+/// `when_writes_end`.
+void expect_rest_of_payload_dropped(const cut_short& cut) {
   event_loop loop;
   real_environment env{loop};
   auto receiver = tcp_transport::make(loop, 2, secret_options());
@@ -418,21 +426,23 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) 
   constexpr std::size_t piece = 4 << 20, length = 3 * piece;
   std::vector<std::byte> target(length);
   const auto region = *receiver->register_region(target);
+  const auto port = test::port_of(receiver->local_address());
 
-  std::atomic<bool> removed = false, finished = false, closed = false;
+  std::atomic<bool> go = false, finished = false, closed = false;
   std::thread writer([&] {
-    // The link is closed by then: the loop has nothing left to wake it.
+    // The link is closed by then: the loop may have nothing left to wake it.
     auto finish = [&] { finished = true, loop.post([] {}); };
-    test::raw_peer p(test::port_of(receiver->local_address()));
+    test::raw_peer p(port);
     if (!p.handshake(1, 2, test::test_secret())) return finish();
     const std::vector<std::byte> payload(length, std::byte{0x11});
     p.send(tcp_link::encode(tcp_link::write_header{.region = region.id, .key = region.key, .length = length, .id = 1}));
     p.send(std::span(payload).first(piece));
-    // The main thread removes this peer once the first piece landed; a test that waits longer has failed.
-    for (int waited = 0; !removed; ++waited) {
+    // The main thread says go once the first piece landed; a test that waits longer has failed.
+    for (int waited = 0; !go; ++waited) {
       if (waited == 30'000) return finish();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    if (cut.by_writer) cut.by_writer(port);
     p.send(std::span(payload).subspan(piece));  // into a closed link: may fail
     closed = p.closed_by_peer();
     finish();
@@ -441,19 +451,38 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) 
   loop.run_until([&] {
     return finished || std::all_of(first_piece.begin(), first_piece.end(), [](std::byte x) { return x == std::byte{0x11}; });
   });
-  loop.run_until([&] { return true; });  // the second piece is asked for
   bool ended = false;
   EXPECT_TRUE(receiver->when_writes_end(region.id, [&] { ended = true; }));
-  receiver->remove_peer(1);
-  removed = true;
-  loop.run_until([&] { return finished.load() && ended; });
+  if (cut.on_loop) cut.on_loop(*receiver);
+  go = true;
+  loop.run_until([&] { return finished.load(); });
   writer.join();
+  test::one_turn(loop);  // what the write's end posted
 
   EXPECT_TRUE(closed);
+  EXPECT_TRUE(ended);
   const auto rest = std::span(target).subspan(piece);
   EXPECT_TRUE(std::all_of(rest.begin(), rest.end(), [](std::byte x) { return x == std::byte{0}; }));
-  EXPECT_TRUE(notices.empty());
+  EXPECT_TRUE(std::none_of(notices.begin(), notices.end(), [](const write_notice& n) { return n.length == length; }));
   receiver->close();
+}
+
+// A member removes the links of members a new plan dropped (`job_member::link_to`).
+TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) {
+  expect_rest_of_payload_dropped({.on_loop = [](tcp_transport& t) { t.remove_peer(1); }});
+}
+
+// A node that comes back on a new link (its process replaced, or its end of the old link broken)
+// never finishes what the old link was reading.
+TEST(tcp_transport, a_newer_link_from_the_node_ends_a_payload_its_older_one_was_reading) {
+  expect_rest_of_payload_dropped({.by_writer = [](std::uint16_t port) {
+    test::raw_peer again(port);
+    ASSERT_TRUE(again.handshake(1, 2, test::test_secret()));
+    // A write over the new link: read only once the link is ready, after the old one was dropped.
+    ASSERT_TRUE(again.send(tcp_link::encode(tcp_link::write_header{.region = 1, .key = 0, .length = 0, .id = 7})));
+    const auto ack = again.read_frame();
+    ASSERT_TRUE(ack && ack->type == tcp_link::frame_type::write_ack);
+  }});
 }
 
 INSTANTIATE_TEST_SUITE_P(schemes, tcp_pair, ::testing::Values("tcp", "cma"),

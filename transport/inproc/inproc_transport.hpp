@@ -105,6 +105,7 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   result<region_desc> register_region(std::span<std::byte> memory) override;
   void deregister_region(std::uint64_t region_id) override;
   result<region_desc> rekey_region(std::uint64_t region_id) override;
+  bool tracks_writes() const override { return true; }
   bool when_writes_end(std::uint64_t region_id, std::function<void()> done) override;
   void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
                    write_imm imm, completion done) override;

@@ -1009,6 +1009,13 @@ void tcp_transport::on_link_ready(link& l) {
   handshake_budget_.remove(l.incoming_id());
   ++stats_.links_accepted;
   log::debug("tcp {}: accepted node {} from {}", self_, l.peer(), l.remote());
+  // A node opens another link only once its end of the last one failed (a crash, a cut): a
+  // payload an older link is still reading will never be finished, and would hold up whoever
+  // waits for its region's writes to end (`when_writes_end`).
+  std::vector<std::shared_ptr<link>> orphaned;
+  for (const auto& o : incoming_)
+    if (o.get() != &l && o->ready() && o->peer() == l.peer() && o->payload_region_) orphaned.push_back(o);
+  for (const auto& o : orphaned) o->drop(transport_errc::connection_lost, "a newer link from its node replaced it mid-payload");
 }
 
 void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code why) {
