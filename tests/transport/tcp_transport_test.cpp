@@ -410,7 +410,7 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
 /// How a payload under way gets cut short: on the receiver's loop, or by what the writer does next
 /// (given the receiver's port).
 struct cut_short {
-  std::function<void(tcp_transport&)> on_loop;
+  std::function<void(tcp_transport&, std::uint64_t region)> on_loop;
   std::function<void(std::uint16_t)> by_writer;
 };
 
@@ -453,7 +453,7 @@ void expect_rest_of_payload_dropped(const cut_short& cut) {
   });
   bool ended = false;
   EXPECT_TRUE(receiver->when_writes_end(region.id, [&] { ended = true; }));
-  if (cut.on_loop) cut.on_loop(*receiver);
+  if (cut.on_loop) cut.on_loop(*receiver, region.id);
   go = true;
   loop.run_until([&] { return finished.load(); });
   writer.join();
@@ -469,7 +469,13 @@ void expect_rest_of_payload_dropped(const cut_short& cut) {
 
 // A member removes the links of members a new plan dropped (`job_member::link_to`).
 TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) {
-  expect_rest_of_payload_dropped({.on_loop = [](tcp_transport& t) { t.remove_peer(1); }});
+  expect_rest_of_payload_dropped({.on_loop = [](tcp_transport& t, std::uint64_t) { t.remove_peer(1); }});
+}
+
+// Its owner may free a region's memory once it deregistered it (a worker's destructor does).
+TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_deregistered) {
+  expect_rest_of_payload_dropped(
+      {.on_loop = [](tcp_transport& t, std::uint64_t region) { t.deregister_region(region); }});
 }
 
 // A node that comes back on a new link (its process replaced, or its end of the old link broken)

@@ -966,6 +966,12 @@ result<region_desc> tcp_transport::register_region(std::span<std::byte> memory) 
 }
 void tcp_transport::deregister_region(std::uint64_t region_id) {
   regions_.remove(region_id);
+  // A payload still being read into it would land in memory its owner may free next. (A
+  // same-host copy already running still finishes: the copier cannot be stopped mid-piece.)
+  std::vector<std::shared_ptr<link>> reading;
+  for (const auto& l : incoming_)
+    if (l->payload_region_ == region_id) reading.push_back(l);
+  for (const auto& l : reading) l->drop(transport_errc::connection_lost, "its region was deregistered mid-payload");
 }
 // A write whose header came before is refused from its next piece on (`read_payload`); a
 // same-host copy already running finishes.
