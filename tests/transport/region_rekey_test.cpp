@@ -52,7 +52,7 @@ TEST(region_table, the_writes_an_old_key_let_in_are_waited_for) {
   EXPECT_EQ(ended, 1);
   EXPECT_FALSE(table.when_writes_end(new_key.id, [] {}));
   table.end_write(old_key.id);  // one too many: ignored
-  // A region removed with writes under way: none can land any more.
+  // A region removed with writes under way tells its waiters at once.
   ASSERT_TRUE(table.begin_write(new_key.id, new_key.key, 0, 64));
   EXPECT_TRUE(table.when_writes_end(new_key.id, [&] { ++ended; }));
   table.remove(new_key.id);

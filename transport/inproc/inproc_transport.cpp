@@ -256,14 +256,15 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   if (!peer) lost_on_the_way(remote.owner);
   if (!open_ || !peer) return complete_with(transport_errc::peer_unreachable);
   reached_.insert(remote.owner);
-  auto target = peer->regions_.begin_write(remote.id, remote.key, offset, local.size());
+  // A write held up by a cut is not under way: it is checked again when it arrives, however long
+  // the cut lasts.
+  auto target = cut ? peer->regions_.resolve(remote.id, remote.key, offset, local.size())
+                    : peer->regions_.begin_write(remote.id, remote.key, offset, local.size());
   if (!target) return complete_with(target.error());
 
   const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
   if (cut) {
-    // The bytes wait in "the kernel" (copied now), and are checked again on arrival: not under way
-    // meanwhile, as a cut may last.
-    peer->regions_.end_write(remote.id);
+    // The bytes wait in "the kernel" (copied now), and are checked again on arrival.
     network_.hold(self_, remote.owner, [notice, key = remote.key, bytes = std::vector<std::byte>(local.begin(), local.end())](
                                             inproc_transport& at) {
       if (auto landing = at.regions_.resolve(notice.region, key, notice.offset, bytes.size())) {

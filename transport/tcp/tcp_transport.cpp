@@ -968,10 +968,15 @@ void tcp_transport::deregister_region(std::uint64_t region_id) {
   regions_.remove(region_id);
   // A payload still being read into it would land in memory its owner may free next. (A
   // same-host copy already running still finishes: the copier cannot be stopped mid-piece.)
-  std::vector<std::shared_ptr<link>> reading;
+  drop_mid_payload([region_id](const link& l) { return l.payload_region_ == region_id; },
+                   "its region was deregistered mid-payload");
+}
+
+void tcp_transport::drop_mid_payload(const std::function<bool(const link&)>& which, std::string_view why) {
+  std::vector<std::shared_ptr<link>> dropped;  // apart: a drop leaves `incoming_`
   for (const auto& l : incoming_)
-    if (l->payload_region_ == region_id) reading.push_back(l);
-  for (const auto& l : reading) l->drop(transport_errc::connection_lost, "its region was deregistered mid-payload");
+    if (l->payload_region_ && which(*l)) dropped.push_back(l);
+  for (const auto& l : dropped) l->drop(transport_errc::connection_lost, why);
 }
 // A write whose header came before is refused from its next piece on (`read_payload`); a
 // same-host copy already running finishes.
@@ -1018,10 +1023,8 @@ void tcp_transport::on_link_ready(link& l) {
   // A node opens another link only once its end of the last one failed (a crash, a cut): a
   // payload an older link is still reading will never be finished, and would hold up whoever
   // waits for its region's writes to end (`when_writes_end`).
-  std::vector<std::shared_ptr<link>> orphaned;
-  for (const auto& o : incoming_)
-    if (o.get() != &l && o->ready() && o->peer() == l.peer() && o->payload_region_) orphaned.push_back(o);
-  for (const auto& o : orphaned) o->drop(transport_errc::connection_lost, "a newer link from its node replaced it mid-payload");
+  drop_mid_payload([&l](const link& o) { return &o != &l && o.ready() && o.peer() == l.peer(); },
+                   "a newer link from its node replaced it mid-payload");
 }
 
 void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code why) {

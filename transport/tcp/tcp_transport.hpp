@@ -7,11 +7,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "runtime/codec.hpp"
 #include "runtime/event_loop.hpp"
@@ -128,6 +130,8 @@ class tcp_transport final : public transport, public std::enable_shared_from_thi
   std::shared_ptr<link> link_to(node_id peer);
   void on_link_ready(link& l);
   void on_link_lost(const std::shared_ptr<link>& l, std::error_code why);
+  /// Drops the incoming links that are reading a WRITE's payload and that `which` picks.
+  void drop_mid_payload(const std::function<bool(const link&)>& which, std::string_view why);
   /// Refuses a connection that has no link yet (REFUSE, then close), and counts it.
   void refuse_connection(boost::asio::ip::tcp::socket socket, const boost::asio::ip::address& from,
                          std::string_view limit);
