@@ -25,12 +25,13 @@ struct process_copier_test : ::testing::Test {
   event_loop loop;
 
   /// One copy's error, run to completion on the loop (or -1 after 30 s).
-  int copy(process_copier& copier, pid_t pid, std::uint64_t source, std::span<std::byte> target) {
+  int copy(process_copier& copier, pid_t pid, std::uint64_t source, std::span<std::byte> target,
+           std::uint64_t region = 1) {
     auto result = std::make_shared<std::optional<int>>();
     auto expired = std::make_shared<bool>(false);
     boost::asio::steady_timer timer(loop.io(), std::chrono::seconds(30));
     timer.async_wait([expired](const boost::system::error_code& ec) { *expired = !ec; });
-    copier.async_copy(pid, source, target, [result](int error) { *result = error; });
+    copier.async_copy(pid, source, target, region, [result](int error) { *result = error; });
     EXPECT_FALSE(*result) << "completed inside async_copy";
     loop.run_until([&] { return result->has_value() || *expired; });
     return result->value_or(-1);
@@ -115,6 +116,24 @@ TEST_F(process_copier_test, after_stop_no_byte_lands) {
   EXPECT_EQ(copy(copier, ::getpid(), address_of(source.data()), target), ECANCELED);
   EXPECT_TRUE(
       std::all_of(target.begin(), target.end(), [](std::byte b) { return b == std::byte{0}; }));
+}
+
+TEST_F(process_copier_test, a_forgotten_region_takes_no_byte_and_the_others_still_do) {
+  process_copier copier(loop, 1);  // one piece at a time: the later ones are still queued
+  std::vector<std::byte> source(std::size_t{256} << 20, std::byte{7}), target(source.size());
+  int forgotten_result = -1;
+  copier.async_copy(::getpid(), address_of(source.data()), target, 5, [&](int e) { forgotten_result = e; });
+  copier.forget_region(5);
+  const std::vector<std::byte> after = target;
+  EXPECT_EQ(copy(copier, ::getpid(), address_of(source.data()), target, 5), ECANCELED);
+  EXPECT_TRUE(target == after) << "bytes landed after forget_region returned";
+  loop.run_until([&] { return forgotten_result != -1; });
+  // Its first piece may have run before the call; the rest were skipped.
+  EXPECT_EQ(forgotten_result, ECANCELED);
+  // Another region copies as before.
+  std::vector<std::byte> other(std::size_t{8} << 20);
+  EXPECT_EQ(copy(copier, ::getpid(), address_of(source.data()), other, 6), 0);
+  EXPECT_TRUE(std::all_of(other.begin(), other.end(), [](std::byte b) { return b == std::byte{7}; }));
 }
 
 }  // namespace

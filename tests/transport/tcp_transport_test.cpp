@@ -715,5 +715,53 @@ TEST(cma_links, close_stops_copies_and_every_write_completes_once) {
   EXPECT_LE(static_cast<int>(succeeded), notices);  // an ack may have been cut off by close
 }
 
+TEST(cma_links, deregistering_a_region_stops_its_copies_and_the_link_stays) {
+  message_registry registry = test::test_registry();
+  event_loop loop;
+  real_environment env{loop};
+  auto receiver_options = secret_options("cma");
+  receiver_options.copy_threads = 1;  // one piece at a time: most are still queued
+  auto ta = tcp_transport::make(loop, 1, secret_options("cma"));
+  auto tb = tcp_transport::make(loop, 2, receiver_options);
+  node a{env, 1, ta, registry}, b{env, 2, tb, registry};
+  ASSERT_FALSE(a.start());
+  ASSERT_FALSE(b.start());
+  ASSERT_FALSE(ta->add_peer(2, tb->local_address()));
+  constexpr std::size_t block = std::size_t{64} << 20, blocks = 6;
+  std::vector<std::byte> source(block * blocks, std::byte{0x33}), target(source.size());
+  ASSERT_TRUE(ta->register_region(source));
+  const auto remote = *tb->register_region(target);
+  std::vector<int> completions(blocks, 0);
+  std::size_t succeeded = 0;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    ta->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote, i * block, 0,
+                    [&, i](std::error_code ec) {
+                      ++completions[i];
+                      if (!ec) ++succeeded;
+                    });
+  }
+  // Deregister as soon as the receiver copies: its owner may free the memory once that returns.
+  ASSERT_TRUE(run_until(loop, [&] { return tb->when_writes_end(remote.id, [] {}); }));
+  tb->deregister_region(remote.id);
+  const std::vector<std::byte> after = target;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a copy still running would show
+  EXPECT_TRUE(target == after) << "bytes landed after deregister_region returned";
+  ASSERT_TRUE(run_until(loop, [&] {
+    return std::all_of(completions.begin(), completions.end(), [](int c) { return c > 0; });
+  }));
+  EXPECT_TRUE(std::all_of(completions.begin(), completions.end(), [](int c) { return c == 1; }));
+  EXPECT_LT(succeeded, blocks);
+  // The link stays: a write into another region lands.
+  std::vector<std::byte> other(4096);
+  const auto fresh = *tb->register_region(other);
+  std::error_code last = transport_errc::connection_lost;
+  bool landed = false;
+  ta->async_write(std::span<const std::byte>(source).first(other.size()), fresh, 0, 0,
+                  [&](std::error_code ec) { last = ec, landed = true; });
+  ASSERT_TRUE(run_until(loop, [&] { return landed; }));
+  EXPECT_FALSE(last) << last.message();
+  EXPECT_TRUE(std::all_of(other.begin(), other.end(), [](std::byte x) { return x == std::byte{0x33}; }));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "transport/errc.hpp"
@@ -38,22 +40,26 @@ int read_piece(pid_t pid, std::uint64_t source, std::span<std::byte> target) {
 
 }  // namespace
 
-/// Lets `stop` wait for the pieces running on the pool and keep the others from starting.
+/// Lets `stop` and `forget_region` wait for the pieces running on the pool and keep the others
+/// from starting.
 struct process_copier::gate {
   std::mutex mutex;
   std::condition_variable idle;
-  unsigned running = 0;
   bool stopped = false;
+  std::map<std::uint64_t, unsigned> running;  ///< pieces running per region, absent when none
+  /// Kept for good, so that a late copy into one is skipped too (a few bytes per deregistration).
+  std::set<std::uint64_t> forgotten;
 
-  bool enter() {
+  bool enter(std::uint64_t region) {
     std::lock_guard lock(mutex);
-    if (stopped) return false;
-    ++running;
+    if (stopped || forgotten.contains(region)) return false;
+    ++running[region];
     return true;
   }
-  void leave() {
+  void leave(std::uint64_t region) {
     std::lock_guard lock(mutex);
-    if (--running == 0) idle.notify_all();
+    if (const auto it = running.find(region); --it->second == 0) running.erase(it);
+    idle.notify_all();
   }
 };
 
@@ -64,14 +70,20 @@ process_copier::~process_copier() {
   stop();
 }
 
+void process_copier::forget_region(std::uint64_t region) {
+  std::unique_lock lock(gate_->mutex);
+  gate_->forgotten.insert(region);
+  gate_->idle.wait(lock, [&] { return !gate_->running.contains(region); });
+}
+
 void process_copier::stop() {
   std::unique_lock lock(gate_->mutex);
   gate_->stopped = true;
-  gate_->idle.wait(lock, [this] { return gate_->running == 0; });
+  gate_->idle.wait(lock, [this] { return gate_->running.empty(); });
 }
 
 void process_copier::async_copy(pid_t pid, std::uint64_t source, std::span<std::byte> target,
-                                completion done) {
+                                std::uint64_t region, completion done) {
   // Pieces report on the loop; the last one to report completes the copy. Each piece writes only
   // its own slot of `errors`, which the loop reads after the pool posted that piece's report.
   struct copy {
@@ -90,13 +102,13 @@ void process_copier::async_copy(pid_t pid, std::uint64_t source, std::span<std::
   for (std::size_t i = 0; i < pieces; ++i) {
     const auto offset = i * piece_bytes;
     const auto part = target.subspan(offset, std::min(piece_bytes, target.size() - offset));
-    auto work = [g = gate_, c, i, pid, from = source + offset, part] {
-      if (!g->enter()) {
+    auto work = [g = gate_, c, i, pid, from = source + offset, part, region] {
+      if (!g->enter(region)) {
         c->errors[i] = ECANCELED;
         return;
       }
       c->errors[i] = read_piece(pid, from, part);
-      g->leave();
+      g->leave(region);
     };
     auto report = [c, i] {
       if (--c->left > 0) return;
@@ -127,7 +139,7 @@ std::string copy_error_text(int error, pid_t pid) {
     case EIO:
       return fmt::format("short read from process {}: fewer bytes than announced", pid);
     case ECANCELED:
-      return "stopped before the copy ran";
+      return "skipped: the copier stopped, or its target region was deregistered, before the copy ran";
     default:
       return fmt::format("process_vm_readv from process {}: {}", pid, std::strerror(error));
   }

@@ -25,7 +25,8 @@ class process_copier {
   static constexpr std::size_t max_piece_bytes = std::size_t{64} << 20;
 
   /// Completion of a copy: 0 when every byte arrived, else the errno of the first piece that
-  /// failed (`EIO` for a read that stopped short, `ECANCELED` for a piece skipped by `stop`).
+  /// failed (`EIO` for a read that stopped short, `ECANCELED` for a piece skipped by `stop` or
+  /// `forget_region`).
   using completion = std::function<void(int error)>;
 
   /// `threads` = 0 picks the hardware concurrency.
@@ -35,10 +36,17 @@ class process_copier {
   process_copier(const process_copier&) = delete;
   process_copier& operator=(const process_copier&) = delete;
 
-  /// Copies `target.size()` bytes at virtual address `source` of process `pid` into `target`.
-  /// `target` must stay valid until the completion ran or `stop` returned. Completion: once, on
-  /// the loop, never inside this call. No cancellation but `stop`.
-  void async_copy(pid_t pid, std::uint64_t source, std::span<std::byte> target, completion done);
+  /// Copies `target.size()` bytes at virtual address `source` of process `pid` into `target`,
+  /// which lies in the caller's region `region` (any number naming what `forget_region` ends).
+  /// `target` must stay valid until the completion ran, `forget_region(region)` or `stop`
+  /// returned. Completion: once, on the loop, never inside this call.
+  void async_copy(pid_t pid, std::uint64_t source, std::span<std::byte> target, std::uint64_t region,
+                  completion done);
+
+  /// Waits for the pieces copying into `region` now; its pieces not started yet are skipped, and
+  /// so are later copies into it (`ECANCELED`): region numbers must not be reused. After it
+  /// returns no byte lands in that region, so its owner may free it. Blocks, as `stop` does.
+  void forget_region(std::uint64_t region);
 
   /// Waits for the pieces running now (tens of milliseconds at most); pieces not started yet are
   /// skipped, and so are later copies: their completions report `ECANCELED`. After it returns no

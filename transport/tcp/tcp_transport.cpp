@@ -585,7 +585,7 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     }
     auto self = shared_from_this();
     // The copy ends in the region's table even when this link is gone by then.
-    owner().copier_->async_copy(static_cast<pid_t>(h->pid), h->source, *target,
+    owner().copier_->async_copy(static_cast<pid_t>(h->pid), h->source, *target, w.region,
                                 [self, h = *h, transport = owner().weak_from_this()](int error) {
                                   if (auto t = transport.lock()) t->regions_.end_write(h.write.region);
                                   self->on_copied(h, error);
@@ -966,10 +966,12 @@ result<region_desc> tcp_transport::register_region(std::span<std::byte> memory) 
 }
 void tcp_transport::deregister_region(std::uint64_t region_id) {
   regions_.remove(region_id);
-  // A payload still being read into it would land in memory its owner may free next. (A
-  // same-host copy already running still finishes: the copier cannot be stopped mid-piece.)
+  // A payload still being read into it would land in memory its owner may free next.
   drop_mid_payload([region_id](const link& l) { return l.payload_region_ == region_id; },
                    "its region was deregistered mid-payload");
+  // So would a same-host copy: one running is waited for (a piece is tens of milliseconds at
+  // most), those queued are skipped and acked as failed.
+  if (copier_) copier_->forget_region(region_id);
 }
 
 void tcp_transport::drop_mid_payload(const std::function<bool(const link&)>& which, std::string_view why) {
