@@ -105,6 +105,9 @@ class transport {
   /// Registers `memory` for remote writes by peers (and as a local source of writes).
   /// The memory must outlive its registration.
   virtual result<region_desc> register_region(std::span<std::byte> memory) = 0;
+  /// inproc, tcp and cma: once it returns no peer's write lands in the region, so its owner may
+  /// free it (a copy running into it is waited for: milliseconds). fabric closes the region's
+  /// memory registration; a write the provider is carrying then is the provider's affair.
   virtual void deregister_region(std::uint64_t region_id) = 0;
   /// Gives a registered region a new key, keeping its id and memory: a write presenting the old
   /// key and checked from then on is refused, and its link stays up (bytes already being copied

@@ -24,11 +24,12 @@ region_desc region_table::add(std::span<std::byte> memory) {
 void region_table::remove(std::uint64_t id) {
   std::vector<std::function<void()>> ended;
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     auto it = regions_.find(id);
     if (it == regions_.end()) return;
     ended = std::move(it->second.when_ended);
     regions_.erase(it);
+    landed_.wait(lock, [&] { return !landing_.contains(id); });  // a memcpy: milliseconds
   }
   for (auto& done : ended) done();  // its writes are counted no more
 }
@@ -76,6 +77,21 @@ void region_table::end_write(std::uint64_t id) {
     it->second.when_ended.clear();
   }
   for (auto& done : ended) done();
+}
+
+bool region_table::land(std::uint64_t id, const std::function<void()>& copy) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!regions_.contains(id)) return false;
+    ++landing_[id];
+  }
+  copy();
+  std::lock_guard lock(mutex_);
+  if (const auto it = landing_.find(id); --it->second == 0) {
+    landing_.erase(it);
+    landed_.notify_all();
+  }
+  return true;
 }
 
 bool region_table::when_writes_end(std::uint64_t id, std::function<void()> done) {

@@ -2,6 +2,7 @@
 /// The regions a node registered, and the receiver-side check of every incoming write:
 /// known region, matching key, in bounds. Shared by the transports that land bytes themselves.
 #include <cstdint>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -21,6 +22,8 @@ class region_table {
 
   /// Registers `memory` with a fresh id and a random key; `addr` is 0 (writes use offsets).
   region_desc add(std::span<std::byte> memory);
+  /// Waits for the `land` calls under way into it (other threads' copies), so that its owner may
+  /// free the memory once this returns.
   void remove(std::uint64_t id);
   /// Gives region `id` a fresh random key, keeping its id and memory: from now on a write that
   /// presents the old key is refused.
@@ -34,6 +37,9 @@ class region_table {
   result<std::span<std::byte>> begin_write(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
                                            std::uint64_t length);
   void end_write(std::uint64_t id);
+  /// Runs `copy`, which writes into region `id`'s memory from another thread than the owner's,
+  /// unless the region was removed (ids are never reused). Returns whether it ran.
+  bool land(std::uint64_t id, const std::function<void()>& copy);
   /// Whether a write into region `id` is under way. If so, `done` runs once none is, on the
   /// thread that ends the last (or removes the region); else never.
   bool when_writes_end(std::uint64_t id, std::function<void()> done);
@@ -55,6 +61,8 @@ class region_table {
   mutable std::mutex mutex_;
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, entry> regions_;
+  std::map<std::uint64_t, std::uint32_t> landing_;  ///< `land` calls under way per region
+  std::condition_variable landed_;
 };
 
 }  // namespace ferry

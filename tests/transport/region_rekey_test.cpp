@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
+#include "platform/real_environment.hpp"
 #include "runtime/virtual_environment.hpp"
 #include "transport/errc.hpp"
 #include "transport/inproc/inproc_transport.hpp"
@@ -58,6 +62,32 @@ TEST(region_table, the_writes_an_old_key_let_in_are_waited_for) {
   table.remove(new_key.id);
   EXPECT_EQ(ended, 2);
   EXPECT_FALSE(table.when_writes_end(new_key.id, [] {}));
+}
+
+TEST(region_table, removal_waits_for_a_landing_copy_and_stops_later_ones) {
+  std::vector<std::byte> memory(4096);
+  region_table table(7);
+  const auto r = table.add(memory);
+  std::atomic<bool> copying = false, release = false, removed = false;
+  std::thread lander([&] {
+    EXPECT_TRUE(table.land(r.id, [&] {
+      copying = true;
+      while (!release) std::this_thread::yield();
+      memory[0] = std::byte{1};
+    }));
+  });
+  while (!copying) std::this_thread::yield();
+  std::thread remover([&] {
+    table.remove(r.id);
+    removed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a removal that did not wait shows
+  EXPECT_FALSE(removed) << "remove returned while a copy into the region ran";
+  release = true;
+  lander.join();
+  remover.join();
+  EXPECT_TRUE(removed);
+  EXPECT_FALSE(table.land(r.id, [] { FAIL() << "a copy ran after its region was removed"; }));
 }
 
 /// Three inproc nodes on virtual time: 1 writes a slot of 2's in an old epoch, 3 in the new one.
@@ -142,6 +172,39 @@ TEST_F(cut_writer, a_write_the_old_key_let_in_is_under_way_until_it_completes) {
   network.cut(1);
   EXPECT_FALSE(write(*old_writer, old_bytes, *new_key));
   EXPECT_FALSE(receiver->when_writes_end(old_key.id, [] {}));
+}
+
+TEST(inproc_transport, deregistering_a_region_stops_the_copies_into_it) {
+  event_loop loop;
+  real_environment env{loop};  // copies run on the pool's threads
+  inproc_network network;
+  auto writer = inproc_transport::make(env, network, 1);
+  auto receiver = inproc_transport::make(env, network, 2);
+  ASSERT_FALSE(writer->start({}));
+  ASSERT_FALSE(receiver->start({}));
+  // Every pool thread busy: the copies wait in its queue until the region is gone.
+  std::atomic<bool> release = false;
+  for (unsigned i = 0; i < env.cpu().parallelism(); ++i) {
+    env.cpu().async_run(0, [&] { while (!release) std::this_thread::yield(); }, [] {});
+  }
+  constexpr std::size_t block = std::size_t{1} << 20, blocks = 8;
+  std::vector<std::byte> source(block * blocks, std::byte{0x5a}), target(source.size());
+  ASSERT_TRUE(writer->register_region(source));
+  const auto remote = *receiver->register_region(target);
+  std::vector<std::error_code> results;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    writer->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote, i * block, 0,
+                        [&](std::error_code ec) { results.push_back(ec); });
+  }
+  ASSERT_TRUE(receiver->when_writes_end(remote.id, [] {}));  // they passed the check
+  receiver->deregister_region(remote.id);  // its owner may free the memory now
+  release = true;
+  env.wait_idle();
+  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte b) { return b == std::byte{0}; }))
+      << "bytes landed after deregister_region returned";
+  loop.run_until([&] { return results.size() == blocks; });
+  ASSERT_EQ(results.size(), blocks);
+  EXPECT_EQ(std::count(results.begin(), results.end(), transport_errc::unknown_region), blocks);
 }
 
 TEST(inproc_transport, rekeying_a_region_it_does_not_hold_fails) {

@@ -282,10 +282,17 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
     });
     return;
   }
+  // The copy runs on a pool thread: it lands only while the region is registered, and its
+  // deregistration waits for it, since the receiver may free the memory next.
+  auto landed = std::make_shared<bool>(false);
   cpu_.async_run(
-      local.size(), [dst = *target, local] { std::memcpy(dst.data(), local.data(), local.size()); },
-      [peer, notice, done = std::move(done)] {
+      local.size(),
+      [peer, landed, notice, dst = *target, local] {
+        *landed = peer->regions_.land(notice.region, [&] { std::memcpy(dst.data(), local.data(), local.size()); });
+      },
+      [peer, landed, notice, done = std::move(done)] {
         peer->regions_.end_write(notice.region);
+        if (!*landed) return done(transport_errc::unknown_region);
         peer->loop_.post([peer, notice] { peer->deliver_write(notice); });
         done({});
       });
