@@ -37,7 +37,7 @@ void actor::stop() {
 void actor::enqueue(decoded_message m) {
   if (!open_) return;
   mailbox_.push_back(std::move(m));
-  cv_.notify_one();
+  if (waiting_) cv_.notify_one();
 }
 
 void actor::serve() {
@@ -45,7 +45,11 @@ void actor::serve() {
     decoded_message m;
     {
       std::unique_lock lock(confined_);
-      cv_.wait(lock, [this] { return !open_ || !mailbox_.empty(); });
+      while (open_ && mailbox_.empty()) {
+        waiting_ = true;
+        cv_.wait(lock);
+        waiting_ = false;
+      }
       if (!open_) break;
       m = std::move(mailbox_.front());
       mailbox_.pop_front();

@@ -1,9 +1,9 @@
 #pragma once
 /// An actor: an address, a mailbox, and typed handlers that run one at a time on its own fiber.
+#include <boost/container/flat_map.hpp>
 #include <boost/fiber/condition_variable.hpp>
 #include <deque>
 #include <functional>
-#include <map>
 
 #include "runtime/await.hpp"
 #include "runtime/codec.hpp"
@@ -26,7 +26,8 @@ class actor {
   address self() const { return self_; }
   node& host() const { return host_; }
 
-  /// Registers the handler for messages of kind `M`; one handler per kind.
+  /// Registers the handler for messages of kind `M`; one handler per kind. Before `start()`: the
+  /// handlers lie in one array, and a running handler (it may be suspended) must not move.
   template <message M>
   void on(std::function<void(const envelope_header&, const M&)> handler) {
     handlers_[M::kind] = [handler = std::move(handler)](const decoded_message& m) { handler(m.head, m.as<M>()); };
@@ -69,10 +70,15 @@ class actor {
   node& host_;
   address self_;
   std::uint32_t epoch_ = 0;
-  std::map<msg_kind, std::function<void(const decoded_message&)>> handlers_;
+  /// Looked up per message: a sorted array, where a tree's nodes each missed the cache at 384
+  /// simulated GPUs (bench/results/sim_scale.md).
+  boost::container::flat_map<msg_kind, std::function<void(const decoded_message&)>> handlers_;
   std::deque<decoded_message> mailbox_;
   loop_confined confined_;
   boost::fibers::condition_variable_any cv_;
+  /// The mailbox fiber waits on `cv_`: a message arriving while it is busy needs no notification
+  /// (a condition variable's lock and wait list, cold in a simulation of hundreds of actors).
+  bool waiting_ = false;
   bool open_ = false;
   bool finished_ = true;
 };

@@ -266,7 +266,9 @@ void flow_network::fill_region() {
   ++fill_;
   reached_.clear();
   capped_.clear();
-  for (const auto i : region_) {
+  for (std::size_t k = 0; k < region_.size(); ++k) {
+    if (k + prefetch_ahead < region_.size()) __builtin_prefetch(&flows_[region_[k + prefetch_ahead]]);
+    const auto i = region_[k];
     const auto& f = flows_[i];
     if (std::isfinite(f.max_rate)) capped_.push_back(i);
     for (const auto& h : f.hops()) {

@@ -169,7 +169,8 @@ void inproc_transport::hand_over(node_id to, parcel p, completion done) {
   if (cut) {
     network_.hold(self_, to, [from = self_, p = std::move(p)](inproc_transport& at) { at.deliver(from, p); });
   } else {
-    peer->loop_.post([peer, from = self_, p = std::move(p)] { peer->deliver(from, p); });
+    auto& loop = peer->loop_;
+    loop.post([peer = std::move(peer), from = self_, p = std::move(p)] { peer->deliver(from, p); });
   }
   if (done) loop_.post([done = std::move(done)] { done({}); });
 }
@@ -275,7 +276,7 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
     return complete_with({});
   }
   if (network_.model_) {
-    network_.model_(self_, remote.owner, local.size(), [peer, notice, done = std::move(done)] {
+    network_.model_(self_, remote.owner, local.size(), [peer = std::move(peer), notice, done = std::move(done)] {
       peer->regions_.end_write(notice.region);
       peer->deliver_write(notice);
       done({});
