@@ -49,10 +49,10 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
   });
   on<chunk_sent>([this](const envelope_header& h, const chunk_sent& m) {
     if (h.epoch == epoch()) on_chunk_sent(h, m);
-  });
+  }, handling::never_suspends);
   on<slot_request>([this](const envelope_header& h, const slot_request& m) {
     if (h.epoch == epoch()) on_slot_request(h, m);
-  });
+  }, handling::never_suspends);
   on<chunk_announce>([this](const envelope_header& h, const chunk_announce& m) {
     if (h.epoch != epoch() || !gen_) return;
     if (h.from != gen_->orderer || gen_->stripe == 0) {
@@ -63,7 +63,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
     }
     gen_->announcements.push_back(m);
     if (!gen_->awaited) changed();
-  });
+  }, handling::never_suspends);
   on_coordinator<update_failed>([this](const envelope_header&, const update_failed& m) {
     // The version cannot complete anywhere; what arrived of it must not count later.
     log::warn("worker {}.{}: update of version {} failed: {}", instance_, rank_, m.version, m.reason);

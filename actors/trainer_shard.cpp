@@ -45,7 +45,7 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
       r->free.push_back(m.slot);
       advance(*r);
     }
-  });
+  }, handling::never_suspends);
   on<slot_grant>([this](const envelope_header& h, const slot_grant& m) {
     // Grants of an earlier update of this epoch cannot come: an update completes only once every
     // chunk it sent (so every slot asked for) has landed.
@@ -56,7 +56,7 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
         advance(*r);
       }
     }
-  });
+  }, handling::never_suspends);
   on_coordinator<version_delivered>([this](const envelope_header&, const version_delivered& m) {
     delivered_ = std::max(delivered_, m.version);
     settled_ = std::max(settled_, m.version);

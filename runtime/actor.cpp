@@ -36,8 +36,24 @@ void actor::stop() {
 
 void actor::enqueue(decoded_message m) {
   if (!open_) return;
+  if (waiting_ && mailbox_.empty()) {  // no handler runs or is suspended: this message is next
+    if (auto it = handlers_.find(m.head.kind); it != handlers_.end() && it->second.at_once) {
+      return handle_at_once(it->second, m);
+    }
+  }
   mailbox_.push_back(std::move(m));
   if (waiting_) cv_.notify_one();
+}
+
+void actor::handle_at_once(const registered_handler& h, const decoded_message& m) {
+  waiting_ = false;  // what arrives meanwhile queues behind this message
+  try {
+    h.run(m);
+  } catch (...) {
+    host_.loop().fail(std::current_exception());  // as if thrown on the mailbox fiber
+  }
+  waiting_ = true;
+  if (!mailbox_.empty()) cv_.notify_one();
 }
 
 void actor::serve() {
@@ -59,7 +75,7 @@ void actor::serve() {
       log::debug("actor {}.{}: no handler for kind {}", self_.node, self_.actor, m.head.kind);
       continue;
     }
-    it->second(m);
+    it->second.run(m);
   }
   finished_ = true;
 }

@@ -26,11 +26,20 @@ class actor {
   address self() const { return self_; }
   node& host() const { return host_; }
 
+  /// How a handler runs. `may_suspend`: on the mailbox fiber, where it may await I/O or wait for
+  /// slots. `never_suspends`: a message that finds the mailbox empty and its fiber waiting is
+  /// handled at once, on the loop's main fiber where it arrived: the same order, without a fiber
+  /// wake and two switches (most of a message's cost in a simulation of hundreds of actors). Such
+  /// a handler must not block on fiber primitives; notifying them is fine.
+  enum class handling { may_suspend, never_suspends };
+
   /// Registers the handler for messages of kind `M`; one handler per kind. Before `start()`: the
   /// handlers lie in one array, and a running handler (it may be suspended) must not move.
   template <message M>
-  void on(std::function<void(const envelope_header&, const M&)> handler) {
-    handlers_[M::kind] = [handler = std::move(handler)](const decoded_message& m) { handler(m.head, m.as<M>()); };
+  void on(std::function<void(const envelope_header&, const M&)> handler, handling how = handling::may_suspend) {
+    handlers_[M::kind] = {
+        .run = [handler = std::move(handler)](const decoded_message& m) { handler(m.head, m.as<M>()); },
+        .at_once = how == handling::never_suspends};
   }
 
   /// Sends `body` to `to`, stamped with this actor's address, epoch and next sequence number.
@@ -61,7 +70,13 @@ class actor {
   void enqueue(decoded_message m);
 
  private:
+  struct registered_handler {
+    std::function<void(const decoded_message&)> run;
+    bool at_once = false;  ///< `handling::never_suspends`
+  };
   void serve();
+  /// Runs a `never_suspends` handler where the message arrived, the mailbox fiber waiting.
+  void handle_at_once(const registered_handler& h, const decoded_message& m);
   void send_frame(address to, frame f, std::function<void(std::error_code)> sent = {});
   /// Whether this actor's node hands messages over as objects rather than frames.
   bool hands_over() const;
@@ -72,7 +87,7 @@ class actor {
   std::uint32_t epoch_ = 0;
   /// Looked up per message: a sorted array, where a tree's nodes each missed the cache at 384
   /// simulated GPUs (bench/results/sim_scale.md).
-  boost::container::flat_map<msg_kind, std::function<void(const decoded_message&)>> handlers_;
+  boost::container::flat_map<msg_kind, registered_handler> handlers_;
   std::deque<decoded_message> mailbox_;
   loop_confined confined_;
   boost::fibers::condition_variable_any cv_;

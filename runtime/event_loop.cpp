@@ -147,8 +147,7 @@ void event_loop::spawn(std::function<void()> fn) {
                          try {
                            fn();
                          } catch (...) {
-                           if (!failure_) failure_ = std::current_exception();
-                           stop();
+                           fail(std::current_exception());
                          }
                        })
       .detach();
@@ -191,6 +190,11 @@ void event_loop::run() {
 
 void event_loop::stop() {
   post([this] { stopping_ = true; });
+}
+
+void event_loop::fail(std::exception_ptr failure) {
+  if (!failure_) failure_ = std::move(failure);
+  stop();
 }
 
 }  // namespace ferry

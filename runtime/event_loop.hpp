@@ -47,6 +47,9 @@ class event_loop {
 
   /// Ends `run` after the current handler; thread-safe.
   void stop();
+  /// Loop thread only: stops the loop as an exception escaping a fiber does; `run` returns (or
+  /// rethrows) the first such failure.
+  void fail(std::exception_ptr failure);
 
   /// Virtual time: when nothing is ready, the loop calls `idle()` instead of blocking; it makes
   /// something ready or runs it (jumps the clock to the next timers and fires them), or returns

@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/fiber/operations.hpp>
 #include <numeric>
 
 #include "runtime/messages.hpp"
 #include "platform/real_environment.hpp"
+#include "runtime/await.hpp"
 #include "runtime/node.hpp"
 #include "transport/errc.hpp"
 #include "transport/inproc/inproc_transport.hpp"
@@ -140,6 +142,47 @@ TEST_F(two_nodes, bad_writes_are_refused_before_any_byte_lands) {
   EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
   EXPECT_FALSE(write(source, *remote, 4096));
   EXPECT_EQ(target[4096], std::byte{0x5a});
+}
+
+TEST_F(two_nodes, a_handler_that_never_suspends_keeps_the_mailbox_order) {
+  actor sender(a, 1);
+  actor receiver(b, 1);
+  std::vector<std::string> order;
+  bool released = false;
+  loop_confined confined;
+  boost::fibers::condition_variable_any release;
+  boost::fibers::fiber::id mailbox_fiber, pong_fiber;
+  receiver.on<ping>([&](const envelope_header&, const ping& p) {
+    mailbox_fiber = boost::this_fiber::get_id();
+    order.push_back("ping " + std::to_string(p.nonce) + " began");
+    std::unique_lock lock(confined);
+    release.wait(lock, [&] { return released; });
+    order.push_back("ping ended");
+  });
+  receiver.on<pong>(
+      [&](const envelope_header&, const pong& p) {
+        order.push_back("pong " + std::to_string(p.nonce));
+        pong_fiber = boost::this_fiber::get_id();
+      },
+      actor::handling::never_suspends);
+  sender.start();
+  receiver.start();
+  sender.send(receiver.self(), ping{.nonce = 1});
+  sender.send(receiver.self(), pong{.nonce = 2});
+  sender.send(receiver.self(), pong{.nonce = 3});
+  loop.run_until([&] { return b.stats().delivered == 3 && !order.empty(); });
+  EXPECT_EQ(order, std::vector<std::string>{"ping 1 began"});  // the pongs wait behind the suspended ping
+  released = true;
+  release.notify_all();
+  loop.run_until([&] { return order.size() == 4; });
+  EXPECT_EQ(order, (std::vector<std::string>{"ping 1 began", "ping ended", "pong 2", "pong 3"}));
+  EXPECT_EQ(pong_fiber, mailbox_fiber);
+
+  // With the mailbox idle, a pong is handled where it arrives, off the mailbox fiber.
+  sender.send(receiver.self(), pong{.nonce = 4});
+  loop.run_until([&] { return order.size() == 5; });
+  EXPECT_EQ(order.back(), "pong 4");
+  EXPECT_NE(pong_fiber, mailbox_fiber);
 }
 
 }  // namespace
