@@ -57,6 +57,17 @@ void actor::handle_at_once(const registered_handler& h, const decoded_message& m
 }
 
 void actor::serve() {
+  try {
+    serve_mailbox();
+  } catch (...) {
+    stop();  // nothing serves the mailbox now; the loop fails with this exception
+    finished_ = true;
+    throw;
+  }
+  finished_ = true;
+}
+
+void actor::serve_mailbox() {
   for (;;) {
     decoded_message m;
     {
@@ -77,7 +88,6 @@ void actor::serve() {
     }
     it->second.run(m);
   }
-  finished_ = true;
 }
 
 void actor::send(address to, const encoded_body& body, std::function<void(std::error_code)> sent) {

@@ -74,7 +74,9 @@ class actor {
     std::function<void(const decoded_message&)> run;
     bool at_once = false;  ///< `handling::never_suspends`
   };
+  /// The mailbox fiber: serves until the mailbox closes or a handler throws, then marks it finished.
   void serve();
+  void serve_mailbox();
   /// Runs a `never_suspends` handler where the message arrived, the mailbox fiber waiting.
   void handle_at_once(const registered_handler& h, const decoded_message& m);
   void send_frame(address to, frame f, std::function<void(std::error_code)> sent = {});

@@ -185,5 +185,35 @@ TEST_F(two_nodes, a_handler_that_never_suspends_keeps_the_mailbox_order) {
   EXPECT_NE(pong_fiber, mailbox_fiber);
 }
 
+/// A handler's exception stops the loop, which rethrows it, and its actor's mailbox fiber ends.
+void expect_a_throwing_handler_fails_the_loop(two_nodes& t, actor::handling how) {
+  actor sender(t.a, 1);
+  actor receiver(t.b, 1);
+  receiver.on<pong>(
+      [](const envelope_header&, const pong& p) {
+        if (p.nonce == 2) throw std::runtime_error("pong 2 refused");
+      },
+      how);
+  sender.start();
+  receiver.start();
+  sender.send(receiver.self(), pong{.nonce = 1});
+  t.loop.run_until([&] { return t.b.stats().delivered == 1; });  // the mailbox fiber waits again
+  sender.send(receiver.self(), pong{.nonce = 2});
+  try {
+    t.loop.run();
+    ADD_FAILURE() << "the loop returned without the handler's exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "pong 2 refused");
+  }
+}  // ~actor returns only once the receiver's mailbox fiber has ended
+
+TEST_F(two_nodes, a_handler_that_throws_on_the_mailbox_fiber_fails_the_loop) {
+  expect_a_throwing_handler_fails_the_loop(*this, actor::handling::may_suspend);
+}
+
+TEST_F(two_nodes, a_handler_that_throws_at_once_fails_the_loop) {
+  expect_a_throwing_handler_fails_the_loop(*this, actor::handling::never_suspends);
+}
+
 }  // namespace
 }  // namespace ferry
