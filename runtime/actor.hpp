@@ -34,7 +34,9 @@ class actor {
   enum class handling { may_suspend, never_suspends };
 
   /// Registers the handler for messages of kind `M`; one handler per kind. Before `start()`: the
-  /// handlers lie in one array, and a running handler (it may be suspended) must not move.
+  /// handlers lie in one array, and a running handler (it may be suspended) must not move. A
+  /// handler's exception fails the loop (`event_loop::run` rethrows it); on the mailbox fiber it
+  /// also closes the actor.
   template <message M>
   void on(std::function<void(const envelope_header&, const M&)> handler, handling how = handling::may_suspend) {
     handlers_[M::kind] = {
