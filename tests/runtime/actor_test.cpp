@@ -189,15 +189,17 @@ TEST_F(two_nodes, a_handler_that_never_suspends_keeps_the_mailbox_order) {
 void expect_a_throwing_handler_fails_the_loop(two_nodes& t, actor::handling how) {
   actor sender(t.a, 1);
   actor receiver(t.b, 1);
+  std::vector<boost::fibers::fiber::id> ran_on;  // per pong
   receiver.on<pong>(
-      [](const envelope_header&, const pong& p) {
+      [&](const envelope_header&, const pong& p) {
+        ran_on.push_back(boost::this_fiber::get_id());
         if (p.nonce == 2) throw std::runtime_error("pong 2 refused");
       },
       how);
   sender.start();
   receiver.start();
-  sender.send(receiver.self(), pong{.nonce = 1});
-  t.loop.run_until([&] { return t.b.stats().delivered == 1; });  // the mailbox fiber waits again
+  sender.send(receiver.self(), pong{.nonce = 1});  // on the mailbox fiber, which then waits
+  t.loop.run_until([&] { return ran_on.size() == 1; });
   sender.send(receiver.self(), pong{.nonce = 2});
   try {
     t.loop.run();
@@ -205,6 +207,8 @@ void expect_a_throwing_handler_fails_the_loop(two_nodes& t, actor::handling how)
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "pong 2 refused");
   }
+  ASSERT_EQ(ran_on.size(), 2u);
+  EXPECT_EQ(ran_on[1] == ran_on[0], how == actor::handling::may_suspend);  // the path under test
 }  // ~actor returns only once the receiver's mailbox fiber has ended
 
 TEST_F(two_nodes, a_handler_that_throws_on_the_mailbox_fiber_fails_the_loop) {
