@@ -99,10 +99,11 @@ void inproc_network::detach(node_id id) {
 }
 
 std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inproc_network& network, node_id self) {
-  return std::shared_ptr<inproc_transport>(new inproc_transport(env, network, self));
+  return std::make_shared<inproc_transport>(made_by_make{}, env, network, self);
 }
 
-inproc_transport::inproc_transport(environment& env, inproc_network& network, node_id self)
+inproc_transport::inproc_transport(made_by_make, environment& env, inproc_network& network,
+                                   node_id self)
     : loop_(env.loop()), cpu_(env.cpu()), network_(network), self_(self), regions_(self) {}
 
 inproc_transport::~inproc_transport() { close(); }

@@ -93,8 +93,17 @@ class inproc_network {
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
 class inproc_transport final : public transport, public std::enable_shared_from_this<inproc_transport> {
+  /// Only `make` can name it: the constructor is public for `make_shared`.
+  class made_by_make {
+    made_by_make() = default;
+    friend class inproc_transport;
+  };
+
  public:
+  /// One allocation with its reference count, which every message to it touches (`weak_ptr::lock`):
+  /// the count shares a cache line with the fields its delivery reads.
   static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network, node_id self);
+  inproc_transport(made_by_make, environment& env, inproc_network& network, node_id self);
   ~inproc_transport() override;
 
   std::string_view scheme() const override { return "inproc"; }
@@ -116,7 +125,6 @@ class inproc_transport final : public transport, public std::enable_shared_from_
 
  private:
   friend class inproc_network;
-  inproc_transport(environment& env, inproc_network& network, node_id self);
   /// A frame, or a message handed over as its object (`m.body` set) with the size of its frame.
   struct parcel {
     frame f;
