@@ -334,7 +334,10 @@ TEST(api, sharded_rollouts_receive_exactly_their_rows_and_experts) {
     w.on_tensor([&, r](std::uint64_t, const tensor& x, std::span<const std::byte> bytes) {
       std::lock_guard lock(m);
       completed[r][x.name] += bytes.size();
-      if (x.name == "w") EXPECT_EQ(x.shape[0] * static_cast<std::int64_t>(row_bytes), static_cast<std::int64_t>(bytes.size()));
+      if (x.name == "w") {
+        EXPECT_EQ(x.shape[0] * static_cast<std::int64_t>(row_bytes),
+                  static_cast<std::int64_t>(bytes.size()));
+      }
     });
   }
   workers.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address(), .secret = secret}, 1, 0}));
@@ -393,7 +396,9 @@ TEST(api, bad_shards_are_refused_before_any_byte_moves) {
     rollout b({{.coordinator = coord.address(), .secret = secret}, 0, 1});
     ASSERT_TRUE(a.register_rows(w, 0, rows));
     ASSERT_TRUE(b.register_rows(w, 50, 47));
-    if (extra) ASSERT_TRUE(b.register_tensor({.name = "ghost", .dtype = "u8", .shape = {4}}));
+    if (extra) {
+      ASSERT_TRUE(b.register_tensor({.name = "ghost", .dtype = "u8", .shape = {4}}));
+    }
     ASSERT_TRUE(t.join());
     ASSERT_TRUE(a.join());
     ASSERT_TRUE(b.join());

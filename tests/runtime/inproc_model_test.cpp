@@ -74,7 +74,7 @@ TEST_P(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_neve
 }
 
 INSTANTIATE_TEST_SUITE_P(as, inproc_model, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "handed_over" : "frames"; });
+                         [](const auto& test) { return test.param ? "handed_over" : "frames"; });
 
 }  // namespace
 }  // namespace ferry
