@@ -149,11 +149,13 @@ void inproc_transport::lost_on_the_way(node_id peer) {
 }
 
 inproc_network::reach_result inproc_transport::reach(node_id to) {
+  if (!open_) return {};
   const auto at = std::ranges::lower_bound(reached_, to);
   const auto i = at - reached_.begin();
   const bool known = at != reached_.end() && *at == to;
   if (known && links_[i].as_of == network_.changes_.load()) {
-    if (auto peer = links_[i].peer.lock()) return {.peer = std::move(peer), .cut = links_[i].cut};
+    if (auto peer = links_[i].peer.lock())
+      return {.peer = std::move(peer), .cut = links_[i].cut, .as_of = links_[i].as_of};
   }
   auto found = network_.reach(self_, to);
   if (!found.peer) return found;
@@ -186,7 +188,7 @@ void inproc_transport::send(node_id to, parcel p, completion done) {
 }
 
 void inproc_transport::hand_over(node_id to, parcel p, completion done) {
-  auto [peer, cut, _] = open_ ? reach(to) : inproc_network::reach_result{};
+  auto [peer, cut, _] = reach(to);
   if (!peer) {
     if (done) {
       loop_.post([done = std::move(done)] { done(transport_errc::peer_unreachable); });
@@ -283,7 +285,7 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
                                    write_imm imm, completion done) {
   auto complete_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
   if (!regions_.contains(local)) return complete_with(transport_errc::not_registered);
-  auto [peer, cut, _] = open_ ? reach(remote.owner) : inproc_network::reach_result{};
+  auto [peer, cut, _] = reach(remote.owner);
   if (!peer) {
     lost_on_the_way(remote.owner);
     return complete_with(transport_errc::peer_unreachable);

@@ -137,7 +137,8 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   void deliver_write(const write_notice& notice);
   void peer_died(node_id peer);
   void lost_on_the_way(node_id peer);
-  /// The network's `reach` from here, answered from `reached_` while the network has not changed.
+  /// The network's `reach` from here (nothing once closed), answered from `reached_` while the
+  /// network has not changed.
   inproc_network::reach_result reach(node_id to);
   /// Delivers `p` to `to`'s loop now (or says it is unreachable), then completes `done`.
   void hand_over(node_id to, parcel p, completion done);
