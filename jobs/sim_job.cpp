@@ -567,15 +567,17 @@ sim_result sim_job::run() {
   result_.virtual_seconds =
       std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count();
   const double versions = std::max<double>(1, static_cast<double>(delivered_));
-  for (const auto& r : net_.resources()) {
-    if (r.carried_bytes <= 0) continue;
-    const double busy = std::chrono::duration<double>(r.busy).count();
+  for (sim::resource_id id = 0; id < net_.resource_count(); ++id) {
+    const auto& r = net_.at(id);
+    const auto used = net_.usage(id);
+    if (used.carried_bytes <= 0) continue;
+    const double busy = std::chrono::duration<double>(used.busy).count();
     result_.resources.push_back(
         {.name = r.name,
          .busy_seconds = busy,
-         .utilisation = r.carried_bytes / r.bytes_per_second / result_.virtual_seconds,
-         .bytes = r.carried_bytes,
-         .bound_seconds = r.carried_bytes / r.bytes_per_second / versions});
+         .utilisation = used.carried_bytes / r.bytes_per_second / result_.virtual_seconds,
+         .bytes = used.carried_bytes,
+         .bound_seconds = used.carried_bytes / r.bytes_per_second / versions});
   }
   std::stable_sort(result_.resources.begin(), result_.resources.end(),
                    [](const auto& a, const auto& b) { return a.bound_seconds > b.bound_seconds; });

@@ -142,11 +142,12 @@ std::uint32_t flow_network::free_slots::take() {
 }
 
 void flow_network::account(resource_id r, double now) {
-  const double dt = now - state_[r].accounted;
-  state_[r].accounted = now;
-  if (!(dt > 0) || on_[r].empty()) return;
-  resources_[r].carried_bytes += state_[r].load * dt * 1e-9;
-  resources_[r].busy += clock::duration(static_cast<std::int64_t>(dt));
+  auto& state = state_[r];
+  const double dt = now - state.accounted;
+  state.accounted = now;
+  if (!(dt > 0)) return;
+  state.carried_bytes += state.load * dt * 1e-9;
+  state.busy += clock::duration(static_cast<std::int64_t>(dt));
 }
 
 void flow_network::attach(std::uint32_t slot) {
@@ -154,7 +155,7 @@ void flow_network::attach(std::uint32_t slot) {
   const double now = f.since;
   for (std::size_t k = 0; k < f.hop_count; ++k) {
     const auto r = f.path[k].id;
-    if (on_[r].empty()) account(r, now);  // its idle time ends
+    if (on_[r].empty()) state_[r].accounted = now;  // its idle time ends
     f.place[k] = static_cast<std::uint32_t>(on_[r].size());
     on_[r].push_back({slot, static_cast<std::uint32_t>(k)});
   }
@@ -194,7 +195,11 @@ double flow_network::rate_of(std::uint64_t transfer) {
 
 void flow_network::settle() {
   const double now = now_ns();
-  for (resource_id r = 0; r < resources_.size(); ++r) account(r, now);
+  for (resource_id r = 0; r < resources_.size(); ++r)
+    if (on_[r].empty())
+      state_[r].accounted = now;
+    else
+      account(r, now);
 }
 
 void flow_network::schedule_recompute() {

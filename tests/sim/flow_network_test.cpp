@@ -45,8 +45,8 @@ TEST(flow_network, two_transfers_on_one_link_get_half_each) {
   EXPECT_DOUBLE_EQ(b.net.rate_of(second), 0.5 * G);
   b.finish(2);
   EXPECT_EQ(b.done_at, (std::vector<clock::duration>{2s, 2s}));
-  EXPECT_DOUBLE_EQ(b.net.at(link).carried_bytes, 2 * G);
-  EXPECT_EQ(b.net.at(link).busy, 2s);
+  EXPECT_DOUBLE_EQ(b.net.usage(link).carried_bytes, 2 * G);
+  EXPECT_EQ(b.net.usage(link).busy, 2s);
 }
 
 TEST(flow_network, a_transfer_bottlenecked_elsewhere_leaves_its_share_to_the_other) {
@@ -61,7 +61,7 @@ TEST(flow_network, a_transfer_bottlenecked_elsewhere_leaves_its_share_to_the_oth
   // slow: 1 GB at 1 GB/s. fast: 2 GB in that second, then the other 2 GB alone at 3 GB/s.
   EXPECT_EQ(b.done_at[0], 1s);
   EXPECT_EQ(b.done_at[1], 1'666'666'667ns);
-  EXPECT_NEAR(b.net.at(shared).carried_bytes, 5 * G, 1);
+  EXPECT_NEAR(b.net.usage(shared).carried_bytes, 5 * G, 1);
 }
 
 TEST(flow_network, rates_are_recomputed_when_a_transfer_starts_later) {
@@ -74,7 +74,7 @@ TEST(flow_network, rates_are_recomputed_when_a_transfer_starts_later) {
   b.finish(2);
   // 1 GB alone in the first second; then 0.5 GB each at 0.5 GB/s: both end at 2 s.
   EXPECT_EQ(b.done_at, (std::vector<clock::duration>{2s, 2s}));
-  EXPECT_EQ(b.net.at(link).busy, 2s);
+  EXPECT_EQ(b.net.usage(link).busy, 2s);
 }
 
 TEST(flow_network, the_pcie_duplex_cap_binds_only_when_both_directions_run) {
@@ -346,7 +346,7 @@ TEST(collective_model, a_ring_all_gather_moves_all_but_its_own_piece_over_each_l
   async_ring_all_gather(b.net, links, 4'000'000'000, {.slice_bytes = 1'000'000}, b.record());
   b.finish(1);
   EXPECT_EQ(b.done_at[0], 3s + 2ms);
-  for (const auto id : ids) EXPECT_DOUBLE_EQ(b.net.at(id).carried_bytes, 3 * G);
+  for (const auto id : ids) EXPECT_DOUBLE_EQ(b.net.usage(id).carried_bytes, 3 * G);
 }
 
 TEST(cluster, validate_names_the_field) {
