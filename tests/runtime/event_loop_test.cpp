@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
+#include <set>
 #include <boost/asio/steady_timer.hpp>
 #include <thread>
 
@@ -188,6 +190,49 @@ TEST(virtual_clock, fires_one_instant_in_the_order_set_and_cancelled_timers_neve
   EXPECT_EQ(fired, expected);
   EXPECT_NE(reused, ids[999]);
   EXPECT_EQ(clock.now().time_since_epoch(), std::chrono::seconds(3));
+}
+
+// Against a model, a set sorted by (time, order set): thousands of timers pending, set before and
+// while others fire (some for the instant firing), a third cancelled, ties everywhere.
+TEST(virtual_clock, fires_each_timer_when_it_is_the_models_soonest) {
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    event_loop loop;
+    virtual_clock clock(loop.io());
+    std::mt19937 random(seed);
+    std::set<std::pair<clock::duration, int>> model;  // the live timers
+    std::vector<std::uint64_t> ids;
+    std::vector<clock::duration> due;
+    int fired = 0, out_of_order = 0;
+    // Only timers due later: one due now may already be on its way, and fires anyway.
+    const auto cancel_one = [&] {
+      const auto victim = static_cast<int>(random() % ids.size());
+      if (due[victim] <= clock.now().time_since_epoch()) return;
+      model.erase({due[victim], victim});
+      clock.cancel(ids[victim]);
+    };
+    std::function<void(clock::duration)> set = [&](clock::duration after) {
+      const int order = static_cast<int>(ids.size());
+      due.push_back(clock.now().time_since_epoch() + after);
+      model.emplace(due.back(), order);
+      ids.push_back(clock.async_wait(after, [&, order](std::error_code ec) {
+        if (ec) return;
+        ++fired;
+        if (model.empty() || model.begin()->second != order) ++out_of_order;
+        model.erase({due[order], order});
+        if (random() % 4 == 0) set(std::chrono::milliseconds(random() % 20));
+        if (random() % 8 == 0) cancel_one();
+      }));
+    };
+    for (int i = 0; i < 3000; ++i) set(std::chrono::milliseconds(random() % 50));
+    for (int i = 0; i < 1000; ++i) cancel_one();
+    loop.io().poll();
+    while (clock.advance_to_next()) loop.io().poll();
+    EXPECT_EQ(out_of_order, 0);
+    EXPECT_TRUE(model.empty());
+    EXPECT_EQ(clock.pending(), 0u);
+    EXPECT_GT(fired, 1000);
+  }
 }
 
 }  // namespace
