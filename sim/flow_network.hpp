@@ -226,9 +226,9 @@ class flow_network {
     std::uint64_t reached_in = 0;  ///< the filling that reached it
     // Kept: the weight of the transfers bottlenecked here and their rate, a rate no transfer on it
     // exceeds (exact after a `fair_level`, else a bound), and up to when (virtual ns) its carried
-    // bytes and busy time were added up. Its usage is on the same line: a transfer's start, end
-    // and new rate account each hop, and the usage kept apart in `resources_` was a cold line
-    // more per hop (a sixth of `account`'s samples at 384 GPUs).
+    // bytes and busy time were added up: the second line, with the usage itself. A transfer's
+    // start, end and new rate account each hop, and the usage kept apart in `resources_` was a
+    // cold line more per hop (a sixth of `account`'s samples at 384 GPUs).
     double own_weight = 0, level = 0, fastest = 0, accounted = 0;
     std::uint64_t grouped_in = 0;  ///< the recomputation whose region took its group
     double carried_bytes = 0;
