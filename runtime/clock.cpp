@@ -39,6 +39,67 @@ void real_clock::cancel(std::uint64_t timer) {
   if (auto it = timers_.find(timer); it != timers_.end()) it->second->timer.cancel();
 }
 
+void virtual_clock::timer_queue::push(const entry& e, duration delay) {
+  auto* in = std::ranges::find(lanes_, delay, &lane::delay);
+  if (in == lanes_.end() && delay == heap_delay_) {
+    in = std::ranges::find_if(lanes_, &lane::empty);
+    if (in != lanes_.end()) in->delay = delay;
+  }
+  const bool first = ++size_ == 1;
+  if (in == lanes_.end()) {
+    heap_delay_ = delay;
+    heap_.push_back(e);
+    std::push_heap(heap_.begin(), heap_.end(), later{});
+    if (first || earlier(e, top())) soonest_ = lane_count;
+    return;
+  }
+  in->entries.push_back(e);
+  if (first || earlier(e, top())) soonest_ = static_cast<std::size_t>(in - lanes_.begin());
+}
+
+void virtual_clock::timer_queue::lane::pop() {
+  if (++head == entries.size()) {
+    entries.clear();
+    head = 0;
+  } else if (head >= 256 && 2 * head >= entries.size()) {
+    // The entries gone from its front, dropped: O(1) per pop, as each is moved at most once.
+    entries.erase(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(head));
+    head = 0;
+  }
+}
+
+void virtual_clock::timer_queue::pop() {
+  if (soonest_ == lane_count) {
+    std::pop_heap(heap_.begin(), heap_.end(), later{});
+    heap_.pop_back();
+  } else {
+    lanes_[soonest_].pop();
+  }
+  --size_;
+  find_soonest();
+}
+
+void virtual_clock::timer_queue::find_soonest() {
+  const entry* best = heap_.empty() ? nullptr : &heap_.front();
+  soonest_ = lane_count;
+  for (std::size_t l = 0; l < lane_count; ++l)
+    if (!lanes_[l].empty() && (!best || earlier(lanes_[l].front(), *best)))
+      best = &lanes_[l].front(), soonest_ = l;
+}
+
+void virtual_clock::timer_queue::erase_if(const std::function<bool(const entry&)>& gone) {
+  std::erase_if(heap_, gone);
+  std::make_heap(heap_.begin(), heap_.end(), later{});
+  size_ = heap_.size();
+  for (auto& l : lanes_) {
+    l.entries.erase(l.entries.begin(), l.entries.begin() + static_cast<std::ptrdiff_t>(l.head));
+    l.head = 0;
+    std::erase_if(l.entries, gone);
+    size_ += l.entries.size();
+  }
+  find_soonest();
+}
+
 std::uint64_t virtual_clock::async_wait_until(time_point when, handler h) {
   std::uint32_t s;
   if (!free_.empty()) {
@@ -52,8 +113,8 @@ std::uint64_t virtual_clock::async_wait_until(time_point when, handler h) {
   }
   const auto id = next_order_++ << slot_bits | s;
   slots_[s] = {.id = id, .h = std::move(h)};
-  queue_.push_back({std::max(when, now_), id});
-  std::push_heap(queue_.begin(), queue_.end(), later{});
+  when = std::max(when, now_);
+  queue_.push({when, id}, when - now_);
   return id;
 }
 
@@ -72,21 +133,14 @@ void virtual_clock::cancel(std::uint64_t timer) {
     h(std::error_code(boost::asio::error::make_error_code(boost::asio::error::operation_aborted)));
   });
   // Cancelled entries wait in the queue for their time; a queue mostly of them is rebuilt.
-  if (queue_.size() > 64 && queue_.size() > 4 * pending()) {
-    std::erase_if(queue_, [this](const entry& e) { return cancelled(e); });
-    std::make_heap(queue_.begin(), queue_.end(), later{});
-  }
-}
-
-void virtual_clock::pop() {
-  std::pop_heap(queue_.begin(), queue_.end(), later{});
-  queue_.pop_back();
+  if (queue_.size() > 64 && queue_.size() > 4 * pending())
+    queue_.erase_if([this](const entry& e) { return cancelled(e); });
 }
 
 void virtual_clock::advance_to(time_point t) {
-  while (!queue_.empty() && queue_.front().when <= t) {
-    const auto e = queue_.front();
-    pop();
+  while (!queue_.empty() && queue_.top().when <= t) {
+    const auto e = queue_.top();
+    queue_.pop();
     if (cancelled(e)) continue;
     now_ = e.when;
     boost::asio::post(io_, [h = release(e.id)] { h({}); });
@@ -95,15 +149,15 @@ void virtual_clock::advance_to(time_point t) {
 }
 
 bool virtual_clock::advance_to_next() {
-  while (!queue_.empty() && cancelled(queue_.front())) pop();
+  while (!queue_.empty() && cancelled(queue_.top())) queue_.pop();
   if (queue_.empty()) return false;
-  now_ = queue_.front().when;
+  now_ = queue_.top().when;
   // All of the instant's handlers are taken before any runs, as posting them would: one that a
   // handler cancels or sets for now still fires, or waits for the next call.
   auto firing = std::move(firing_);
-  while (!queue_.empty() && queue_.front().when <= now_) {
-    const auto e = queue_.front();
-    pop();
+  while (!queue_.empty() && queue_.top().when <= now_) {
+    const auto e = queue_.top();
+    queue_.pop();
     if (!cancelled(e)) firing.push_back(release(e.id));
   }
   for (auto& h : firing) h({});
