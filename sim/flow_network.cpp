@@ -495,9 +495,20 @@ void flow_network::due_set(std::uint32_t slot, double at) {
 
 void flow_network::due_rescan(std::size_t block) {
   const auto begin = block * due_block, end = std::min(begin + due_block, due_at_.size());
-  double soonest = std::numeric_limits<double>::infinity();
-  for (auto p = begin; p < end; ++p) soonest = std::min(soonest, due_at_[p]);
-  due_soonest_[block] = soonest;
+  // Four minima side by side, not one chain of compares through the block (2% of a steady
+  // event's instructions at 384 GPUs when it was one); `m < x ? m : x` is one `minsd` into `m`.
+  const double* due = due_at_.data();
+  const auto lower = [](double m, double x) { return m < x ? m : x; };
+  double a = std::numeric_limits<double>::infinity(), b = a, c = a, d = a;
+  auto p = begin;
+  for (; p + 4 <= end; p += 4) {
+    a = lower(a, due[p]);
+    b = lower(b, due[p + 1]);
+    c = lower(c, due[p + 2]);
+    d = lower(d, due[p + 3]);
+  }
+  for (; p < end; ++p) a = lower(a, due[p]);
+  due_soonest_[block] = lower(lower(a, b), lower(c, d));
 }
 
 double flow_network::due_soonest() const {
