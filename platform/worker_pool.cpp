@@ -21,6 +21,9 @@ void worker_pool::async_run(event_loop& loop, std::function<void()> work, std::f
   }
   boost::asio::post(pool_, [this, &loop, work = std::move(work), done = std::move(done)]() mutable {
     work();
+    // What the work holds goes before the pool reports idle: a waiter may then free what it points
+    // at (an inproc transport's network, whose last holder this copy may be).
+    work = nullptr;
     loop.post(std::move(done));
     std::lock_guard lock(idle_mutex_);
     if (--tasks_ == 0) idle_.notify_all();

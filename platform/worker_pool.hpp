@@ -23,10 +23,10 @@ class worker_pool {
   /// Runs `work()` on a pool thread and suspends the calling fiber until it finished.
   void run(event_loop& loop, std::function<void()> work);
 
-  /// Blocks the calling thread until no task is queued or running (their `done` may still wait
-  /// on their loops). For unwinding a job stopped mid-update: once nothing new can start (its
-  /// transports closed), the copies already here land before the memory they touch is freed.
-  /// Never call it from a pool thread.
+  /// Blocks the calling thread until no task is queued or running, and each one's `work` has been
+  /// destroyed with what it captured (their `done` may still wait on their loops). For unwinding a
+  /// job stopped mid-update: once nothing new can start (its transports closed), the copies already
+  /// here land before the memory they touch is freed. Never call it from a pool thread.
   void wait_idle();
 
   unsigned threads() const { return threads_; }

@@ -110,6 +110,27 @@ TEST(worker_pool, wait_idle_returns_once_every_task_has_run) {
   pool.wait_idle();  // an idle pool returns at once
 }
 
+// What a task's work captured is gone when wait_idle returns: the caller may free what it points
+// at next. A capture slow to go (its destructor sleeps) was still going after the pool reported
+// idle, and an inproc transport held by a copy outlived its network (region_rekey_test crashed at
+// exit, rarely).
+TEST(worker_pool, wait_idle_returns_once_what_the_work_captured_is_gone) {
+  event_loop loop;
+  worker_pool pool(1);
+  std::atomic<bool> gone = false;
+  struct slow_to_go {
+    std::atomic<bool>* gone;
+    ~slow_to_go() {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      *gone = true;
+    }
+  };
+  pool.async_run(
+      loop, [held = std::make_shared<slow_to_go>(&gone)] {}, [] {});
+  pool.wait_idle();
+  EXPECT_TRUE(gone);
+}
+
 TEST(event_loop, slot_counter_bounds_concurrency) {
   event_loop loop;
   real_clock clock(loop.io());
