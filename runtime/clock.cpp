@@ -45,16 +45,17 @@ void virtual_clock::timer_queue::push(const entry& e, duration delay) {
     in = std::ranges::find_if(lanes_, &lane::empty);
     if (in != lanes_.end()) in->delay = delay;
   }
-  const bool first = ++size_ == 1;
+  const bool soonest = empty() || earlier(e, top());
+  ++size_;
   if (in == lanes_.end()) {
     heap_delay_ = delay;
     heap_.push_back(e);
     std::push_heap(heap_.begin(), heap_.end(), later{});
-    if (first || earlier(e, top())) soonest_ = lane_count;
+    if (soonest) soonest_ = lane_count;
     return;
   }
   in->entries.push_back(e);
-  if (first || earlier(e, top())) soonest_ = static_cast<std::size_t>(in - lanes_.begin());
+  if (soonest) soonest_ = static_cast<std::size_t>(in - lanes_.begin());
 }
 
 void virtual_clock::timer_queue::lane::pop() {
