@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
@@ -108,9 +109,14 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     fail_skipped_versions();
     resume();
   });
-  handle<shard_offloaded>([this](const envelope_header&, const shard_offloaded& m) { verdicts_.offloaded(m); });
-  handle<shard_sent>([this](const envelope_header&, const shard_sent& m) { verdicts_.sent(m); });
-  handle<shard_done>([this](const envelope_header&, const shard_done& m) {
+  handle<shard_offloaded>([this](const envelope_header& h, const shard_offloaded& m) {
+    if (from_shard(h, m.shard)) verdicts_.offloaded(m);
+  });
+  handle<shard_sent>([this](const envelope_header& h, const shard_sent& m) {
+    if (from_shard(h, m.shard)) verdicts_.sent(m);
+  });
+  handle<shard_done>([this](const envelope_header& h, const shard_done& m) {
+    if (!from_shard(h, m.shard)) return;
     verdicts_.shard_finished(m);
     check_complete();
   });
@@ -232,10 +238,22 @@ void job_coordinator::lost(node_id node, const std::string& why) {
     // old plan: the regroup below makes the next.
     if (held_active && plan_ && holds_everywhere(active->version)) {
       in_force_ = false;
-      complete_active();
+      complete_active(*plan_);
+    } else if (held_active && plan_ && members_.workers.empty()) {
+      left_holding_ =
+          held_by_departed{.version = active->version, .under = *plan_};  // for the shards' reports
     }
     return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
   }
+}
+
+bool job_coordinator::from_shard(const envelope_header& h, std::uint32_t shard) {
+  const auto it = members_.trainers.find(shard);
+  if (it != members_.trainers.end() && it->second.who == h.from) return true;
+  log::warn("coordinator: dropped trainer shard {}'s report from node {}, which is not that shard",
+            shard, h.from.node);
+  note("shard report not from its shard");
+  return false;
 }
 
 void job_coordinator::fail_version(std::uint64_t version, const std::string& reason, bool relaid) {
@@ -341,6 +359,7 @@ void job_coordinator::regroup(const std::string& reason) {
     plan_.reset();
     return;
   }
+  left_holding_.reset();  // a joiner is sent the active update under the new plan
   auto p = make_plan(in, why);
   if (!p) return fail_job("no plan: " + why);
   if (layout_ && *layout_ != p->layout) {
@@ -481,11 +500,15 @@ void job_coordinator::start_update(update_scheduler::update u) {
 }
 
 void job_coordinator::check_complete() {
-  // Only under a plan in force: mid-regroup the workers left may be none at all (their plan
-  // dropped), and the new plan resends what is missing and checks again (plan_in_force).
   const auto& active = updates_.active();
-  if (!active || failed_ || !in_force_ || !holds_everywhere(active->version)) return;
-  complete_active();
+  if (!active || failed_ || !holds_everywhere(active->version)) return;
+  // Under a plan in force; mid-regroup the new plan resends what is missing and checks again
+  // (plan_in_force). Except where the job's last workers all left holding it: no plan comes.
+  if (in_force_) return complete_active(*plan_);
+  if (left_holding_ && left_holding_->version == active->version && members_.workers.empty()) {
+    const auto held = std::exchange(left_holding_, std::nullopt);
+    complete_active(held->under);
+  }
 }
 
 bool job_coordinator::holds_everywhere(std::uint64_t version) const {
@@ -494,17 +517,19 @@ bool job_coordinator::holds_everywhere(std::uint64_t version) const {
                      [&](const auto& w) { return w.second.complete_version >= version; });
 }
 
-void job_coordinator::complete_active() {
-  const bool match = verdicts_.digests_match(updates_.active()->version, *plan_, [this](std::uint32_t instance, std::uint32_t rank) {
-    const auto it = members_.workers.find({instance, rank});
-    return it == members_.workers.end() ? std::optional<address>() : it->second.who;
-  });
+void job_coordinator::complete_active(const plan& p) {
+  const bool match = verdicts_.digests_match(
+      updates_.active()->version, p, [this](std::uint32_t instance, std::uint32_t rank) {
+        const auto it = members_.workers.find({instance, rank});
+        return it == members_.workers.end() ? std::optional<address>() : it->second.who;
+      });
   const auto done = updates_.complete();
   if (done.catch_up) {
     log::info("coordinator: late joiner(s) caught up with version {}{}", done.version, match ? ", digests match" : "");
   } else {
-    const auto report = verdicts_.deliver(done.version, *plan_, static_cast<std::uint32_t>(members_.workers.size()), match,
-                                          host().clock().now());
+    const auto report =
+        verdicts_.deliver(done.version, p, static_cast<std::uint32_t>(members_.workers.size()),
+                          match, host().clock().now());
     for (const auto& [rank, t] : members_.trainers) send(t.who, version_delivered{.version = done.version, .verified = match});
     if (on_delivered) on_delivered(report);
   }

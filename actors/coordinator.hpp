@@ -92,6 +92,9 @@ class job_coordinator final : public actor {
   /// checked once more if it is not yet (a live one goes on heartbeating and is left alone).
   void suspect(node_id node, const std::string& why, bool checked_again = false);
   void lost(node_id node, const std::string& why);
+  /// Whether a report on trainer shard `shard` comes from that shard: another member's would
+  /// count a shard done, or set its digests, for it.
+  bool from_shard(const envelope_header& h, std::uint32_t shard);
   /// Whether `worker` is a leader of its instance in the current plan.
   bool leads(const address& worker) const;
   std::vector<node_id> leader_nodes() const;
@@ -117,8 +120,8 @@ class job_coordinator final : public actor {
   void check_complete();
   /// Every worker holds `version` of the active update, and every shard reported it.
   bool holds_everywhere(std::uint64_t version) const;
-  /// The active update is complete: delivered (or caught up), and the next one starts.
-  void complete_active();
+  /// The active update is complete under `p`: delivered (or caught up), and the next one starts.
+  void complete_active(const plan& p);
   void fail_job(const std::string& reason);
   template <class F>
   void broadcast_all(F make);
@@ -139,6 +142,14 @@ class job_coordinator final : public actor {
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
+  /// The job's last worker left holding the active update before every shard had reported: no plan
+  /// comes into force until a worker joins, so the shards' reports complete it under the plan it
+  /// was held under.
+  struct held_by_departed {
+    std::uint64_t version = 0;
+    plan under;
+  };
+  std::optional<held_by_departed> left_holding_;
   selection_set selections_;             ///< every selection the job has seen: they fix the layout
   region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer
   bool started_ = false;   ///< the first plan was made

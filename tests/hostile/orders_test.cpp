@@ -2,6 +2,7 @@
 /// member of the job, authenticated like any, cannot stop, fail or replan it.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "actors/coordinator.hpp"
@@ -62,6 +63,68 @@ TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
   EXPECT_FALSE(trainer.failed() || trainer.stopped());
   EXPECT_FALSE(worker.failed() || worker.stopped());
   EXPECT_EQ(env.trace().instants().at("order not from the coordinator"), 9u);
+  coordinator.stop_job();
+}
+
+/// The coordinator takes a shard's reports (offloaded, sent, done with its digests) from that
+/// shard only: another member's would count the shard done before it is, with digests of its
+/// choosing.
+TEST(shard_reports, from_anyone_but_the_shard_are_dropped) {
+  event_loop loop;
+  virtual_environment env{loop};
+  inproc_network network;
+  node hub{env, 0, inproc_transport::make(env, network, 0), protocol()};
+  node trainer_node{env, 1, inproc_transport::make(env, network, 1), protocol()};
+  node worker_node{env, 2, inproc_transport::make(env, network, 2), protocol()};
+  node rogue_node{env, 3, inproc_transport::make(env, network, 3), protocol()};
+  for (auto* n : {&hub, &trainer_node, &worker_node, &rogue_node}) ASSERT_FALSE(n->start());
+  for (node_id id : {1, 2, 3}) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
+
+  job_coordinator coordinator(hub, 1,
+                              job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 4096});
+  std::optional<version_report> delivered;
+  coordinator.on_delivered = [&](const version_report& r) { delivered = r; };
+  coordinator.start();
+  std::vector<std::byte> weights(10000), received(10000);
+  for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 7 + 1);
+  const auto spec = make_tensor_spec("w", dtype::u8, {10000});
+  trainer_shard trainer(trainer_node, 1, {0, 1}, 0, {{.spec = spec, .data = weights.data()}});
+  rollout_worker worker(worker_node, 1, {0, 1}, 0, 0,
+                        std::vector<tensor_ref>{{.spec = spec, .data = received.data()}},
+                        worker_options{.make_broadcast = host_chain(chain_tag)});
+  trainer.join();
+  worker.join();
+  const auto before = [&](std::chrono::seconds limit) {
+    return env.clock().now() < clock::time_point(limit);
+  };
+  loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
+  ASSERT_TRUE(trainer.ready());
+
+  // Node 3 reports version 1 for shard 0 before the shard could: hours of stall and busy time,
+  // and a digest of its own.
+  actor rogue(rogue_node, 1);
+  rogue.set_epoch(coordinator.current_plan()->epoch);
+  rogue.start();
+  constexpr double hours = 7200;
+  rogue.send({0, 1}, shard_offloaded{.shard = 0, .version = 1, .seconds = hours});
+  rogue.send({0, 1}, shard_sent{.shard = 0, .version = 1, .send_seconds = hours});
+  rogue.send({0, 1}, shard_done{.shard = 0,
+                                .version = 1,
+                                .busy = {.offload = hours},
+                                .digests = {{.segment = 0, .low = 1, .high = 2}}});
+  std::string why;
+  ASSERT_TRUE(trainer.publish(1, why)) << why;
+  loop.run_until([&] { return delivered || !before(std::chrono::seconds(120)); });
+
+  ASSERT_TRUE(delivered);
+  EXPECT_EQ(delivered->version, 1u);
+  EXPECT_TRUE(delivered->verified);
+  EXPECT_EQ(coordinator.digest_mismatches(), 0u);
+  EXPECT_LT(delivered->offloaded_seconds, hours);
+  EXPECT_LT(delivered->busy.offload, hours);
+  EXPECT_LT(delivered->busy.send, hours);
+  EXPECT_EQ(received, weights);
+  EXPECT_EQ(env.trace().instants().at("shard report not from its shard"), 3u);
   coordinator.stop_job();
 }
 

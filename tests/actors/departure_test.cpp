@@ -1,0 +1,131 @@
+/// A job's last workers may take a version and leave at once, before the trainer's shard reports
+/// it (its digests take a while): no plan comes into force while no worker is left, yet the
+/// version is on every worker that ever held it and must be delivered. On virtual time, where a
+/// slow CPU puts the shard's report after both leaves, every run the same.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/rollout_worker.hpp"
+#include "actors/trainer_shard.hpp"
+#include "collectives/host/chain_broadcast.hpp"
+#include "runtime/node.hpp"
+#include "runtime/virtual_environment.hpp"
+#include "transport/inproc/inproc_transport.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::uint64_t model_bytes = 1 << 20;
+
+struct departure_job {
+  event_loop loop;
+  // 100 MB/s: the shard's digest of 1 MiB takes 10 ms, a chunk's apply 0.2 ms.
+  virtual_environment env{loop, cpu_cost_model{.bytes_per_second = 100e6}};
+  inproc_network network;
+  std::vector<std::unique_ptr<node>> nodes;
+  std::unique_ptr<job_coordinator> coordinator;
+  std::vector<std::byte> weights = std::vector<std::byte>(model_bytes);
+  tensor_spec spec = make_tensor_spec("w", dtype::u8, {model_bytes});
+  std::unique_ptr<trainer_shard> trainer;
+  std::uint64_t delivered = 0;
+  bool verified = false;
+  std::uint64_t trainer_heard = 0;  ///< the version the trainer heard was delivered
+
+  departure_job() {
+    for (node_id id = 0; id < 5; ++id) {
+      nodes.push_back(
+          std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
+      EXPECT_FALSE(nodes.back()->start());
+      if (id > 0) {
+        EXPECT_FALSE(network.find(id)->add_peer(0, "0"));
+      }
+    }
+    coordinator = std::make_unique<job_coordinator>(
+        *nodes[0], 1, job_shape{.trainers = 1, .instance_sizes = {2}, .chunk_bytes = 16384});
+    coordinator->on_delivered = [this](const version_report& r) {
+      delivered = r.version;
+      verified = r.verified;
+    };
+    coordinator->start();
+    for (std::size_t i = 0; i < weights.size(); ++i)
+      weights[i] = static_cast<std::byte>(i * 13 + 5);
+    trainer = std::make_unique<trainer_shard>(
+        *nodes[1], 1, address{0, 1}, 0,
+        std::vector<tensor_ref>{{.spec = spec, .data = weights.data()}});
+    trainer->on_delivered = [this](std::uint64_t v, bool) { trainer_heard = v; };
+    trainer->join();
+  }
+
+  /// A worker of instance 0 on node `id`, writing into `bytes`; digests off, so it reports the
+  /// version as soon as its last chunk is applied.
+  std::unique_ptr<rollout_worker> worker(node_id id, std::uint32_t rank,
+                                         std::vector<std::byte>& bytes) {
+    bytes.assign(model_bytes, std::byte{0});
+    auto w = std::make_unique<rollout_worker>(
+        *nodes[id], 1, address{0, 1}, 0, rank,
+        std::vector<tensor_ref>{{.spec = spec, .data = bytes.data()}},
+        worker_options{.digests = false, .make_broadcast = host_chain(chain_tag)});
+    w->join();
+    return w;
+  }
+
+  bool run_until(const std::function<bool()>& done) {
+    loop.run_until(
+        [&] { return done() || env.clock().now() >= clock::time_point(std::chrono::seconds(60)); });
+    return done();
+  }
+};
+
+TEST(departure, the_last_workers_leaving_with_a_version_before_the_shard_reports_it_deliver_it) {
+  departure_job job;
+  std::vector<std::byte> first_bytes, second_bytes;
+  const auto first = job.worker(2, 0, first_bytes);
+  const auto second = job.worker(3, 1, second_bytes);
+  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
+  std::string why;
+  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
+
+  ASSERT_TRUE(job.run_until([&] { return first->version() == 1 && second->version() == 1; }));
+  first->leave("done");
+  second->leave("done");
+  ASSERT_TRUE(job.run_until(
+      [&] { return !job.coordinator->current_plan(); }));  // no worker left to plan for
+  ASSERT_EQ(job.delivered, 0u)
+      << "the shard reported before the workers left: this test no longer tests the race";
+
+  EXPECT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
+  EXPECT_EQ(job.delivered, 1u);
+  EXPECT_TRUE(job.verified);
+  EXPECT_EQ(first_bytes, job.weights);
+  EXPECT_EQ(second_bytes, job.weights);
+  job.coordinator->stop_job();
+}
+
+/// A worker that joins before the shard reports is under a new plan: the version is resent to it,
+/// and delivered once it holds it.
+TEST(departure, a_worker_joining_after_them_is_sent_the_version_before_it_is_delivered) {
+  departure_job job;
+  std::vector<std::byte> first_bytes, second_bytes, joiner_bytes;
+  const auto first = job.worker(2, 0, first_bytes);
+  const auto second = job.worker(3, 1, second_bytes);
+  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
+  std::string why;
+  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
+
+  ASSERT_TRUE(job.run_until([&] { return first->version() == 1 && second->version() == 1; }));
+  first->leave("done");
+  second->leave("done");
+  const auto joiner = job.worker(4, 0, joiner_bytes);
+  ASSERT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
+  EXPECT_EQ(joiner->version(), 1u);
+  EXPECT_EQ(joiner_bytes, job.weights);
+  EXPECT_TRUE(job.verified);
+  job.coordinator->stop_job();
+}
+
+}  // namespace
+}  // namespace ferry
