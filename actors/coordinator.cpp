@@ -240,8 +240,8 @@ void job_coordinator::lost(node_id node, const std::string& why) {
       in_force_ = false;
       complete_active(*plan_);
     } else if (held_active && plan_ && members_.workers.empty()) {
-      left_holding_ =
-          held_by_departed{.version = active->version, .under = *plan_};  // for the shards' reports
+      // The last to leave, before every shard reported: the shards' reports complete it.
+      left_holding_ = held_by_departed{.version = active->version, .under = *plan_};
     }
     return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
   }
