@@ -99,13 +99,11 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     members_.given_up.erase(h.from.node);
   });
   handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
+    if (!from_shard(h, m.shard)) return;
     verdicts_.publish_started(m.version, this->host().clock().now());
-    std::optional<std::uint32_t> publisher;
-    if (const auto shard = members_.find_trainer(h.from); shard != members_.trainers.end()) {
-      shard->second.last_published = std::max(shard->second.last_published, m.version);
-      publisher = shard->first;
-    }
-    updates_.published(m.version, publisher);
+    auto& shard = members_.trainers.at(m.shard);
+    shard.last_published = std::max(shard.last_published, m.version);
+    updates_.published(m.version, m.shard);
     fail_skipped_versions();
     resume();
   });

@@ -66,9 +66,9 @@ TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
   coordinator.stop_job();
 }
 
-/// The coordinator takes a shard's reports (offloaded, sent, done with its digests) from that
-/// shard only: another member's would count the shard done before it is, with digests of its
-/// choosing.
+/// The coordinator takes a shard's reports (publish started, offloaded, sent, done with its
+/// digests) from that shard only: another member's would start a version no shard published, or
+/// count the shard done before it is, with digests of its choosing.
 TEST(shard_reports, from_anyone_but_the_shard_are_dropped) {
   event_loop loop;
   virtual_environment env{loop};
@@ -84,6 +84,10 @@ TEST(shard_reports, from_anyone_but_the_shard_are_dropped) {
                               job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 4096});
   std::optional<version_report> delivered;
   coordinator.on_delivered = [&](const version_report& r) { delivered = r; };
+  std::vector<std::uint64_t> started;
+  coordinator.on_update = [&](std::uint64_t v, bool, const std::vector<node_id>&) {
+    started.push_back(v);
+  };
   coordinator.start();
   std::vector<std::byte> weights(10000), received(10000);
   for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 7 + 1);
@@ -100,12 +104,13 @@ TEST(shard_reports, from_anyone_but_the_shard_are_dropped) {
   loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
   ASSERT_TRUE(trainer.ready());
 
-  // Node 3 reports version 1 for shard 0 before the shard could: hours of stall and busy time,
-  // and a digest of its own.
+  // Node 3 says shard 0 published version 1000, and reports version 1 for it before the shard
+  // could: hours of stall and busy time, and a digest of its own.
   actor rogue(rogue_node, 1);
   rogue.set_epoch(coordinator.current_plan()->epoch);
   rogue.start();
   constexpr double hours = 7200;
+  rogue.send({0, 1}, publish_started{.shard = 0, .version = 1000});
   rogue.send({0, 1}, shard_offloaded{.shard = 0, .version = 1, .seconds = hours});
   rogue.send({0, 1}, shard_sent{.shard = 0, .version = 1, .send_seconds = hours});
   rogue.send({0, 1}, shard_done{.shard = 0,
@@ -115,16 +120,20 @@ TEST(shard_reports, from_anyone_but_the_shard_are_dropped) {
   std::string why;
   ASSERT_TRUE(trainer.publish(1, why)) << why;
   loop.run_until([&] { return delivered || !before(std::chrono::seconds(120)); });
+  const auto settled = env.clock().now() + std::chrono::seconds(10);
+  loop.run_until([&] { return env.clock().now() >= settled; });
 
   ASSERT_TRUE(delivered);
   EXPECT_EQ(delivered->version, 1u);
+  EXPECT_EQ(started, std::vector<std::uint64_t>{1});
+  EXPECT_EQ(trainer.next_version(), 2u);
   EXPECT_TRUE(delivered->verified);
   EXPECT_EQ(coordinator.digest_mismatches(), 0u);
   EXPECT_LT(delivered->offloaded_seconds, hours);
   EXPECT_LT(delivered->busy.offload, hours);
   EXPECT_LT(delivered->busy.send, hours);
   EXPECT_EQ(received, weights);
-  EXPECT_EQ(env.trace().instants().at("shard report not from its shard"), 3u);
+  EXPECT_EQ(env.trace().instants().at("shard report not from its shard"), 4u);
   coordinator.stop_job();
 }
 
