@@ -93,7 +93,7 @@ class job_coordinator final : public actor {
   void suspect(node_id node, const std::string& why, bool checked_again = false);
   void lost(node_id node, const std::string& why);
   /// Whether a report on trainer shard `shard` comes from that shard: another member's would
-  /// count a shard done, or set its digests, for it.
+  /// start a version the shard never published, or count it done, with digests of its choosing.
   bool from_shard(const envelope_header& h, std::uint32_t shard);
   /// Whether `worker` is a leader of its instance in the current plan.
   bool leads(const address& worker) const;
