@@ -101,9 +101,12 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
   handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
     if (!from_shard(h, m.shard)) return;
     verdicts_.publish_started(m.version, this->host().clock().now());
-    auto& shard = members_.trainers.at(m.shard);
-    shard.last_published = std::max(shard.last_published, m.version);
-    updates_.published(m.version, m.shard);
+    std::optional<std::uint32_t> publisher;  // none from a shard given up, whose frames a cut held
+    if (const auto shard = members_.find_trainer(h.from); shard != members_.trainers.end()) {
+      shard->second.last_published = std::max(shard->second.last_published, m.version);
+      publisher = shard->first;
+    }
+    updates_.published(m.version, publisher);
     fail_skipped_versions();
     resume();
   });
@@ -212,7 +215,7 @@ void job_coordinator::lost(node_id node, const std::string& why) {
       log::error("coordinator: update of version {} failed: {}", v, reason);
       if (!active->catch_up) updates_.fail(v);
       broadcast_all([&] { return update_failed{.version = v, .reason = reason}; });
-      updates_.abandon();
+      abandon_active();
       if (on_update_failed) on_update_failed(v, reason);
     }
     // Versions published but not yet sent can no longer complete either (a shard that comes back
@@ -238,8 +241,10 @@ void job_coordinator::lost(node_id node, const std::string& why) {
       in_force_ = false;
       complete_active(*plan_);
     } else if (held_active && plan_ && members_.workers.empty()) {
-      // The last to leave, before every shard reported: the shards' reports complete it.
-      left_holding_ = held_by_departed{.version = active->version, .under = *plan_};
+      // The last to leave, before every shard reported: the shards' reports complete it. No
+      // worker is left to plan for.
+      left_holding_ = held_by_departed{.version = active->version, .under = std::move(*plan_)};
+      plan_.reset();
     }
     return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
   }
@@ -248,6 +253,10 @@ void job_coordinator::lost(node_id node, const std::string& why) {
 bool job_coordinator::from_shard(const envelope_header& h, std::uint32_t shard) {
   const auto it = members_.trainers.find(shard);
   if (it != members_.trainers.end() && it->second.who == h.from) return true;
+  // Given up, its frames held by a cut link: what it reports is still its own.
+  const auto gone = members_.given_up.find(h.from.node);
+  if (gone != members_.given_up.end() && gone->second.who == h.from && gone->second.shard == shard)
+    return true;
   log::warn("coordinator: dropped trainer shard {}'s report from node {}, which is not that shard",
             shard, h.from.node);
   note("shard report not from its shard");
@@ -261,7 +270,7 @@ void job_coordinator::fail_version(std::uint64_t version, const std::string& rea
   if (on_update_failed) on_update_failed(version, reason);
   if (const auto& active = updates_.active(); active && active->version == version && !active->catch_up) {
     // Abandoned mid-update: a new epoch keeps its writes still in flight out of the next one's slots.
-    updates_.abandon();
+    abandon_active();
     regroup("version " + std::to_string(version) + " failed");
   }
 }
@@ -357,7 +366,6 @@ void job_coordinator::regroup(const std::string& reason) {
     plan_.reset();
     return;
   }
-  left_holding_.reset();  // a joiner is sent the active update under the new plan
   auto p = make_plan(in, why);
   if (!p) return fail_job("no plan: " + why);
   if (layout_ && *layout_ != p->layout) {
@@ -365,7 +373,7 @@ void job_coordinator::regroup(const std::string& reason) {
     // out for the old ones. Those versions fail; late joiners wait for the next version.
     const std::string relaid = "the chunk layout changed (a trainer's table, or a part no worker had registered)";
     log::warn("coordinator: epoch {}: {}", epoch(), relaid);
-    updates_.abandon();
+    abandon_active();
     for (const auto v : std::vector(updates_.pending().begin(), updates_.pending().end())) fail_version(v, relaid, true);
     for (auto& [shard, t] : members_.trainers) t.first_version = std::max(t.first_version, updates_.next_version());
   }
@@ -515,6 +523,11 @@ bool job_coordinator::holds_everywhere(std::uint64_t version) const {
                      [&](const auto& w) { return w.second.complete_version >= version; });
 }
 
+void job_coordinator::abandon_active() {
+  updates_.abandon();
+  left_holding_.reset();
+}
+
 void job_coordinator::complete_active(const plan& p) {
   const bool match = verdicts_.digests_match(
       updates_.active()->version, p, [this](std::uint32_t instance, std::uint32_t rank) {
@@ -522,6 +535,7 @@ void job_coordinator::complete_active(const plan& p) {
         return it == members_.workers.end() ? std::optional<address>() : it->second.who;
       });
   const auto done = updates_.complete();
+  left_holding_.reset();
   if (done.catch_up) {
     log::info("coordinator: late joiner(s) caught up with version {}{}", done.version, match ? ", digests match" : "");
   } else {

@@ -122,6 +122,9 @@ class job_coordinator final : public actor {
   bool holds_everywhere(std::uint64_t version) const;
   /// The active update is complete under `p`: delivered (or caught up), and the next one starts.
   void complete_active(const plan& p);
+  /// Drops the active update (it failed, or its layout changed) and what departed workers held of
+  /// it.
+  void abandon_active();
   void fail_job(const std::string& reason);
   template <class F>
   void broadcast_all(F make);
@@ -144,7 +147,8 @@ class job_coordinator final : public actor {
   std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
   /// The job's last worker left holding the active update before every shard had reported: no plan
   /// comes into force until a worker joins, so the shards' reports complete it under the plan it
-  /// was held under.
+  /// was held under, if no worker is in the job then (one that joined and left without it takes
+  /// nothing from it).
   struct held_by_departed {
     std::uint64_t version = 0;
     plan under;

@@ -34,6 +34,7 @@ struct departure_job {
   std::uint64_t delivered = 0;
   bool verified = false;
   std::uint64_t trainer_heard = 0;  ///< the version the trainer heard was delivered
+  std::uint64_t started = 0;        ///< the last version whose update started
 
   departure_job() {
     for (node_id id = 0; id < 5; ++id) {
@@ -49,6 +50,9 @@ struct departure_job {
     coordinator->on_delivered = [this](const version_report& r) {
       delivered = r.version;
       verified = r.verified;
+    };
+    coordinator->on_update = [this](std::uint64_t v, bool, const std::vector<node_id>&) {
+      started = v;
     };
     coordinator->start();
     for (std::size_t i = 0; i < weights.size(); ++i)
@@ -124,6 +128,64 @@ TEST(departure, a_worker_joining_after_them_is_sent_the_version_before_it_is_del
   EXPECT_EQ(joiner->version(), 1u);
   EXPECT_EQ(joiner_bytes, job.weights);
   EXPECT_TRUE(job.verified);
+  job.coordinator->stop_job();
+}
+
+/// A worker that joins after them and leaves before it holds the version takes nothing from it:
+/// the shard's report still delivers it to the workers that held it.
+TEST(departure, a_worker_joining_and_leaving_without_the_version_takes_nothing_from_it) {
+  departure_job job;
+  std::vector<std::byte> first_bytes, second_bytes, joiner_bytes;
+  const auto first = job.worker(2, 0, first_bytes);
+  const auto second = job.worker(3, 1, second_bytes);
+  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
+  std::string why;
+  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
+
+  ASSERT_TRUE(job.run_until([&] { return first->version() == 1 && second->version() == 1; }));
+  first->leave("done");
+  second->leave("done");
+  ASSERT_TRUE(job.run_until([&] { return !job.coordinator->current_plan(); }));
+  const auto joiner = job.worker(4, 0, joiner_bytes);
+  ASSERT_TRUE(
+      job.run_until([&] { return job.coordinator->current_plan().has_value(); }));  // planned for
+  joiner->leave("changed its mind");
+  ASSERT_TRUE(job.run_until([&] { return !job.coordinator->current_plan(); }));
+  ASSERT_EQ(job.delivered, 0u)
+      << "the shard reported before the joiner left: this test no longer tests it";
+
+  EXPECT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
+  EXPECT_EQ(job.delivered, 1u);
+  EXPECT_EQ(joiner->version(), 0u);
+  EXPECT_EQ(first_bytes, job.weights);
+  EXPECT_EQ(second_bytes, job.weights);
+  job.coordinator->stop_job();
+}
+
+/// Workers that leave as the update starts, before any chunk reaches them, leave the version to
+/// the next worker to join: the shard's report alone delivers nothing.
+TEST(departure, workers_leaving_without_the_version_leave_it_to_the_next_joiner) {
+  departure_job job;
+  std::vector<std::byte> first_bytes, second_bytes, joiner_bytes;
+  const auto first = job.worker(2, 0, first_bytes);
+  const auto second = job.worker(3, 1, second_bytes);
+  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
+  std::string why;
+  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
+  ASSERT_TRUE(job.run_until([&] { return job.started == 1; }));
+  first->leave("gone early");
+  second->leave("gone early");
+
+  const auto later = job.env.clock().now() + std::chrono::seconds(1);  // the shard's report is in
+  job.run_until([&] { return job.env.clock().now() >= later; });
+  EXPECT_EQ(job.delivered, 0u);
+  EXPECT_EQ(first->version(), 0u);
+
+  const auto joiner = job.worker(4, 0, joiner_bytes);
+  ASSERT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
+  EXPECT_EQ(job.delivered, 1u);
+  EXPECT_EQ(joiner->version(), 1u);
+  EXPECT_EQ(joiner_bytes, job.weights);
   job.coordinator->stop_job();
 }
 
