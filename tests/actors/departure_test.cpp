@@ -21,30 +21,16 @@ namespace {
 
 constexpr std::uint64_t model_bytes = 1 << 20;
 
-struct departure_job {
-  event_loop loop;
-  // 100 MB/s: the shard's digest of 1 MiB takes 10 ms, a chunk's apply 0.2 ms.
-  virtual_environment env{loop, cpu_cost_model{.bytes_per_second = 100e6}};
-  inproc_network network;
-  std::vector<std::unique_ptr<node>> nodes;
-  std::unique_ptr<job_coordinator> coordinator;
-  std::vector<std::byte> weights = std::vector<std::byte>(model_bytes);
-  tensor_spec spec = make_tensor_spec("w", dtype::u8, {model_bytes});
-  std::unique_ptr<trainer_shard> trainer;
-  std::uint64_t delivered = 0;
-  bool verified = false;
-  std::uint64_t trainer_heard = 0;  ///< the version the trainer heard was delivered
-  std::uint64_t started = 0;        ///< the last version whose update started
-
-  departure_job() {
+/// A trainer shard and an instance of two workers, on virtual time, with version 1 published.
+class departure : public ::testing::Test {
+ protected:
+  void SetUp() override {
     for (node_id id = 0; id < 5; ++id) {
       nodes.push_back(
           std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
-      EXPECT_FALSE(nodes.back()->start());
-      if (id > 0) {
-        EXPECT_FALSE(network.find(id)->add_peer(0, "0"));
-      }
+      ASSERT_FALSE(nodes.back()->start());
     }
+    for (node_id id = 1; id < 5; ++id) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
     coordinator = std::make_unique<job_coordinator>(
         *nodes[0], 1, job_shape{.trainers = 1, .instance_sizes = {2}, .chunk_bytes = 16384});
     coordinator->on_delivered = [this](const version_report& r) {
@@ -62,6 +48,11 @@ struct departure_job {
         std::vector<tensor_ref>{{.spec = spec, .data = weights.data()}});
     trainer->on_delivered = [this](std::uint64_t v, bool) { trainer_heard = v; };
     trainer->join();
+    first = worker(2, 0, first_bytes);
+    second = worker(3, 1, second_bytes);
+    ASSERT_TRUE(run_until([&] { return trainer->ready(); }));
+    std::string why;
+    ASSERT_TRUE(trainer->publish(1, why)) << why;
   }
 
   /// A worker of instance 0 on node `id`, writing into `bytes`; digests off, so it reports the
@@ -82,111 +73,95 @@ struct departure_job {
         [&] { return done() || env.clock().now() >= clock::time_point(std::chrono::seconds(60)); });
     return done();
   }
+
+  /// Both workers take version 1 and leave at once, before the shard reports it.
+  void both_take_it_and_leave() {
+    ASSERT_TRUE(run_until([&] { return first->version() == 1 && second->version() == 1; }));
+    first->leave("done");
+    second->leave("done");
+    ASSERT_TRUE(
+        run_until([&] { return !coordinator->current_plan(); }));  // no worker left to plan for
+    ASSERT_EQ(delivered, 0u)
+        << "the shard reported before the workers left: this test no longer tests the race";
+  }
+
+  event_loop loop;
+  // 100 MB/s: the shard's digest of 1 MiB takes 10 ms, a chunk's apply 0.2 ms.
+  virtual_environment env{loop, cpu_cost_model{.bytes_per_second = 100e6}};
+  inproc_network network;
+  std::vector<std::unique_ptr<node>> nodes;
+  std::unique_ptr<job_coordinator> coordinator;
+  std::vector<std::byte> weights = std::vector<std::byte>(model_bytes);
+  tensor_spec spec = make_tensor_spec("w", dtype::u8, {model_bytes});
+  std::unique_ptr<trainer_shard> trainer;
+  std::vector<std::byte> first_bytes, second_bytes, joiner_bytes;
+  std::unique_ptr<rollout_worker> first, second;
+  std::uint64_t delivered = 0;
+  bool verified = false;
+  std::uint64_t trainer_heard = 0;  ///< the version the trainer heard was delivered
+  std::uint64_t started = 0;        ///< the last version whose update started
 };
 
-TEST(departure, the_last_workers_leaving_with_a_version_before_the_shard_reports_it_deliver_it) {
-  departure_job job;
-  std::vector<std::byte> first_bytes, second_bytes;
-  const auto first = job.worker(2, 0, first_bytes);
-  const auto second = job.worker(3, 1, second_bytes);
-  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
-  std::string why;
-  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
+TEST_F(departure, the_last_workers_leaving_with_a_version_before_the_shard_reports_it_deliver_it) {
+  both_take_it_and_leave();
 
-  ASSERT_TRUE(job.run_until([&] { return first->version() == 1 && second->version() == 1; }));
-  first->leave("done");
-  second->leave("done");
-  ASSERT_TRUE(job.run_until(
-      [&] { return !job.coordinator->current_plan(); }));  // no worker left to plan for
-  ASSERT_EQ(job.delivered, 0u)
-      << "the shard reported before the workers left: this test no longer tests the race";
-
-  EXPECT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
-  EXPECT_EQ(job.delivered, 1u);
-  EXPECT_TRUE(job.verified);
-  EXPECT_EQ(first_bytes, job.weights);
-  EXPECT_EQ(second_bytes, job.weights);
-  job.coordinator->stop_job();
+  EXPECT_TRUE(run_until([&] { return trainer_heard == 1; }));
+  EXPECT_EQ(delivered, 1u);
+  EXPECT_TRUE(verified);
+  EXPECT_EQ(first_bytes, weights);
+  EXPECT_EQ(second_bytes, weights);
+  coordinator->stop_job();
 }
 
 /// A worker that joins before the shard reports is under a new plan: the version is resent to it,
 /// and delivered once it holds it.
-TEST(departure, a_worker_joining_after_them_is_sent_the_version_before_it_is_delivered) {
-  departure_job job;
-  std::vector<std::byte> first_bytes, second_bytes, joiner_bytes;
-  const auto first = job.worker(2, 0, first_bytes);
-  const auto second = job.worker(3, 1, second_bytes);
-  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
-  std::string why;
-  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
+TEST_F(departure, a_worker_joining_after_them_is_sent_the_version_before_it_is_delivered) {
+  both_take_it_and_leave();
+  const auto joiner = worker(4, 0, joiner_bytes);
 
-  ASSERT_TRUE(job.run_until([&] { return first->version() == 1 && second->version() == 1; }));
-  first->leave("done");
-  second->leave("done");
-  const auto joiner = job.worker(4, 0, joiner_bytes);
-  ASSERT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
+  ASSERT_TRUE(run_until([&] { return trainer_heard == 1; }));
   EXPECT_EQ(joiner->version(), 1u);
-  EXPECT_EQ(joiner_bytes, job.weights);
-  EXPECT_TRUE(job.verified);
-  job.coordinator->stop_job();
+  EXPECT_EQ(joiner_bytes, weights);
+  EXPECT_TRUE(verified);
+  coordinator->stop_job();
 }
 
 /// A worker that joins after them and leaves before it holds the version takes nothing from it:
 /// the shard's report still delivers it to the workers that held it.
-TEST(departure, a_worker_joining_and_leaving_without_the_version_takes_nothing_from_it) {
-  departure_job job;
-  std::vector<std::byte> first_bytes, second_bytes, joiner_bytes;
-  const auto first = job.worker(2, 0, first_bytes);
-  const auto second = job.worker(3, 1, second_bytes);
-  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
-  std::string why;
-  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
-
-  ASSERT_TRUE(job.run_until([&] { return first->version() == 1 && second->version() == 1; }));
-  first->leave("done");
-  second->leave("done");
-  ASSERT_TRUE(job.run_until([&] { return !job.coordinator->current_plan(); }));
-  const auto joiner = job.worker(4, 0, joiner_bytes);
-  ASSERT_TRUE(
-      job.run_until([&] { return job.coordinator->current_plan().has_value(); }));  // planned for
+TEST_F(departure, a_worker_joining_and_leaving_without_the_version_takes_nothing_from_it) {
+  both_take_it_and_leave();
+  const auto joiner = worker(4, 0, joiner_bytes);
+  ASSERT_TRUE(run_until([&] { return coordinator->current_plan().has_value(); }));  // planned for
   joiner->leave("changed its mind");
-  ASSERT_TRUE(job.run_until([&] { return !job.coordinator->current_plan(); }));
-  ASSERT_EQ(job.delivered, 0u)
+  ASSERT_TRUE(run_until([&] { return !coordinator->current_plan(); }));
+  ASSERT_EQ(delivered, 0u)
       << "the shard reported before the joiner left: this test no longer tests it";
 
-  EXPECT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
-  EXPECT_EQ(job.delivered, 1u);
+  EXPECT_TRUE(run_until([&] { return trainer_heard == 1; }));
+  EXPECT_EQ(delivered, 1u);
   EXPECT_EQ(joiner->version(), 0u);
-  EXPECT_EQ(first_bytes, job.weights);
-  EXPECT_EQ(second_bytes, job.weights);
-  job.coordinator->stop_job();
+  EXPECT_EQ(first_bytes, weights);
+  EXPECT_EQ(second_bytes, weights);
+  coordinator->stop_job();
 }
 
 /// Workers that leave as the update starts, before any chunk reaches them, leave the version to
 /// the next worker to join: the shard's report alone delivers nothing.
-TEST(departure, workers_leaving_without_the_version_leave_it_to_the_next_joiner) {
-  departure_job job;
-  std::vector<std::byte> first_bytes, second_bytes, joiner_bytes;
-  const auto first = job.worker(2, 0, first_bytes);
-  const auto second = job.worker(3, 1, second_bytes);
-  ASSERT_TRUE(job.run_until([&] { return job.trainer->ready(); }));
-  std::string why;
-  ASSERT_TRUE(job.trainer->publish(1, why)) << why;
-  ASSERT_TRUE(job.run_until([&] { return job.started == 1; }));
+TEST_F(departure, workers_leaving_without_the_version_leave_it_to_the_next_joiner) {
+  ASSERT_TRUE(run_until([&] { return started == 1; }));
   first->leave("gone early");
   second->leave("gone early");
-
-  const auto later = job.env.clock().now() + std::chrono::seconds(1);  // the shard's report is in
-  job.run_until([&] { return job.env.clock().now() >= later; });
-  EXPECT_EQ(job.delivered, 0u);
+  const auto later = env.clock().now() + std::chrono::seconds(1);  // the shard's report is in
+  run_until([&] { return env.clock().now() >= later; });
+  EXPECT_EQ(delivered, 0u);
   EXPECT_EQ(first->version(), 0u);
 
-  const auto joiner = job.worker(4, 0, joiner_bytes);
-  ASSERT_TRUE(job.run_until([&] { return job.trainer_heard == 1; }));
-  EXPECT_EQ(job.delivered, 1u);
+  const auto joiner = worker(4, 0, joiner_bytes);
+  ASSERT_TRUE(run_until([&] { return trainer_heard == 1; }));
+  EXPECT_EQ(delivered, 1u);
   EXPECT_EQ(joiner->version(), 1u);
-  EXPECT_EQ(joiner_bytes, job.weights);
-  job.coordinator->stop_job();
+  EXPECT_EQ(joiner_bytes, weights);
+  coordinator->stop_job();
 }
 
 }  // namespace

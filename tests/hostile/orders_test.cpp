@@ -16,7 +16,34 @@
 namespace ferry {
 namespace {
 
-TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
+/// A job of one trainer shard and one worker, ready on virtual time, and node 3: linked to the
+/// coordinator like a member, but neither the coordinator nor the shard.
+class one_shard_one_worker : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (auto* n : {&hub, &trainer_node, &worker_node, &rogue_node}) ASSERT_FALSE(n->start());
+    for (node_id id : {1, 2, 3}) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
+    coordinator.on_delivered = [this](const version_report& r) { delivered = r; };
+    coordinator.on_update = [this](std::uint64_t v, bool, const std::vector<node_id>&) {
+      started.push_back(v);
+    };
+    coordinator.start();
+    for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 7 + 1);
+    trainer.join();
+    worker.join();
+    loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
+    ASSERT_TRUE(trainer.ready());
+  }
+  bool before(std::chrono::seconds limit) { return env.clock().now() < clock::time_point(limit); }
+  /// Publishes version 1, waits for its delivery, then 10 s more for anything that follows it.
+  void publish_and_settle() {
+    std::string why;
+    ASSERT_TRUE(trainer.publish(1, why)) << why;
+    loop.run_until([&] { return delivered || !before(std::chrono::seconds(120)); });
+    const auto settled = env.clock().now() + std::chrono::seconds(10);
+    loop.run_until([&] { return env.clock().now() >= settled; });
+  }
+
   event_loop loop;
   virtual_environment env{loop};
   inproc_network network;
@@ -24,27 +51,26 @@ TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
   node trainer_node{env, 1, inproc_transport::make(env, network, 1), protocol()};
   node worker_node{env, 2, inproc_transport::make(env, network, 2), protocol()};
   node rogue_node{env, 3, inproc_transport::make(env, network, 3), protocol()};
-  for (auto* n : {&hub, &trainer_node, &worker_node, &rogue_node}) ASSERT_FALSE(n->start());
-  for (node_id id : {1, 2, 3}) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
-  for (node_id id : {1, 2}) ASSERT_FALSE(rogue_node.transport().add_peer(id, std::to_string(id)));
+  job_coordinator coordinator{hub, 1,
+                              job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 4096}};
+  std::optional<version_report> delivered;
+  std::vector<std::uint64_t> started;  ///< the versions whose update the coordinator started
+  std::vector<std::byte> weights = std::vector<std::byte>(10000),
+                         received = std::vector<std::byte>(10000);
+  tensor_spec spec = make_tensor_spec("w", dtype::u8, {10000});
+  trainer_shard trainer{trainer_node, 1, {0, 1}, 0, {{.spec = spec, .data = weights.data()}}};
+  rollout_worker worker{worker_node,
+                        1,
+                        {0, 1},
+                        0,
+                        0,
+                        std::vector<tensor_ref>{{.spec = spec, .data = received.data()}},
+                        worker_options{.make_broadcast = host_chain(chain_tag)}};
+};
 
-  job_coordinator coordinator(hub, 1, job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 4096});
-  std::uint64_t delivered = 0;
-  coordinator.on_delivered = [&](const version_report& r) { delivered = r.version; };
-  coordinator.start();
-  std::vector<std::byte> weights(10000), received(10000);
-  for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 7 + 1);
-  const auto spec = make_tensor_spec("w", dtype::u8, {10000});
-  trainer_shard trainer(trainer_node, 1, {0, 1}, 0, {{.spec = spec, .data = weights.data()}});
-  rollout_worker worker(worker_node, 1, {0, 1}, 0, 0, std::vector<tensor_ref>{{.spec = spec, .data = received.data()}},
-                        worker_options{.make_broadcast = host_chain(chain_tag)});
-  trainer.join();
-  worker.join();
-  const auto before = [&](std::chrono::seconds limit) { return env.clock().now() < clock::time_point(limit); };
-  loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
-  ASSERT_TRUE(trainer.ready());
-
+TEST_F(one_shard_one_worker, orders_from_a_member_other_than_the_coordinator_are_dropped) {
   // Node 3 is a member of the job's network, not its coordinator: every order it gives is dropped.
+  for (node_id id : {1, 2}) ASSERT_FALSE(rogue_node.transport().add_peer(id, std::to_string(id)));
   actor rogue(rogue_node, 1);
   rogue.start();
   for (const address to : {address{1, 1}, address{2, 1}}) {
@@ -54,11 +80,10 @@ TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
     rogue.send(to, update_failed{.version = 1, .reason = "a rogue says version 1 failed"});
   }
   rogue.send({1, 1}, version_delivered{.version = 1, .verified = false});
-  std::string why;
-  ASSERT_TRUE(trainer.publish(1, why)) << why;
-  loop.run_until([&] { return delivered == 1 || !before(std::chrono::seconds(120)); });
+  publish_and_settle();
 
-  EXPECT_EQ(delivered, 1u);
+  ASSERT_TRUE(delivered);
+  EXPECT_EQ(delivered->version, 1u);
   EXPECT_EQ(received, weights);
   EXPECT_FALSE(trainer.failed() || trainer.stopped());
   EXPECT_FALSE(worker.failed() || worker.stopped());
@@ -69,41 +94,7 @@ TEST(job_orders, from_a_member_other_than_the_coordinator_are_dropped) {
 /// The coordinator takes a shard's reports (publish started, offloaded, sent, done with its
 /// digests) from that shard only: another member's would start a version no shard published, or
 /// count the shard done before it is, with digests of its choosing.
-TEST(shard_reports, from_anyone_but_the_shard_are_dropped) {
-  event_loop loop;
-  virtual_environment env{loop};
-  inproc_network network;
-  node hub{env, 0, inproc_transport::make(env, network, 0), protocol()};
-  node trainer_node{env, 1, inproc_transport::make(env, network, 1), protocol()};
-  node worker_node{env, 2, inproc_transport::make(env, network, 2), protocol()};
-  node rogue_node{env, 3, inproc_transport::make(env, network, 3), protocol()};
-  for (auto* n : {&hub, &trainer_node, &worker_node, &rogue_node}) ASSERT_FALSE(n->start());
-  for (node_id id : {1, 2, 3}) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
-
-  job_coordinator coordinator(hub, 1,
-                              job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 4096});
-  std::optional<version_report> delivered;
-  coordinator.on_delivered = [&](const version_report& r) { delivered = r; };
-  std::vector<std::uint64_t> started;
-  coordinator.on_update = [&](std::uint64_t v, bool, const std::vector<node_id>&) {
-    started.push_back(v);
-  };
-  coordinator.start();
-  std::vector<std::byte> weights(10000), received(10000);
-  for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 7 + 1);
-  const auto spec = make_tensor_spec("w", dtype::u8, {10000});
-  trainer_shard trainer(trainer_node, 1, {0, 1}, 0, {{.spec = spec, .data = weights.data()}});
-  rollout_worker worker(worker_node, 1, {0, 1}, 0, 0,
-                        std::vector<tensor_ref>{{.spec = spec, .data = received.data()}},
-                        worker_options{.make_broadcast = host_chain(chain_tag)});
-  trainer.join();
-  worker.join();
-  const auto before = [&](std::chrono::seconds limit) {
-    return env.clock().now() < clock::time_point(limit);
-  };
-  loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
-  ASSERT_TRUE(trainer.ready());
-
+TEST_F(one_shard_one_worker, shard_reports_from_anyone_but_the_shard_are_dropped) {
   // Node 3 says shard 0 published version 1000, and reports version 1 for it before the shard
   // could: hours of stall and busy time, and a digest of its own.
   actor rogue(rogue_node, 1);
@@ -117,11 +108,7 @@ TEST(shard_reports, from_anyone_but_the_shard_are_dropped) {
                                 .version = 1,
                                 .busy = {.offload = hours},
                                 .digests = {{.segment = 0, .low = 1, .high = 2}}});
-  std::string why;
-  ASSERT_TRUE(trainer.publish(1, why)) << why;
-  loop.run_until([&] { return delivered || !before(std::chrono::seconds(120)); });
-  const auto settled = env.clock().now() + std::chrono::seconds(10);
-  loop.run_until([&] { return env.clock().now() >= settled; });
+  publish_and_settle();
 
   ASSERT_TRUE(delivered);
   EXPECT_EQ(delivered->version, 1u);
