@@ -92,8 +92,9 @@ class job_coordinator final : public actor {
   /// checked once more if it is not yet (a live one goes on heartbeating and is left alone).
   void suspect(node_id node, const std::string& why, bool checked_again = false);
   void lost(node_id node, const std::string& why);
-  /// Whether a report on trainer shard `shard` comes from that shard: another member's would
-  /// start a version the shard never published, or count it done, with digests of its choosing.
+  /// Whether a report on trainer shard `shard` comes from that shard, a member now or given up:
+  /// another member's would start a version the shard never published, or count it done, with
+  /// digests of its choosing.
   bool from_shard(const envelope_header& h, std::uint32_t shard);
   /// Whether `worker` is a leader of its instance in the current plan.
   bool leads(const address& worker) const;
