@@ -1,11 +1,12 @@
 /// A job's last workers may take a version and leave at once, before the trainer's shard reports
-/// it (its digests take a while): no plan comes into force while no worker is left, yet the
-/// version is on every worker that ever held it and must be delivered. On virtual time, where a
-/// slow CPU puts the shard's report after both leaves, every run the same.
+/// it (its digests take a while): no plan comes into force while no worker is left, yet each of
+/// them held the version, so the shard's report must deliver it. On virtual time, where a slow
+/// CPU puts the shard's report after both leaves, every run the same.
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "actors/coordinator.hpp"
