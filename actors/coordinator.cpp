@@ -36,7 +36,11 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     add_peer(h.from, m.transport_address);
     readmit(h.from);
     const bool replacing = members_.trainers.contains(m.shard);
-    members_.trainers[m.shard] = {h.from, m.transport_address, m.tensors, started_ ? updates_.next_version() : 1};
+    members_.trainers[m.shard] = {.who = h.from,
+                                  .transport_address = m.transport_address,
+                                  .tensors = m.tensors,
+                                  .place = m.place,
+                                  .first_version = started_ ? updates_.next_version() : 1};
     if (started_) {
       regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") + " (node " +
               std::to_string(h.from.node) + ")");
@@ -60,7 +64,8 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     members_.workers[{m.instance, m.rank}] = {.who = h.from,
                                               .transport_address = m.transport_address,
                                               .table = std::move(table),
-                                              .on_device = m.on_device};
+                                              .on_device = m.on_device,
+                                              .place = m.place};
     if (started_) {
       const bool new_instance = !instances_seen_.contains(m.instance);
       regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")" +
@@ -320,11 +325,13 @@ void job_coordinator::regroup(const std::string& reason) {
                  .depth = shape_.depth,
                  .require_coverage = shape_.require_coverage && !started_,
                  .limits = shape_.limits,
-                 .shared_host_copies = shape_.shared_host_copies};
+                 .shared_host_copies = shape_.shared_host_copies,
+                 .p2p = shape_.p2p};
   std::vector<tensor_spec> published;
   for (const auto& [rank, t] : members_.trainers) {
     in.shards.push_back(t.who);
     in.shard_tensors.push_back(t.tensors);
+    in.shard_places.push_back(t.place);
     published.insert(published.end(), t.tensors.begin(), t.tensors.end());
   }
   const published_tensors by_name(published);
@@ -348,7 +355,10 @@ void job_coordinator::regroup(const std::string& reason) {
     const std::uint32_t i = first->first.first;
     const auto end = members_.workers.lower_bound({i + 1, 0});
     instance_plan inst{.id = i};
-    for (auto w = first; w != end; ++w) inst.workers.push_back(w->second.who);
+    for (auto w = first; w != end; ++w) {
+      inst.workers.push_back(w->second.who);
+      inst.places.push_back(w->second.place);
+    }
     first = end;
     const bool on_devices = std::all_of(members_.workers.begin(), members_.workers.end(),
                                         [&](const auto& e) { return e.first.first != i || e.second.on_device; });
@@ -386,10 +396,12 @@ void job_coordinator::regroup(const std::string& reason) {
     peers.push_back({w.who.node, w.transport_address});
     w.ready = false;
   }
+  const auto pairs = plan_->device_direct_pairs();
   log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} instance(s), {} worker(s), "
-            "{} leader(s) in instance {}",
+            "{} leader(s) in instance {}, {} of {} trainer-worker pairs GPU to GPU (p2p {})",
             epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
-            plan_->instances.size(), members_.workers.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id);
+            plan_->instances.size(), members_.workers.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id,
+            pairs.device_direct, pairs.all, p2p_mode_name(plan_->p2p));
   send_plan(plan_ready{.plan = *plan_, .peers = peers});
 }
 

@@ -34,6 +34,10 @@ struct job_shape {
   /// each chunk in place instead of receiving a write: no point-to-point copy. Every trainer and
   /// leader must share one host.
   bool shared_host_copies = false;
+  /// How chunks go between a trainer and a worker that both hold their tensors on GPUs: GPU to
+  /// GPU on one host where the worker's GPU reads the trainer's (automatic), always where they
+  /// share a host (device), or through host memory (host).
+  p2p_mode p2p = p2p_mode::automatic;
   /// With workers that register part of the table: every instance's members together must
   /// register every published byte (checked once, when the job starts).
   bool require_coverage = true;

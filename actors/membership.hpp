@@ -22,6 +22,7 @@ class job_membership {
     address who;
     std::string transport_address;
     std::vector<tensor_spec> tensors;
+    device_place place;
     std::uint64_t first_version = 1;  ///< the oldest version its host copies can hold (it joined then)
     std::uint64_t last_published = 0;
   };
@@ -36,6 +37,7 @@ class job_membership {
     std::string transport_address;
     std::shared_ptr<const worker_table> table;
     bool on_device = false;
+    device_place place;
     bool ready = false;
     std::optional<region_desc> slots;
     std::uint32_t direct_slot = 0;  ///< the first of the slots for chunks sent to it alone

@@ -7,6 +7,7 @@
 
 #include "actors/plan.hpp"
 #include "actors/tensor.hpp"
+#include "runtime/device_memory.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/message_registry.hpp"
 #include "runtime/shared_vector.hpp"
@@ -53,7 +54,8 @@ struct register_trainer {
   std::uint32_t shard = 0;
   std::string transport_address;
   std::vector<tensor_spec> tensors;
-  FERRY_DEFINE_MAP(shard, transport_address, tensors)
+  device_place place;  ///< where the tensors live: the plan reads GPU to GPU where it can
+  FERRY_DEFINE_MAP(shard, transport_address, tensors, place)
 };
 
 /// Rollout worker -> coordinator: where it sits and the tensors it expects. Workers of a process
@@ -68,7 +70,8 @@ struct register_worker {
   /// The bytes of each tensor it holds (parallel to `tensors`; empty: all of every one). A worker
   /// that registers part of the table receives only that part.
   shared_vector<byte_range> parts;
-  FERRY_DEFINE_MAP(instance, rank, transport_address, tensors, on_device, parts)
+  device_place place;  ///< where the tensors live: the plan reads GPU to GPU where it can
+  FERRY_DEFINE_MAP(instance, rank, transport_address, tensors, on_device, parts, place)
 };
 
 /// Coordinator -> everyone: the plan of this epoch and how to reach every node.
@@ -178,12 +181,18 @@ struct chunk_sent {
   /// stripe's offset from there); the slot is then only the credit. `source.pid` 0: written.
   shared_memory_ref source;
   std::uint64_t source_offset = 0;
+  /// Device-direct: the chunk lies at `source_offset` in the trainer's device copies, which the
+  /// leader maps and copies from GPU to GPU; nothing is written, no checksum travels (the bytes
+  /// never reach host memory; the version's digests still check them). `device_source.pid` 0: none.
+  shared_device_ref device_source;
+  /// Whether the leader reads the chunk in place rather than from a write into its slot.
+  bool in_place() const { return source.pid != 0 || device_source.pid != 0; }
   /// A chunk that some, not all, of an instance's members hear travels from the trainer to the
   /// first of them and on along a chain: the receiver writes it into `relay.front()`'s slot and
   /// tells that worker, with the rest of the chain. A relayed chunk_sent comes from the previous
   /// worker of the chain.
   std::vector<relay_hop> relay;
-  FERRY_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset, relay)
+  FERRY_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset, device_source, relay)
 };
 
 /// Leader -> trainer: receive slot `slot`, which held a chunk of `version`, is free again (the

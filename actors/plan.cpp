@@ -44,6 +44,53 @@ std::vector<std::uint32_t> plan::chunks_of(std::uint32_t shard) const {
   return ids;
 }
 
+std::string_view p2p_mode_name(p2p_mode mode) {
+  switch (mode) {
+    case p2p_mode::device: return "device";
+    case p2p_mode::host: return "host";
+    default: return "auto";
+  }
+}
+
+std::optional<p2p_mode> parse_p2p_mode(std::string_view name) {
+  for (auto mode : {p2p_mode::automatic, p2p_mode::device, p2p_mode::host})
+    if (name == p2p_mode_name(mode)) return mode;
+  return std::nullopt;
+}
+
+bool reads_device_direct(p2p_mode mode, const device_place& shard, const device_place& worker) {
+  if (mode == p2p_mode::host || shard.gpu.empty() || worker.gpu.empty() || shard.host == 0 || shard.host != worker.host)
+    return false;
+  if (mode == p2p_mode::device || shard.gpu == worker.gpu) return true;
+  return mode == p2p_mode::automatic && std::find(worker.reads.begin(), worker.reads.end(), shard.gpu) != worker.reads.end();
+}
+
+bool plan::device_direct(std::uint32_t shard, const instance_plan& inst, std::size_t rank) const {
+  if (shard >= shard_places.size() || rank >= inst.places.size()) return false;
+  return reads_device_direct(p2p, shard_places[shard], inst.places[rank]);
+}
+
+plan::shard_copies plan::copies_of(std::uint32_t shard) const {
+  shard_copies kept;
+  for (const auto& inst : instances) {
+    for (std::size_t r = 0; r < inst.workers.size(); ++r) (device_direct(shard, inst, r) ? kept.device : kept.host) = true;
+  }
+  return kept;
+}
+
+plan::pair_count plan::device_direct_pairs() const {
+  pair_count n;
+  for (std::uint32_t s = 0; s < shards.size(); ++s) {
+    for (const auto& inst : instances) {
+      for (std::size_t r = 0; r < inst.workers.size(); ++r) {
+        ++n.all;
+        n.device_direct += device_direct(s, inst, r);
+      }
+    }
+  }
+  return n;
+}
+
 bool plan::hears(std::uint32_t audience, const address& worker) const {
   if (audience == 0) return true;
   const auto& who = audiences.at(audience);
@@ -233,9 +280,16 @@ std::uint64_t layout_digest(const plan& p) {
 std::uint64_t plan_digest(const plan& p) {
   return digest_of([&](auto add) {
     for (auto v : {p.layout, std::uint64_t{p.epoch}, p.chunk_bytes, std::uint64_t{p.depth},
-                   std::uint64_t{p.shared_host_copies}}) {
+                   std::uint64_t{p.shared_host_copies}, static_cast<std::uint64_t>(p.p2p)}) {
       add(v);
     }
+    auto add_place = [&](const device_place& place) {
+      add(place.host);
+      add(place.gpu);
+      add(place.reads.size());
+      for (const auto& gpu : place.reads) add(gpu);
+    };
+    for (const auto& place : p.shard_places) add_place(place);
     auto add_address = [&](const address& a) {
       add(a.node);
       add(a.actor);
@@ -245,6 +299,7 @@ std::uint64_t plan_digest(const plan& p) {
       add(inst.id);
       for (const auto& w : inst.workers) add_address(w);
       for (const auto l : inst.leaders) add(l);
+      for (const auto& place : inst.places) add_place(place);
     }
     for (const auto& who : p.audiences) {
       add(who.size());
@@ -353,6 +408,12 @@ result<void> check_plan_inputs(const plan_inputs& in, std::string& why) {
     return refuse(why, "a plan needs at least one trainer shard");
   }
   if (in.instances.empty()) return refuse(why, "a plan needs at least one rollout instance");
+  if (!in.shard_places.empty() && in.shard_places.size() != in.shards.size())
+    return refuse(why, "a plan needs a place for every trainer shard, or none");
+  for (const auto& inst : in.instances) {
+    if (!inst.places.empty() && inst.places.size() != inst.workers.size())
+      return refuse(why, "instance " + std::to_string(inst.id) + " needs a place for every worker, or none");
+  }
 
   std::uint64_t tensor_count = 0, chunk_count = 0;
   for (const auto& table : in.shard_tensors) {
@@ -435,6 +496,8 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
   p.chunk_bytes = in.chunk_bytes;
   p.depth = in.depth;
   p.shared_host_copies = in.shared_host_copies;
+  p.p2p = in.p2p;
+  p.shard_places = in.shard_places;
   p.shards = in.shards;
   std::unordered_map<std::string_view, std::uint32_t> owner_of;  // views into `in`'s tables
   std::size_t tensors = 0;

@@ -27,9 +27,32 @@
 #include <vector>
 
 #include "actors/tensor.hpp"
+#include "runtime/device_memory.hpp"
 #include "runtime/transport.hpp"
 
 namespace ferry {
+
+/// How a trainer shard's chunks reach a worker when both hold their tensors on GPUs.
+enum class p2p_mode : std::uint8_t {
+  /// GPU to GPU where both GPUs are on one host and the worker's reads the trainer's (peer
+  /// access, or the same GPU); through host memory otherwise.
+  automatic,
+  /// GPU to GPU wherever both GPUs are on one host; a worker whose GPU cannot read the trainer's
+  /// fails the job, naming both.
+  device,
+  /// Always through the trainer's host copy.
+  host,
+};
+
+/// "auto", "device", "host".
+std::string_view p2p_mode_name(p2p_mode mode);
+/// The mode named `name` (as `p2p_mode_name` spells it); nullopt for any other.
+std::optional<p2p_mode> parse_p2p_mode(std::string_view name);
+
+/// Whether a worker placed at `worker` reads the chunks of a trainer shard placed at `shard`
+/// straight from the shard's device copies under `mode` (device-direct), rather than from its
+/// host copy.
+bool reads_device_direct(p2p_mode mode, const device_place& shard, const device_place& worker);
 
 inline constexpr std::uint64_t tensor_alignment = 256;
 inline constexpr std::uint64_t default_chunk_bytes = 64ull << 20;
@@ -93,7 +116,8 @@ struct instance_plan {
   std::uint32_t id = 0;
   std::vector<address> workers;
   std::vector<std::uint32_t> leaders;  ///< ranks into `workers`, stripe order; k = leaders.size()
-  FERRY_DEFINE_MAP(id, workers, leaders)
+  std::vector<device_place> places;    ///< where each worker's tensors live (empty: host memory)
+  FERRY_DEFINE_MAP(id, workers, leaders, places)
 };
 
 struct plan {
@@ -113,8 +137,10 @@ struct plan {
   std::vector<instance_plan> instances;
   /// Trainers keep their host copies in shared memory and leaders read chunks there in place.
   bool shared_host_copies = false;
+  p2p_mode p2p = p2p_mode::automatic;
+  std::vector<device_place> shard_places;  ///< where each shard's tensors live (empty: host memory)
   FERRY_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments,
-                   audiences, instances, shared_host_copies)
+                   audiences, instances, shared_host_copies, p2p, shard_places)
 
   /// Bytes the trainers send once: every chunk's.
   std::uint64_t total_bytes() const;
@@ -136,6 +162,21 @@ struct plan {
   receive_share receive_shares() const;
   /// Ids of the chunks `shard` sources, in send order: each audience's spread evenly over it.
   std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
+  /// Whether worker `rank` of `inst` reads `shard`'s chunks from the shard's device copies.
+  bool device_direct(std::uint32_t shard, const instance_plan& inst, std::size_t rank) const;
+  /// What copies `shard` keeps: device copies for the workers that read it device-direct, a host
+  /// copy for the others.
+  struct shard_copies {
+    bool host = false;
+    bool device = false;
+  };
+  shard_copies copies_of(std::uint32_t shard) const;
+  /// The (trainer shard, worker) pairs that exchange chunks GPU to GPU, of all pairs.
+  struct pair_count {
+    std::uint32_t device_direct = 0;
+    std::uint32_t all = 0;
+  };
+  pair_count device_direct_pairs() const;
 };
 
 /// One copy of `p` for the whole process: every member adopting a plan of the same digest shares
@@ -190,6 +231,8 @@ struct plan_inputs {
   bool require_coverage = false;
   job_limits limits;
   bool shared_host_copies = false;
+  p2p_mode p2p = p2p_mode::automatic;
+  std::vector<device_place> shard_places;  ///< parallel to `shards`; instances carry their workers'
 
   /// `who` registered `s`: it is selected, and among `selections` unless an equal one is there.
   void select(const address& who, selection s) {
@@ -262,3 +305,5 @@ result<void> check_worker_tensors(const published_tensors& published, std::span<
                                   std::span<const byte_range> parts, selection& selected, std::string& why);
 
 }  // namespace ferry
+
+MSGPACK_ADD_ENUM(ferry::p2p_mode);

@@ -13,10 +13,6 @@
 
 namespace ferry {
 
-rollout_worker::mapped_copy::~mapped_copy() {
-  if (pinned) pinned->unpin(bytes.span());
-}
-
 rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
                                std::uint32_t rank, std::vector<tensor_ref> tensors, worker_options options)
     : rollout_worker(host, id, coordinator, instance, rank,
@@ -31,6 +27,8 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       tensors_(std::move(tensors)),
       takes_trainers_table_(tensors_->empty()),
       options_(std::move(options)),
+      sources_(host.env(), options_.memory, "worker " + std::to_string(instance) + "." + std::to_string(rank)),
+      hasher_(host.env(), options_.memory),
       upload_meter_(host.env(), host.id(), stage::upload),
       broadcast_meter_(host.env(), host.id(), stage::broadcast),
       apply_(host.env(), host.id()) {
@@ -83,13 +81,15 @@ rollout_worker::~rollout_worker() {
   if (slots_region_) host().transport().deregister_region(slots_region_->id);
   if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
   if (device_slots_) options_.memory->release(device_slots_);
-  if (options_.memory && digest_bounce_.size() > 0) options_.memory->unpin(digest_bounce_.span());
 }
 
 void rollout_worker::join() {
   join_with([this] {
-    register_worker m{.instance = instance_, .rank = rank_, .transport_address = host().transport().local_address(),
-                      .on_device = on_device()};
+    register_worker m{.instance = instance_,
+                      .rank = rank_,
+                      .transport_address = host().transport().local_address(),
+                      .on_device = on_device(),
+                      .place = on_device() ? options_.memory->place() : device_place{}};
     // A worker that took the trainers' table still takes it (registers none) when it registers again.
     if (!takes_trainers_table_) {
       if (!registered_) registered_ = registered_table::of(tensors_);
@@ -162,7 +162,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   plan_ = std::move(next);
   set_epoch(plan_->job->epoch);
   // A regroup may follow a trainer's death: let go of its host copies (readers keep theirs).
-  std::erase_if(sources_, [this](const auto& s) { return !host().env().platform().process_alive(s.first.pid); });
+  sources_.forget_dead();
   const auto& inst = *it;
   const auto members = collective_ranks(inst);
   std::optional<std::uint32_t> stripe;
@@ -431,7 +431,7 @@ void rollout_worker::on_chunk_sent(const envelope_header& h, const chunk_sent& m
   }
   auto& g = *gen_;
   if (direct) {  // the whole chunk, which its instance does not hear whole
-    if (g.landed.erase(m.slot) > 0 || m.source.pid != 0) {
+    if (g.landed.erase(m.slot) > 0 || m.in_place()) {
       g.direct.push_back({m.slot, m});
       changed();
     } else {
@@ -440,40 +440,12 @@ void rollout_worker::on_chunk_sent(const envelope_header& h, const chunk_sent& m
     return;
   }
   // An empty stripe (of a small chunk) or one read in place has no write to wait for.
-  if (g.landed.erase(m.slot) > 0 || m.source.pid != 0 ||
+  if (g.landed.erase(m.slot) > 0 || m.in_place() ||
       stripe_of(plan_->job->chunks[m.chunk].bytes, g.stripes, *g.stripe).bytes == 0) {
     stripe_ready(g, {m.slot, m});
   } else {
     g.sent[m.slot] = m;
   }
-}
-
-std::shared_ptr<const rollout_worker::mapped_copy> rollout_worker::map_source(const shared_memory_ref& ref) {
-  if (auto it = sources_.find(ref); it != sources_.end()) return it->second;
-  std::string why;
-  auto mapped = host().env().platform().map_shared(ref, why);
-  if (!mapped) {
-    corrupted("cannot read a trainer's host copy in place (every trainer and leader must share one host): " + why);
-    return nullptr;
-  }
-  auto copy = std::make_shared<mapped_copy>(std::move(*mapped));
-  if (on_device()) {
-    auto [pinned] = await<std::error_code>(
-        [&](auto done) {
-          host().env().platform().async_blocking([memory = options_.memory, bytes = copy->bytes.span()] { return memory->pin(bytes); },
-                                                 std::move(done));
-        });
-    if (pinned) {
-      fail("cannot pin a trainer's host copy: " + pinned.message());
-      return nullptr;
-    }
-    copy->pinned = options_.memory;
-  }
-  if (auto it = sources_.find(ref); it != sources_.end()) return it->second;  // mapped meanwhile
-  log::info("worker {}.{}: reads the host copy of trainer process {} in place ({} MiB)", instance_, rank_, ref.pid,
-            ref.bytes >> 20);
-  sources_.emplace(ref, copy);
-  return copy;
 }
 
 bool rollout_worker::checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected) {
@@ -526,24 +498,26 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
       // A leader verifies the stripe it received before anything reads it.
       slot = {slots_.data() + std::size_t{w->mine->slot} * plan->job->chunk_bytes, c.bytes};
       const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
-      if (const auto& m = w->mine->meta; m.source.pid != 0) {  // the chunk lies in the trainer's host copy
-        auto copy = map_source(m.source);
-        if (!copy || !current(g)) return;
-        if (m.source_offset > copy->bytes.size() || c.bytes > copy->bytes.size() - m.source_offset) {
-          return corrupted("chunk " + std::to_string(c.id) + " lies past the end of its trainer's host copy");
-        }
-        const std::span in_place(copy->bytes.data() + m.source_offset, c.bytes);
+      bool device_bytes = false;  // device-direct: no host byte to hash
+      if (const auto& m = w->mine->meta; m.in_place()) {  // the chunk lies in the trainer's copy
+        std::string why;
+        auto in_place = sources_.chunk(m, c.bytes, why);
+        // A trainer that died is the coordinator's to detect; the regroup resends what is missing.
+        if (!in_place && in_place.error() == errc::stopped) return;
+        if (!in_place) return corrupted(name() + ": " + why);
+        if (!current(g)) return;
+        device_bytes = in_place->on_device;
         if (on_device()) {  // uploaded straight from there
-          slot = in_place;
-          w->source = std::move(copy);
+          slot = in_place->bytes;
+          w->source = std::move(in_place->copy);
         } else {  // the host chain broadcasts from registered memory: the receive slot
           host().env().cpu().run(part.bytes, [&] {
-            std::memcpy(slot.data() + part.offset, in_place.data() + part.offset, part.bytes);
+            std::memcpy(slot.data() + part.offset, in_place->bytes.data() + part.offset, part.bytes);
           });
           if (!current(g)) return;
         }
       }
-      if (!checksum_ok(slot.subspan(part.offset, part.bytes), w->mine->meta.checksum)) {
+      if (!device_bytes && !checksum_ok(slot.subspan(part.offset, part.bytes), w->mine->meta.checksum)) {
         if (!current(g)) return;  // the new epoch may already be writing this slot
         return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
                          ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
@@ -569,14 +543,19 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     g->direct.pop_front();
     const auto& c = plan->job->chunks.at(r.meta.chunk);
     std::span<const std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan->job->chunk_bytes, c.bytes);
-    std::shared_ptr<const mapped_copy> source;  // the trainer's host copy, when read in place
-    if (r.meta.source.pid != 0) {
-      source = map_source(r.meta.source);
-      if (!source || !current(g)) return;
-      if (r.meta.source_offset > source->bytes.size() || c.bytes > source->bytes.size() - r.meta.source_offset) {
-        return corrupted("chunk " + std::to_string(c.id) + " lies past the end of its trainer's host copy");
-      }
-      bytes = {source->bytes.data() + r.meta.source_offset, c.bytes};
+    std::shared_ptr<const mapped_source> source;  // the trainer's copy, when read in place
+    bool device_bytes = false;
+    if (r.meta.in_place()) {
+      std::string why;
+      auto in_place = sources_.chunk(r.meta, c.bytes, why);
+      if (!in_place && in_place.error() == errc::stopped) return;  // the regroup resends what is missing
+      if (!in_place) return corrupted(name() + ": " + why);
+      if (!current(g)) return;
+      source = std::move(in_place->copy);
+      bytes = in_place->bytes;
+      device_bytes = in_place->on_device;
+      // Every member that hears a chunk read GPU to GPU reads it itself: no write carries it on.
+      if (device_bytes && !r.meta.relay.empty()) return corrupted(name() + ": a chunk read GPU to GPU came with a chain to relay it along");
     }
     // The slot is free again once the chunk is applied here and, in a chain, relayed onward.
     auto uses = std::make_shared<int>(r.meta.relay.empty() ? 1 : 2);
@@ -588,7 +567,7 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     };
     // Relayed before it is verified here: the next worker verifies it too, and waits less.
     if (!r.meta.relay.empty()) relay(g, r.meta, bytes, release);
-    if (!checksum_ok(bytes, r.meta.checksum)) {
+    if (!device_bytes && !checksum_ok(bytes, r.meta.checksum)) {
       if (!current(g)) return;  // the new epoch may already be writing this slot
       return corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
                        ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
@@ -792,29 +771,12 @@ void rollout_worker::chunk_applied(const worker_plan& plan, std::uint64_t versio
 
 void rollout_worker::digest_through_host(version_complete& report) {
   const auto plan = plan_;
-  std::uint64_t largest = 0;
-  for (const auto i : plan->heard_segments) largest = std::max(largest, plan->job->segments[i].bytes);
-  if (digest_bounce_.size() < largest) {
-    if (options_.memory && digest_bounce_.size() > 0) options_.memory->unpin(digest_bounce_.span());
-    digest_bounce_ = host().env().platform().host_memory(largest);
-    // Pinned once and reused; should pinning fail, the copies still work, only slower.
-    if (options_.memory) (void)options_.memory->pin(digest_bounce_.span());
-  }
   for (const auto i : plan->heard_segments) {
     const auto& s = plan->job->segments[i];
     const auto& t = (*tensors_)[plan->placement->local_index(s.tensor)];
-    std::byte* at = t.data + (s.offset - t.held().offset);
-    const std::byte* bytes = at;
-    if (t.device >= 0) {
-      auto [ec] = await<std::error_code>([&](auto done) {
-        host().env().copies().async_copy({{digest_bounce_.data(), at, s.bytes}}, std::move(done));
-      });
-      if (ec) return fail("cannot read tensor '" + t.spec.name + "' for its digest: " + ec.message());
-      bytes = digest_bounce_.data();
-    }
-    XXH128_hash_t h{};
-    host().env().cpu().run(s.bytes, [&] { h = XXH3_128bits(bytes, s.bytes); });
-    report.digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
+    const auto h = hasher_.hash({t.data + (s.offset - t.held().offset), s.bytes}, t.device >= 0);
+    if (!h) return fail("cannot read tensor '" + t.spec.name + "' for its digest: " + h.error().message());
+    report.digests.push_back({.segment = i, .low = h->low64, .high = h->high64});
   }
 }
 

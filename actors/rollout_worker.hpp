@@ -10,8 +10,10 @@
 #include <memory>
 #include <optional>
 
+#include "actors/in_place_sources.hpp"
 #include "actors/job_member.hpp"
 #include "actors/messages.hpp"
+#include "actors/segment_hasher.hpp"
 #include "actors/stages.hpp"
 #include "actors/trainer_shard.hpp"
 #include "collectives/broadcast.hpp"
@@ -68,14 +70,6 @@ class rollout_worker final : public job_member {
     std::uint32_t slot = 0;
     chunk_sent meta;
   };
-  /// A trainer's shared host copy mapped here (and pinned for the device). Chunks that read it
-  /// hold it, so it is unmapped only once its last reader is done.
-  struct mapped_copy {
-    explicit mapped_copy(host_buffer b) : bytes(std::move(b)) {}
-    ~mapped_copy();
-    host_buffer bytes;
-    device_memory* pinned = nullptr;  ///< unpinned from it when the copy goes
-  };
   /// What a worker registers of its table: its specs and the bytes it holds of each.
   struct registered_table {
     shared_vector<tensor_spec> tensors;
@@ -108,7 +102,7 @@ class rollout_worker final : public job_member {
     std::uint32_t chunk = 0;
     std::uint64_t checksum = 0;         ///< the whole chunk's
     std::optional<received> mine;  ///< leaders: the slot holding their stripe
-    std::shared_ptr<const mapped_copy> source;  ///< a device leader's stripe is uploaded from here
+    std::shared_ptr<const mapped_source> source;  ///< a device leader's stripe is uploaded from here
     std::shared_ptr<const worker_plan> plan;  ///< the plan `chunk` belongs to
   };
   struct version_progress {
@@ -222,9 +216,6 @@ class rollout_worker final : public job_member {
   /// Copies chunk `chunk` of `plan` from `bytes` into this worker's tensors, then `done`.
   void apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
              std::function<void()> done);
-  /// Fiber: the trainer's host copy `ref`, mapped (and pinned for the device) on first use;
-  /// null after failing the job when it cannot be read here.
-  std::shared_ptr<const mapped_copy> map_source(const shared_memory_ref& ref);
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
   bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
   void corrupted(const std::string& reason);
@@ -235,7 +226,7 @@ class rollout_worker final : public job_member {
   }
   /// Counts chunk `chunk` of `plan` as applied, unless a plan of another layout replaced it.
   void chunk_applied(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk);
-  /// Fiber: the per-tensor digests of device tensors, hashed from a pinned host bounce buffer.
+  /// Fiber: the per-tensor digests of device tensors, hashed through host memory.
   void digest_through_host(version_complete& report);
   worker_ready holdings() const;
   std::string name() const override;
@@ -247,7 +238,6 @@ class rollout_worker final : public job_member {
   bool takes_trainers_table_ = false;  ///< registered no table: holds whatever the trainers publish
   std::shared_ptr<const registered_table> registered_;  ///< made at the first join, kept for a rejoin
   std::vector<host_buffer> owned_;
-  host_buffer digest_bounce_;  ///< device tensors: host bytes to hash, the largest tensor's size
   worker_options options_;
 
   std::shared_ptr<const worker_plan> plan_;
@@ -261,8 +251,9 @@ class rollout_worker final : public job_member {
   bool staging_settled_ = true;
   std::uint64_t staging_rekeys_ = 0;
   std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
-  /// Trainers' shared host copies mapped here; dropped when their trainer's process is gone.
-  std::map<shared_memory_ref, std::shared_ptr<const mapped_copy>> sources_;
+  /// Trainers' copies read in place here; dropped when their trainer's process is gone.
+  in_place_sources sources_;
+  segment_hasher hasher_;
   std::byte* device_slots_ = nullptr;  ///< `depth` broadcast slots on the device
   std::shared_ptr<generation> gen_;
 

@@ -41,12 +41,33 @@ std::uint64_t chunk_checksum(environment& env, std::span<const std::byte> bytes)
   return sum;
 }
 
+namespace {
+
+/// What an offload hashes: the chunk it wrote, unless told not to.
+std::span<const std::byte> hashed_if(bool hash, const std::byte* chunk, std::uint64_t bytes) {
+  return hash ? std::span<const std::byte>(chunk, bytes) : std::span<const std::byte>{};
+}
+
+}  // namespace
+
 offload_stage::outcome offload_stage::run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream,
-                                          std::uint64_t version, const std::function<bool()>& wanted) {
+                                          std::uint64_t version, const std::function<bool()>& wanted, bool hash) {
   std::vector<copy_piece> pieces;
   pieces.reserve(c.pieces.size());
   std::byte* const at = stream.data() + c.shard_offset;
   for (const auto& p : c.pieces) pieces.push_back({at + p.chunk_offset, from.at(p.tensor, p.tensor_offset), p.bytes});
+  return copy(c, std::move(pieces), version, wanted, hashed_if(hash, at, c.bytes));
+}
+
+offload_stage::outcome offload_stage::run(const chunk_info& c, std::span<const std::byte> copy_of_stream,
+                                          std::span<std::byte> stream, std::uint64_t version,
+                                          const std::function<bool()>& wanted, bool hash) {
+  std::byte* const at = stream.data() + c.shard_offset;
+  return copy(c, {{at, copy_of_stream.data() + c.shard_offset, c.bytes}}, version, wanted, hashed_if(hash, at, c.bytes));
+}
+
+offload_stage::outcome offload_stage::copy(const chunk_info& c, std::vector<copy_piece> pieces, std::uint64_t version,
+                                           const std::function<bool()>& wanted, std::span<const std::byte> hashed) {
   const auto began = meter_.begin();
   outcome out;
   auto [ec] = await<std::error_code>([&](auto done) { env_.copies().async_copy(std::move(pieces), std::move(done)); });
@@ -54,8 +75,8 @@ offload_stage::outcome offload_stage::run(const chunk_info& c, const tensor_plac
     out.abandoned = true;
   } else if (ec) {
     out.error = ec;
-  } else if (checksums_) {
-    out.checksum = chunk_checksum(env_, {at, c.bytes});
+  } else if (checksums_ && !hashed.empty()) {
+    out.checksum = chunk_checksum(env_, hashed);
     out.abandoned = !wanted();
   }
   meter_.end(began, version, c.id, c.bytes);

@@ -12,6 +12,7 @@
 #include "actors/plan.hpp"
 #include "actors/stage_meter.hpp"
 #include "actors/tensor.hpp"
+#include "runtime/copy_engine.hpp"
 #include "runtime/transport.hpp"
 
 namespace ferry {
@@ -55,8 +56,8 @@ void async_chunk_checksum(environment& env, std::span<const std::byte> bytes,
 /// The same, suspending the calling fiber. Fiber only.
 std::uint64_t chunk_checksum(environment& env, std::span<const std::byte> bytes);
 
-/// OFFLOAD: a trainer shard's chunk from its tensors into its host copy, then the chunk's checksum.
-/// Owning loop only.
+/// OFFLOAD: a trainer shard's chunk from its tensors into its host or device copy (or from its
+/// device copy into its host copy), then the chunk's checksum. Owning loop only.
 class offload_stage {
  public:
   offload_stage(environment& env, node_id node, bool checksums)
@@ -67,14 +68,21 @@ class offload_stage {
     bool abandoned = false;     ///< `wanted` said no after a suspension: nothing more was done
     std::uint64_t checksum = 0;  ///< the chunk's xxh3-64; 0 without checksums
   };
-  /// Fiber only. Copies chunk `c` of version `version` from `from` into `stream` (the shard's host
-  /// copy, laid out as its packed stream) and hashes it. `wanted` is asked after each suspension.
+  /// Fiber only. Copies chunk `c` of version `version` from `from` into `stream` (a copy of the
+  /// shard, laid out as its packed stream) and hashes it, unless `hash` is false (a device copy's
+  /// bytes are not on the host). `wanted` is asked after each suspension.
   outcome run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream, std::uint64_t version,
-              const std::function<bool()>& wanted);
+              const std::function<bool()>& wanted, bool hash = true);
+  /// The same from `copy`, another copy of the shard laid out alike (its device copy).
+  outcome run(const chunk_info& c, std::span<const std::byte> copy, std::span<std::byte> stream, std::uint64_t version,
+              const std::function<bool()>& wanted, bool hash = true);
 
   stage_meter& meter() { return meter_; }
 
  private:
+  outcome copy(const chunk_info& c, std::vector<copy_piece> pieces, std::uint64_t version,
+               const std::function<bool()>& wanted, std::span<const std::byte> hashed);
+
   environment& env_;
   bool checksums_;
   stage_meter meter_;

@@ -16,6 +16,8 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
       shard_(shard),
       tensors_(std::move(tensors)),
       options_(options),
+      copies_(host.env(), host.transport(), options.memory),
+      hasher_(host.env(), options.memory),
       offload_(host.env(), host.id(), options.checksums),
       send_(host.env(), host.id(), host.transport()) {
   on_coordinator<plan_ready>([this](const envelope_header&, const plan_ready& m) {
@@ -85,23 +87,13 @@ trainer_shard::~trainer_shard() {
   // Writes and hashes in flight capture the shard.
   auto idle = [this] { return fibers_ == 0 && works_in_flight_ == 0; };
   if (!idle()) host().loop().run_until(idle);
-  release_host_copies();
-}
-
-void trainer_shard::release_host_copies() {
-  if (host_copies_region_) host().transport().deregister_region(host_copies_region_->id);
-  host_copies_region_.reset();
-  if (options_.memory && host_copies_.size() > 0) options_.memory->unpin(host_copies_.span());
-  // An offload or a send of the old layout may still touch it (the new plan stops them at their
-  // next step): it is freed with the shard.
-  if (host_copies_.size() > 0) retired_.push_back(std::move(host_copies_));
-  host_copies_ = host_buffer();
-  copies_of_ = {};
 }
 
 void trainer_shard::join() {
   join_with([this] {
-    register_trainer m{.shard = shard_, .transport_address = host().transport().local_address()};
+    register_trainer m{.shard = shard_,
+                       .transport_address = host().transport().local_address(),
+                       .place = options_.memory ? options_.memory->place() : device_place{}};
     for (const auto& t : tensors_) m.tensors.push_back(t.spec);
     return m;
   });
@@ -144,31 +136,24 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   next->my_chunks = next->job->chunks_of(shard_);
   next->send_position.assign(next->job->chunks.size(), 0);
   for (std::uint32_t i = 0; i < next->my_chunks.size(); ++i) next->send_position[next->my_chunks[i]] = i;
+  for (const auto& inst : next->job->instances) {
+    for (std::size_t r = 0; r < inst.workers.size(); ++r)
+      if (next->job->device_direct(shard_, inst, r)) next->device_readers.insert(inst.workers[r]);
+  }
   plan_ = std::move(next);
-  const auto bytes = plan_->job->shard_bytes[shard_];
-  const bool shareable = host_copies_.shared_ref().pid != 0;
-  if (host_copies_.size() != 2 * bytes || shareable != plan_->job->shared_host_copies) {
-    release_host_copies();
-    host_copies_ = host().env().platform().host_memory(2 * bytes, plan_->job->shared_host_copies);
-    if (bytes > 0) {
-      if (options_.memory) {
-        if (auto ec = options_.memory->pin(host_copies_.span())) return fail("cannot pin the host copies: " + ec.message());
-      }
-      auto region = host().transport().register_region(host_copies_.span());
-      if (!region) return fail("cannot register the host copies: " + region.error().message());
-      host_copies_region_ = *region;
-    }
-    for (std::size_t i = 0; i < copies_of_.size(); ++i) {
-      copies_of_[i] = host_copy{.bytes = host_copies_.span().subspan(i * bytes, bytes), .offset = i * bytes};
-      copies_of_[i].checksums.assign(plan_->job->chunks.size(), 0);
-    }
+  const auto& job = *plan_->job;
+  if (auto why = copies_.prepare(job.shard_bytes[shard_], job.copies_of(shard_), job.shared_host_copies)) return fail(*why);
+  // Host copies made only now, for workers that do not read GPU to GPU: they get the versions
+  // held so far from the device copies.
+  for (auto* copy : copies_.missing_from_host()) {
+    ++fibers_;
+    host().loop().spawn([this, copy, plan = plan_] {
+      fill_host(*copy, plan);
+      --fibers_;
+      changed();
+    });
   }
   changed();
-}
-
-trainer_shard::host_copy* trainer_shard::copy_of(std::uint64_t version) {
-  auto& c = copies_of_[version % 2];
-  return c.version == version ? &c : nullptr;
 }
 
 result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
@@ -188,10 +173,10 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
   last_published_ = version;
   ++fibers_;
   host().loop().spawn([this, version] {
-    // The host copy of version - 2 is reused: wait until the version it holds is settled. A
+    // The copy of version - 2 is reused: wait until the version it holds is settled. A
     // shard that rejoined holds none yet (it never hears of versions settled before it came).
     if (wait_for([&] {
-          const auto held = copies_of_[version % 2].version;
+          const auto held = copies_.for_version(version).version;
           return held == 0 || settled_ >= held || delivered_ >= held;
         })) {
       run_publish(version);
@@ -205,44 +190,105 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
 void trainer_shard::run_publish(std::uint64_t version) {
   const auto started = host().clock().now();
   const auto plan = plan_;  // a regroup during the offload must not pull the chunk table away
-  auto& copy = copies_of_[version % 2];
+  auto& copy = copies_.for_version(version);
+  const auto chunks = plan->job->chunks.size();
   copy.version = version;
   copy.layout = plan->job->layout;
-  copy.offloaded.assign(plan->job->chunks.size(), false);
+  copy.in_host.assign(chunks, false);
+  copy.in_device.assign(chunks, false);
+  copy.checksums.assign(chunks, 0);
   advance_routes();  // the copy they wait for, or one of a changed layout, which voids it
   offload_.meter().reset();
   send(coordinator_, publish_started{.shard = shard_, .version = version});
 
-  // OFFLOAD: tensors into the host copy, chunk by chunk in send order; senders follow behind.
+  // OFFLOAD: the tensors into the device copy when the shard keeps one (the trainer may go on
+  // once it is full), else into the host copy; chunk by chunk in send order, senders following.
+  const bool to_device = !copy.device.empty();
   const auto& from = *plan->placement;
   for (auto id : plan->my_chunks) {
     // A plan of another layout may come meanwhile: this copy is then void, and so is its version.
-    const auto done = offload_.run(plan->job->chunks[id], from, copy.bytes, version,
-                                   [&] { return plan_->job->layout == plan->job->layout; });
-    if (done.abandoned) return void_version(version);
-    if (done.error) return fail("offload of chunk " + std::to_string(id) + " failed: " + done.error.message());
-    copy.checksums[id] = done.checksum;
-    copy.offloaded[id] = true;
-    for (auto& r : routes_)
-      if (r->next < r->chunks.size() && r->chunks[r->next] == id) advance(*r);
-    if (stopped_ || failed_) return;
+    const auto done = offload_.run(plan->job->chunks[id], from, to_device ? copy.device : copy.host, version,
+                                   [&] { return plan_->job->layout == plan->job->layout; }, !to_device);
+    if (!chunk_offloaded(copy, version, id, done, to_device)) return;
   }
   const double stall = std::chrono::duration<double>(host().clock().now() - started).count();
   send(coordinator_, shard_offloaded{.shard = shard_, .version = version, .seconds = stall});
   if (on_offloaded) on_offloaded(version, stall);
+  // The workers that do not read GPU to GPU are sent the host copy, filled from the device copy.
+  if (to_device && copies_.kept().host && !fill_host(copy, plan)) return;
 
   shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_.meter().seconds()}};
   if (options_.digests) {
-    host().env().cpu().run(plan->job->shard_bytes[shard_], [&] {
-      for (std::uint32_t i = 0; i < plan->job->segments.size(); ++i) {
-        const auto& s = plan->job->segments[i];
-        if (plan->placement->local_index(s.tensor) < 0 || plan->job->owner[s.tensor] != shard_) continue;
-        const auto h = XXH3_128bits(copy.bytes.data() + s.shard_offset, s.bytes);
-        done.digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
-      }
-    });
+    auto digests = digests_of(copy, *plan);
+    if (!digests) return;
+    done.digests = std::move(*digests);
   }
   send(coordinator_, done);
+}
+
+bool trainer_shard::chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,
+                                    const offload_stage::outcome& done, bool device) {
+  if (done.abandoned) {
+    if (copy.version == version) void_version(version);  // else a newer version took the copy: it settled
+    return false;
+  }
+  if (done.error) {
+    fail("offload of chunk " + std::to_string(id) + " failed: " + done.error.message());
+    return false;
+  }
+  if (device) {
+    copy.in_device[id] = true;
+  } else {
+    copy.in_host[id] = true;
+    copy.checksums[id] = done.checksum;
+  }
+  for (auto& r : routes_)
+    if (r->next < r->chunks.size() && r->chunks[r->next] == id) advance(*r);
+  return !stopped_ && !failed_;
+}
+
+bool trainer_shard::fill_host(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan) {
+  const auto version = copy.version;
+  for (auto id : plan->my_chunks) {
+    if (!copy.in_device.at(id) || copy.in_host.at(id)) continue;
+    const auto done = offload_.run(plan->job->chunks[id], copy.device, copy.host, version, [&] {
+      return copy.version == version && plan_->job->layout == copy.layout;
+    });
+    if (!chunk_offloaded(copy, version, id, done, false)) return false;
+  }
+  return true;
+}
+
+std::optional<std::vector<tensor_digest>> trainer_shard::digests_of(const shard_copies::version_copy& copy,
+                                                                    const shard_plan& plan) {
+  std::vector<std::uint32_t> owned;  // the segments of this shard's tensors
+  for (std::uint32_t i = 0; i < plan.job->segments.size(); ++i) {
+    const auto& s = plan.job->segments[i];
+    if (plan.placement->local_index(s.tensor) >= 0 && plan.job->owner[s.tensor] == shard_) owned.push_back(i);
+  }
+  std::vector<tensor_digest> digests;
+  auto add = [&](std::uint32_t i, XXH128_hash_t h) { digests.push_back({.segment = i, .low = h.low64, .high = h.high64}); };
+  const bool in_host = std::all_of(plan.my_chunks.begin(), plan.my_chunks.end(), [&](auto id) { return copy.in_host[id]; });
+  if (in_host) {  // one pass over the host copy
+    host().env().cpu().run(plan.job->shard_bytes[shard_], [&] {
+      for (const auto i : owned) {
+        const auto& s = plan.job->segments[i];
+        add(i, XXH3_128bits(copy.host.data() + s.shard_offset, s.bytes));
+      }
+    });
+    return digests;
+  }
+  for (const auto i : owned) {  // from the device copy through host memory, segment by segment
+    const auto& s = plan.job->segments[i];
+    const auto h = hasher_.hash(copy.device.subspan(s.shard_offset, s.bytes), true);
+    if (!h) {
+      fail("cannot read the device copy of version " + std::to_string(copy.version) + " for its digests: " +
+           h.error().message());
+      return std::nullopt;
+    }
+    add(i, *h);
+  }
+  return digests;
 }
 
 void trainer_shard::start_sending(const update_go& go) {
@@ -255,6 +301,7 @@ void trainer_shard::start_sending(const update_go& go) {
     r->version = go.version;
     r->generation = generation;
     r->plan = plan_;
+    r->device_direct = plan_->device_readers.contains(r->leader);
     for (auto id : rc.chunks) {
       if (plan_->job->chunks.at(id).shard == shard_) r->chunks.push_back(id);
     }
@@ -279,7 +326,8 @@ void trainer_shard::link_chains(const update_go& go) {
   // (instance, chunk) -> (rank, route) of each member it goes to directly
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::vector<std::pair<std::uint32_t, route*>>> members;
   for (std::size_t i = 0; i < routes_.size(); ++i) {
-    if (!routes_[i]->direct) continue;
+    // A member that reads GPU to GPU reads every chunk it hears itself: nothing to relay to it.
+    if (!routes_[i]->direct || routes_[i]->device_direct) continue;
     const auto instance = go.routes[i].route.instance;
     const auto inst = std::find_if(job.instances.begin(), job.instances.end(),
                                    [&](const instance_plan& p) { return p.id == instance; });
@@ -371,14 +419,17 @@ void trainer_shard::advance_chunks(route& r) {
     const auto id = r.chunks[r.next];
     // By chunk, not by place in the order: a plan of the same layout may order the chunks
     // otherwise (audiences change with membership) than the one the copy was offloaded under.
-    const auto* copy = copy_of(r.version);
+    const auto* copy = copies_.holding(r.version);
     if (!copy) return;
     if (copy->layout != job.layout) {
       // Offloaded under an older plan whose chunk ids meant other bytes: never send them as these.
       r.voided = true;
       return void_version(r.version);
     }
-    if (!copy->offloaded.at(id)) return;
+    // GPU to GPU where the device copy holds the chunk; else from the host copy (the worker does
+    // not read GPU to GPU, or the version was offloaded before the shard kept a device copy).
+    const bool device = r.device_direct && copy->in_device.at(id);
+    if (!device && !copy->in_host.at(id)) return;
     if (!r.slot && !take_slot(r, id)) return;
     std::vector<relay_hop> relay;
     if (const auto link = r.chained.find(id); link != r.chained.end()) {
@@ -392,18 +443,14 @@ void trainer_shard::advance_chunks(route& r) {
     }
     const auto& c = job.chunks[id];
     const auto part = stripe_of(c.bytes, r.stripes, r.stripe);
-    const std::byte* bytes = copy->bytes.data() + c.shard_offset + part.offset;
-    chunk_sent sent{.version = r.version, .chunk = id, .slot = *r.slot, .checksum = copy->checksums[id],
-                    .chunk_checksum = copy->checksums[id], .relay = std::move(relay)};
-    if (r.stripes > 1 && options_.checksums) {
+    const std::byte* bytes = copy->host.data() + c.shard_offset + part.offset;
+    auto sent = announce(r, *copy, id, device);
+    sent.relay = std::move(relay);
+    if (r.stripes > 1 && options_.checksums && !device) {
       if (!r.checksum) return hash_stripe(r, {bytes, part.bytes});
       sent.checksum = *r.checksum;
     }
-    if (job.shared_host_copies) {  // the leader reads the stripe in place
-      sent.source = host_copies_.shared_ref();
-      sent.source_offset = copy->offset + c.shard_offset;
-    }
-    if (part.bytes == 0 || job.shared_host_copies) {  // nothing to write (an empty stripe, or read in place)
+    if (part.bytes == 0 || sent.in_place()) {  // nothing to write (an empty stripe, or read in place)
       send(r.leader, sent);
       next_chunk(r);
       continue;
@@ -445,6 +492,21 @@ void trainer_shard::advance_chunks(route& r) {
                 });
   }
   finish_if_done(r);
+}
+
+chunk_sent trainer_shard::announce(const route& r, const shard_copies::version_copy& copy, std::uint32_t id,
+                                   bool device) const {
+  const auto& job = *r.plan->job;
+  chunk_sent sent{.version = r.version, .chunk = id, .slot = *r.slot, .checksum = copy.checksums[id],
+                  .chunk_checksum = copy.checksums[id]};
+  if (device) {  // the leader copies its stripe GPU to GPU; no host byte to hash
+    sent.device_source = copies_.device_ref();
+    sent.checksum = 0;
+  } else if (job.shared_host_copies) {  // the leader reads its stripe in place
+    sent.source = copies_.host_ref();
+  }
+  if (sent.in_place()) sent.source_offset = copy.offset + job.chunks[id].shard_offset;
+  return sent;
 }
 
 void trainer_shard::finish_if_done(route& r) {

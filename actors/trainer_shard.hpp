@@ -1,8 +1,9 @@
 #pragma once
-/// A trainer shard: offloads its tensors into a host copy, and writes the chunks it sources to
-/// instance leaders when the coordinator says which (`update_go`), `depth` writes in flight per
-/// leader; with k leaders per instance, each gets one stripe of every chunk. Two host copies alternate by version, so a late joiner can be served the delivered
-/// version while the next one is offloaded.
+/// A trainer shard: offloads its tensors into its copies (`shard_copies`), and writes the chunks it
+/// sources to instance leaders when the coordinator says which (`update_go`), `depth` writes in
+/// flight per leader; with k leaders per instance, each gets one stripe of every chunk. A leader
+/// that reads in place (shared host copies, or GPU to GPU from the device copies) is told where
+/// the chunk lies instead of being written to.
 #include <array>
 #include <boost/container/flat_map.hpp>
 #include <deque>
@@ -10,9 +11,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "actors/job_member.hpp"
 #include "actors/messages.hpp"
+#include "actors/segment_hasher.hpp"
+#include "actors/shard_copies.hpp"
 #include "actors/stages.hpp"
 #include "runtime/await.hpp"
 #include "runtime/device_memory.hpp"
@@ -27,7 +31,8 @@ inline constexpr std::uint8_t chain_tag = 2;
 struct trainer_options {
   bool checksums = true;  ///< xxh3-64 per chunk, verified by every receiver
   bool digests = true;    ///< xxh3-128 per tensor, for the coordinator's end-to-end verdict
-  /// The device the shard's tensors live on, whose copies the host copy is pinned for; null: host.
+  /// The device the shard's tensors live on: its copies run there, the host copies are pinned for
+  /// it, and its shared memory holds the device copies; null: host.
   device_memory* memory = nullptr;
   std::chrono::milliseconds heartbeat_interval{250};
 };
@@ -67,6 +72,7 @@ class trainer_shard final : public job_member {
     std::shared_ptr<const tensor_placement> placement;  ///< of the plan's tensors in tensors_
     std::vector<std::uint32_t> my_chunks;  ///< this shard's chunk ids, in send order
     std::vector<std::uint32_t> send_position;  ///< per plan chunk: its place in `my_chunks`
+    std::set<address> device_readers;  ///< the workers that read this shard's device copies
   };
   struct route;
   /// A chunk that several members of an instance, not all, hear: the trainer writes it to the
@@ -90,6 +96,7 @@ class trainer_shard final : public job_member {
     std::uint32_t first_slot = 0;  ///< the route's slots at the leader: every shard's `depth`
     std::uint32_t slot_count = 0;
     bool direct = false;  ///< the worker grants a slot per chunk (`grants`) instead of `free`
+    bool device_direct = false;  ///< the worker reads GPU to GPU from the device copies
     std::uint64_t version = 0;  ///< the update's
     std::uint64_t generation = 0;  ///< the send generation it belongs to; a newer one stops it
     std::shared_ptr<const shard_plan> plan;  ///< the one it was made under
@@ -120,23 +127,19 @@ class trainer_shard final : public job_member {
           slot_count(shards * depth),
           direct(r.direct) {}
   };
-  /// One host copy and the version it holds: a half of `host_copies_`.
-  struct host_copy {
-    std::span<std::byte> bytes;
-    std::uint64_t offset = 0;  ///< of `bytes` in `host_copies_`
-    std::uint64_t version = 0;
-    std::uint64_t layout = 0;   ///< the plan layout `version` was packed in
-    std::vector<bool> offloaded;  ///< per plan chunk: offloaded for `version`
-    std::vector<std::uint64_t> checksums;  ///< per plan chunk
-  };
-
   void adopt_plan(const plan_ready& m);
-  /// Unregisters, unpins and frees `host_copies_`.
-  void release_host_copies();
   void start_sending(const update_go& go);
   /// Links the routes that carry one chunk to several members of an instance into a chain.
   void link_chains(const update_go& go);
   void run_publish(std::uint64_t version);
+  /// Chunk `id` of `version` is offloaded into `copy`'s device or host half (`done` says how it
+  /// went): the routes waiting for it go on. False when the publish stops here.
+  bool chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,
+                       const offload_stage::outcome& done, bool device);
+  /// Fiber: copies what `copy`'s device half holds into its host half; false when it stopped.
+  bool fill_host(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan);
+  /// Fiber: the digests of the segments this shard owns, as `copy` holds them.
+  std::optional<std::vector<tensor_digest>> digests_of(const shard_copies::version_copy& copy, const shard_plan& plan);
   /// Takes `r` as far as it can go: sends its chunks in order until one waits for something.
   /// Called again from within (a chain's turn), it goes on once the outer call is done.
   void advance(route& r);
@@ -146,6 +149,9 @@ class trainer_shard final : public job_member {
   bool take_slot(route& r, std::uint32_t chunk);
   /// The chunk at `r.next` is sent (or relayed by another worker): the route moves on.
   void next_chunk(route& r);
+  /// What `r`'s leader is told of chunk `id` of `copy`: where it lies when read in place (GPU to
+  /// GPU from the device copy when `device`, or from a shared host copy), its checksums.
+  chunk_sent announce(const route& r, const shard_copies::version_copy& copy, std::uint32_t id, bool device) const;
   /// Hashes `stripe` on the CPU executor; the route goes on once it has the checksum.
   void hash_stripe(route& r, std::span<const std::byte> stripe);
   /// Counts `r` finished once its last write ended; the last route of an update reports the send
@@ -154,7 +160,6 @@ class trainer_shard final : public job_member {
   bool current(const route& r) const {
     return r.generation == send_generation_ && !r.voided && !stopped_ && !failed_;
   }
-  host_copy* copy_of(std::uint64_t version);
   std::string name() const override { return "trainer shard " + std::to_string(shard_); }
   void halting() override;
   /// Advances every route: a new host copy may be what they wait for.
@@ -174,12 +179,8 @@ class trainer_shard final : public job_member {
   trainer_options options_;
 
   std::shared_ptr<const shard_plan> plan_;
-  /// Both host copies in one buffer, allocated, pinned and registered once and reused by every
-  /// version and epoch; shareable with shared host copies, so a leader maps and pins both at once.
-  host_buffer host_copies_;
-  std::vector<host_buffer> retired_;  ///< host copies of older layouts, until the shard goes
-  std::optional<region_desc> host_copies_region_;
-  std::array<host_copy, 2> copies_of_;  ///< indexed by version parity
+  shard_copies copies_;
+  segment_hasher hasher_;  ///< for the digests of device copies
 
   bool ready_ = false;
   std::uint64_t next_version_ = 1;

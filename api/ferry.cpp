@@ -312,6 +312,8 @@ status coordinator::open(options o) {
   std::string why;
   auto listen = api::parse_address(o.listen, why);
   if (!listen) return failed(api_errc::invalid_argument, why);
+  const auto p2p = parse_p2p_mode(o.p2p);
+  if (!p2p) return failed(api_errc::invalid_argument, "coordinator: p2p '" + o.p2p + "': auto, device or host");
   if (o.trainers == 0 || o.instance_sizes.empty() ||
       std::find(o.instance_sizes.begin(), o.instance_sizes.end(), 0u) != o.instance_sizes.end()) {
     return failed(api_errc::invalid_argument,
@@ -346,7 +348,8 @@ status coordinator::open(options o) {
                         .instance_sizes = o.instance_sizes,
                         .chunk_bytes = o.chunk_bytes,
                         .depth = o.depth,
-                        .stripes = o.stripes};
+                        .stripes = o.stripes,
+                        .p2p = *p2p};
   auto* self = impl_.get();
   const auto scheme = listen->scheme;
   const auto provider = settings.fabric_provider;

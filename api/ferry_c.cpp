@@ -197,6 +197,8 @@ ferry_status ferry_coordinator_open(const ferry_coordinator_options* o, ferry_co
         .chunk_bytes = o->chunk_bytes,
         .depth = o->depth,
         .stripes = o->stripes};
+    // Options set by an older ferry.h end before `p2p`.
+    if (o->struct_size >= offsetof(ferry_coordinator_options, p2p) + sizeof(o->p2p) && o->p2p) cpp.p2p = o->p2p;
     auto handle = std::make_unique<ferry_coordinator>();
     ferry::status ok;
     handle->object.emplace(std::move(cpp), ok);

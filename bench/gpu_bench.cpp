@@ -8,9 +8,21 @@
 ///   p2p-send DIR INDEX SENDERS BYTES CHUNK DEPTH SCHEME [PROVIDER]   one trainer's writes
 ///   bcast DIR RANK RANKS DEVICE BYTES CHUNK DEPTH [STRIPES]   one member of the instance
 ///                                                    broadcast, or of the all-gather of STRIPES
+///   peer-export DIR DEVICE BYTES                      device memory shared with another process
+///                                                    (what a trainer's device copies are), a
+///                                                    pattern in it, until peer-copy is done
+///   peer-copy DIR DEVICE BYTES CHUNK DEPTH [kill-owner]   maps peer-export's memory and copies
+///                                                    it into its own GPU, chunk by chunk (the
+///                                                    plain peer copy device-direct is judged
+///                                                    against), then the same bytes inside its own
+///                                                    GPU; with kill-owner, SIGKILLs peer-export
+///                                                    first: the mapping must still hold its bytes
 /// Each prints one JSON line on stdout.
 #include <fmt/format.h>
 
+#include <signal.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +37,7 @@
 #include "platform/cuda/cuda_copy_engine.hpp"
 #include "platform/cuda/cuda_device_memory.hpp"
 #include "platform/cuda/cuda_error.hpp"
+#include "platform/cuda/cuda_shared_memory.hpp"
 #include "platform/real_environment.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
@@ -277,6 +290,89 @@ int bcast_rank(const std::filesystem::path& dir, std::uint32_t rank, std::uint32
   return 0;
 }
 
+/// The byte at `offset` of peer-export's pattern.
+std::byte pattern_at(std::uint64_t offset) { return static_cast<std::byte>((offset * 7 + offset / 4093) & 0xff); }
+
+int peer_export(const std::filesystem::path& dir, int device, std::uint64_t bytes) {
+  std::string why;
+  auto shared = cuda_allocate_shared(device, bytes, why);
+  if (!shared) return std::fprintf(stderr, "peer-export: %s\n", why.c_str()), 1;
+  constexpr std::uint64_t piece = 64ull << 20;
+  host_buffer pattern(piece);
+  for (std::uint64_t at = 0; at < bytes; at += piece) {
+    const auto n = std::min(piece, bytes - at);
+    for (std::uint64_t i = 0; i < n; ++i) pattern.data()[i] = pattern_at(at + i);
+    if (auto ec = cuda_copy_blocking((*shared)->bytes().data() + at, pattern.data(), n))
+      return std::fprintf(stderr, "peer-export: %s\n", ec.message().c_str()), 1;
+  }
+  const auto r = (*shared)->ref();
+  write_file(dir / "ref", fmt::format("{} {} {} {} {}\n", r.pid, r.fd, r.inode, r.host, r.bytes));
+  wait_for_file(dir / "done");
+  return 0;
+}
+
+/// Whether process `pid` has exited (gone, or a zombie whose memory and files are released).
+bool exited(std::int32_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  return !std::getline(stat, line) || line.find(") Z ") != std::string::npos;
+}
+
+int peer_copy(const std::filesystem::path& dir, int device, std::uint64_t bytes, std::uint64_t chunk,
+              std::uint32_t depth, bool kill_owner) {
+  wait_for_file(dir / "ref");
+  shared_device_ref ref;
+  std::ifstream(dir / "ref") >> ref.pid >> ref.fd >> ref.inode >> ref.host >> ref.bytes;
+  std::string why;
+  auto peer = cuda_map_shared(device, ref, why);
+  if (!peer) return std::fprintf(stderr, "peer-copy: %s\n", why.c_str()), 1;
+  if (kill_owner) {
+    kill(ref.pid, SIGKILL);
+    for (int i = 0; i < 1000 && !exited(ref.pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!exited(ref.pid)) return std::fprintf(stderr, "peer-copy: process %d outlived SIGKILL\n", ref.pid), 1;
+  }
+  event_loop loop;
+  cuda_device_memory memory(device);
+  auto engine = cuda_copy_engine::make(loop, device);
+  if (!engine) return std::fprintf(stderr, "peer-copy: %s\n", engine.error().message().c_str()), 1;
+  const std::uint64_t n = bytes / chunk;
+  auto into = memory.allocate(n * chunk);
+  auto local = memory.allocate(n * chunk);
+  if (!into || !local) return std::fprintf(stderr, "peer-copy: cannot allocate 2 x %llu bytes\n", static_cast<unsigned long long>(n * chunk)), 1;
+  std::error_code failure;
+  auto run = [&](const std::byte* from, std::uint64_t count) {
+    pipeline(
+        loop, count, depth,
+        [&](std::uint64_t i, auto done) { (*engine)->async_copy({{*into + i * chunk, from + i * chunk, chunk}}, std::move(done)); },
+        failure);
+  };
+  const std::byte* remote = (*peer)->bytes().data();
+  run(remote, std::min<std::uint64_t>(n, 8));
+  const double p0 = now_s();
+  run(remote, n);
+  const double p1 = now_s();
+  bool same = true;  // the first and the last chunk, as copied from the other process
+  host_buffer check(chunk);
+  for (const std::uint64_t at : {std::uint64_t{0}, (n - 1) * chunk}) {
+    if (auto ec = cuda_copy_blocking(check.data(), *into + at, chunk)) failure = ec;
+    for (std::uint64_t i = 0; i < chunk; i += 4099) same = same && check.data()[i] == pattern_at(at + i);
+  }
+  run(*local, n);  // the same bytes inside this GPU
+  const double l0 = now_s();
+  run(*local, n);
+  const double l1 = now_s();
+  write_file(dir / "done", "1\n");
+  if (failure) return std::fprintf(stderr, "peer-copy: %s\n", failure.message().c_str()), 1;
+  std::printf(
+      "{\"stage\":\"peer-copy\",\"device\":%d,\"bytes\":%llu,\"verified\":%s,\"owner_killed\":%s,\"peer_start\":%.6f,"
+      "\"peer_end\":%.6f,\"local_start\":%.6f,\"local_end\":%.6f}\n",
+      device, static_cast<unsigned long long>(n * chunk), same ? "true" : "false", kill_owner ? "true" : "false", p0,
+      p1, l0, l1);
+  memory.release(*into);
+  memory.release(*local);
+  return same ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace ferry
 
@@ -305,6 +401,10 @@ int main(int argc, char** argv) {
                         static_cast<std::uint32_t>(u64(3)), std::stoi(a[4]), u64(5), u64(6),
                         static_cast<std::uint32_t>(u64(7)),
                         a.size() == 9 ? static_cast<std::uint32_t>(u64(8)) : 1u);
+    }
+    if (!a.empty() && a[0] == "peer-export" && a.size() == 4) return peer_export(a[1], std::stoi(a[2]), u64(3));
+    if (!a.empty() && a[0] == "peer-copy" && (a.size() == 6 || (a.size() == 7 && a[6] == "kill-owner"))) {
+      return peer_copy(a[1], std::stoi(a[2]), u64(3), u64(4), static_cast<std::uint32_t>(u64(5)), a.size() == 7);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry_gpu_bench: %s\n", e.what());

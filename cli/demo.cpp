@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -14,23 +15,24 @@ namespace ferry::cli {
 namespace {
 
 /// `ferry demo --gpu`: the same job as processes, one per GPU of this host. Unless flags say
-/// otherwise: one trainer shard, one instance of the other GPUs, and (one host) the leaders read
-/// the trainer's host copy in place, with cma for the control links and any write.
+/// otherwise: one trainer shard and one instance of the other GPUs (on a single GPU, a trainer and
+/// a worker share it), reading GPU to GPU where the GPUs allow (`--p2p`), else the trainer's host
+/// copy in place, with cma for the control links and any write.
 int run_gpu_demo(const CLI::App& demo, const job_config& config, bool json) {
   process_flags f{.job = config, .json = json, .gpus = true};
   const int gpus = visible_gpus();
+  if (gpus < 1) return std::fprintf(stderr, "ferry demo --gpu: no GPU visible\n"), 2;
   if (!demo.count("--trainers")) f.job.trainers = 1;
   if (!demo.count("--instances")) f.job.instances = 1;
-  if (!demo.count("--workers") && gpus > static_cast<int>(f.job.trainers))
-    f.job.workers_per_instance = (gpus - f.job.trainers) / f.job.instances;
+  if (!demo.count("--workers")) f.job.workers_per_instance = std::max(1, (gpus - 1) / static_cast<int>(f.job.instances));
+  if (gpus == 1) f.gpu_list.assign(f.job.trainers + f.job.instances * f.job.workers_per_instance, 0);
   if (!demo.count("--transport")) {
     f.job.transport = "cma";
     f.job.shared_host_copies = true;
   }
-  if (gpus < 2) return std::fprintf(stderr, "ferry demo --gpu: needs 2 GPUs or more, %d visible\n", gpus), 2;
-  log::info("demo: {} trainer GPU(s), {} instance(s) x {} GPUs, {} MiB model, over {}{}", f.job.trainers,
+  log::info("demo: {} trainer GPU(s), {} instance(s) x {} GPUs, {} MiB model, over {}, p2p {}{}", f.job.trainers,
             f.job.instances, f.job.workers_per_instance, f.job.model_bytes >> 20, f.job.transport,
-            f.job.shared_host_copies ? ", leaders reading the trainers' host copies in place" : "");
+            p2p_mode_name(f.job.p2p), f.job.shared_host_copies ? " (else the trainers' host copies read in place)" : "");
   return run_local(f);
 }
 
@@ -46,7 +48,7 @@ void add_demo(CLI::App& app, command_table& commands) {
   demo->add_flag("--json", *json, "print one JSON object instead of the table");
   demo->add_flag("--gpu", *gpu,
                  "the job on this host's GPUs instead, one process per GPU (by default one trainer and one "
-                 "instance of the other GPUs; without --transport, leaders read the trainer's host copy in place)");
+                 "instance of the other GPUs; one GPU: a trainer and a worker share it)");
 
   auto run = [demo, config, json, gpu] {
     if (*gpu) return run_gpu_demo(*demo, *config, *json);

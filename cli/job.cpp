@@ -110,7 +110,8 @@ int run_coordinator(const process_flags& f) {
                   .chunk_bytes = f.job.chunk_bytes,
                   .depth = f.job.depth,
                   .stripes = f.job.stripes,
-                  .shared_host_copies = f.job.shared_host_copies};
+                  .shared_host_copies = f.job.shared_host_copies,
+                  .p2p = f.job.p2p};
   // GPU nodes pin tens of GiB on their loop thread at plan time: give their heartbeats room.
   shape.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
   job_coordinator coord(host, job_actor, shape);
@@ -124,6 +125,7 @@ int run_coordinator(const process_flags& f) {
     const auto share = p.receive_shares();
     result.worker_bytes = share.most_bytes;
     result.receive_ratio = share.worst_ratio;
+    result.device_direct_pairs = p.device_direct_pairs();
     log::info("coordinator: every leader is ready; updates may start");
   };
   coord.on_failed = [&](const std::string& why) { failure = why; };
@@ -190,16 +192,33 @@ int run_coordinator(const process_flags& f) {
   return result.ok && (result.verified || !f.job.verify) ? 0 : 1;
 }
 
+/// The GPU of each GPU node of a local job, in start order (`--gpu-list`, or one each from GPU 0
+/// with `--gpus`), or what is wrong.
+std::optional<std::string> place_on_gpus(const process_flags& f, std::vector<int>& devices) {
+  const auto gpu_nodes = (f.host_trainers ? 0 : f.job.trainers) + f.job.instances * f.job.workers_per_instance;
+  const int visible = visible_gpus();
+  if (!f.gpu_list.empty()) {
+    if (f.gpu_list.size() != gpu_nodes)
+      return fmt::format("--gpu-list names {} GPUs for {} GPU nodes", f.gpu_list.size(), gpu_nodes);
+    for (const int d : f.gpu_list)
+      if (d < 0 || d >= visible) return fmt::format("--gpu-list: GPU {}: {} GPUs visible", d, visible);
+    devices = f.gpu_list;
+  } else if (f.gpus) {
+    if (static_cast<int>(gpu_nodes) > visible)
+      return fmt::format("--gpus needs one GPU per node: {} GPU nodes, {} GPUs visible (--gpu-list shares them)",
+                         gpu_nodes, visible);
+    for (int d = 0; d < static_cast<int>(gpu_nodes); ++d) devices.push_back(d);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int run_local(const process_flags& f) {
   if (auto error = check_job_options(f.job); !error.empty()) return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
-  const auto gpu_nodes = (f.host_trainers ? 0 : f.job.trainers) + f.job.instances * f.job.workers_per_instance;
-  if (f.gpus && static_cast<int>(gpu_nodes) > visible_gpus()) {
-    return std::fprintf(stderr, "ferry local: --gpus needs one GPU per node: %u GPU nodes, %d GPUs visible\n",
-                        gpu_nodes, visible_gpus()),
-           2;
-  }
+  std::vector<int> devices;  // of the GPU nodes, in start order
+  if (auto error = place_on_gpus(f, devices)) return std::fprintf(stderr, "ferry local: %s\n", error->c_str()), 2;
+  const bool gpus = !devices.empty();
   if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp, cma or fabric\n"), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = make_job_directory("local");
@@ -215,7 +234,7 @@ int run_local(const process_flags& f) {
   auto coordinator_args = extra(job_args(self, "coordinator", f.job));
   coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file});
   traced(coordinator_args);
-  if (f.gpus) coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout", "30"});
+  if (gpus) coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout", "30"});
   if (f.json) coordinator_args.push_back("--json");
   const pid_t coordinator_pid = spawn(coordinator_args);
   const auto address = coordinator_pid > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
@@ -229,11 +248,11 @@ int run_local(const process_flags& f) {
   }
   if (!address.empty()) {
     node_id next = 1;
-    int next_gpu = 0;
+    std::size_t next_gpu = 0;
     auto start_node = [&](std::vector<std::string> role) {
       auto args = extra(job_args(self, "node", f.job));
-      const bool on_gpu = f.gpus && !(f.host_trainers && role.at(1) == "trainer");
-      if (on_gpu) args.insert(args.end(), {"--device", std::to_string(next_gpu++)});
+      const bool on_gpu = gpus && !(f.host_trainers && role.at(1) == "trainer");
+      if (on_gpu) args.insert(args.end(), {"--device", std::to_string(devices.at(next_gpu++))});
       args.insert(args.end(), {"--coordinator", address, "--node-id", std::to_string(next++)});
       args.insert(args.end(), role.begin(), role.end());
       traced(args);
@@ -265,7 +284,7 @@ int run_local(const process_flags& f) {
   // GPU nodes check every byte on their device after the job, which takes a while.
   // Every node must exit 0: a failure at a node's exit (a sanitizer report in a destructor)
   // aborts only that node, after the job was delivered.
-  const auto ok = reap(children, std::chrono::seconds(f.gpus ? 180 : 10));
+  const auto ok = reap(children, std::chrono::seconds(gpus ? 180 : 10));
   if (interrupt_signal()) {
     std::filesystem::remove_all(dir);
     return interrupted_exit_code();
@@ -311,6 +330,7 @@ std::vector<std::string> with_process_flags(const process_flags& f, std::vector<
   if (!f.job.checksums) args.push_back("--no-checksums");
   if (!f.job.verify) args.push_back("--no-verify");
   if (f.job.shared_host_copies) args.push_back("--shared-host-copies");
+  if (f.job.p2p != p2p_mode::automatic) args.insert(args.end(), {"--p2p", std::string(p2p_mode_name(f.job.p2p))});
   args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
   if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
   if (f.bind_host != "127.0.0.1") args.insert(args.end(), {"--bind", f.bind_host});
@@ -352,6 +372,10 @@ void add_jobs(CLI::App& app, command_table& commands) {
   local->add_flag("--json", lf->json, "print one JSON object instead of the table");
   local->add_flag("--gpus", lf->gpus, "one GPU per node process: trainers on GPUs 0.., then the workers");
   local->add_flag("--host-trainers", lf->host_trainers, "with --gpus: trainer shards in host memory, workers from GPU 0");
+  local->add_option("--gpu-list", lf->gpu_list,
+                    "the GPU of each GPU node process in start order (trainers, then workers), e.g. 0,0: "
+                    "several may share one; implies --gpus")
+      ->delimiter(',');
   commands[local] = [lf] { return run_local(*lf); };
 }
 

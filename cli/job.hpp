@@ -25,6 +25,9 @@ struct process_flags {
   std::string bind_host = "127.0.0.1";  ///< the local address this process listens and connects on
   std::string model = "synthetic";  ///< or "llama3-8b" (then --model-bytes is ignored)
   bool gpus = false;                ///< local: one GPU per node process, in start order
+  /// local: the GPU of each GPU node process in start order (trainers, then workers); several may
+  /// share one. Implies `gpus`.
+  std::vector<int> gpu_list;
   bool host_trainers = false;       ///< local with gpus: trainer shards keep host memory
   double heartbeat_timeout_s = 10;  ///< coordinator: a member silent this long is dead
 };

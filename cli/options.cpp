@@ -28,6 +28,13 @@ void add_job_options(CLI::App& app, job_config& c) {
                "trainers keep host copies in shared memory and leaders read chunks there in place, "
                "with no point-to-point copy (every node on one host)");
   app.add_option_function<std::string>(
+         "--p2p", [&c](const std::string& name) { c.p2p = *parse_p2p_mode(name); },
+         "how chunks go between a trainer and a worker whose tensors are both on GPUs: auto (GPU to GPU "
+         "on one host where the worker's GPU reads the trainer's, else through host memory), device "
+         "(GPU to GPU wherever both share a host) or host (always through host memory)")
+      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->default_str("auto");
+  app.add_option_function<std::string>(
          "--shard-rollout", [&c](const std::string& name) { c.shard_rollout = *parse_rollout_sharding(name); },
          "how each instance's workers split the model: none (each holds all of it), ep (experts; a dense "
          "layer's MLP counts as one), tp (every tensor's rows) or pp-tp (two pipeline stages of "

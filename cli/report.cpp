@@ -19,6 +19,10 @@ std::string summary_table(const job_result& r) {
                        "{:.3f}x the bytes it holds\n",
                        r.worker_bytes / 1e9, 100.0 * r.worker_bytes / r.model_bytes, r.receive_ratio);
   }
+  if (const auto& pairs = r.device_direct_pairs; pairs.device_direct > 0) {
+    out += fmt::format("GPU to GPU: {} of {} trainer-worker pairs read the trainers' device copies\n",
+                       pairs.device_direct, pairs.all);
+  }
   out += r.verified ? "verified: every worker holds the trainers' bytes\n"
                     : "NOT verified" + (r.error.empty() ? std::string() : ": " + r.error) + "\n";
   return out;
@@ -46,6 +50,8 @@ nlohmann::json summary_json(const job_result& r) {
                    {"worker_bytes", r.worker_bytes},
                    {"receive_ratio", r.receive_ratio},
                    {"worker_link_bytes", r.worker_link_bytes},
+                   {"device_direct_pairs", r.device_direct_pairs.device_direct},
+                   {"pairs", r.device_direct_pairs.all},
                    {"per_version", versions}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;

@@ -121,6 +121,7 @@ class local_job {
                   .depth = config_.depth,
                   .stripes = config_.stripes,
                   .shared_host_copies = config_.shared_host_copies,
+                  .p2p = config_.p2p,
                   // One process: no member can die on its own, and pre-faulting staging on the
                   // shared loop must not look like a hang.
                   .heartbeat_timeout = std::chrono::hours(24)});
@@ -178,6 +179,7 @@ class local_job {
       const auto share = p.receive_shares();
       result_.worker_bytes = share.most_bytes;
       result_.receive_ratio = share.worst_ratio;
+      result_.device_direct_pairs = p.device_direct_pairs();
     };
     coord_->on_failed = [this](const std::string& why) { failure_ = why; };
     coord_->on_delivered = [this](const version_report& r) {

@@ -21,6 +21,7 @@ struct job_config {
   std::uint32_t depth = 2;
   std::uint32_t stripes = 0;  ///< leaders per instance; 0: job_shape's automatic choice
   bool shared_host_copies = false;  ///< leaders read trainers' host copies in place (job_shape)
+  p2p_mode p2p = p2p_mode::automatic;  ///< GPU to GPU where it can (job_shape)
   /// How each instance's workers split the table; none: every worker holds all of it.
   rollout_sharding shard_rollout = rollout_sharding::none;
   std::uint32_t versions = 3;
@@ -43,6 +44,7 @@ struct job_result {
   /// Per update, the most any worker receives against what it holds (1: exactly its bytes).
   double receive_ratio = 0;
   std::uint64_t worker_bytes = 0;  ///< the most bytes any worker receives per update (the plan's)
+  plan::pair_count device_direct_pairs;  ///< of the first plan: trainer-worker pairs GPU to GPU
   /// Measured: the most bytes written into any worker's node per version (its link's receive side).
   std::uint64_t worker_link_bytes = 0;
   std::vector<version_report> versions;

@@ -191,7 +191,7 @@ class coordinator {
  public:
   coordinator(std::string listen, std::uint32_t trainers, std::vector<std::uint32_t> instance_sizes,
               std::uint64_t chunk_bytes, std::uint32_t depth, std::uint32_t stripes,
-              std::string secret, bool allow_unauthenticated) {
+              std::string secret, bool allow_unauthenticated, std::string p2p) {
     ferry::status ok;
     impl_ = std::make_unique<ferry::coordinator>(
         ferry::coordinator::options{.listen = std::move(listen),
@@ -201,7 +201,8 @@ class coordinator {
                                     .instance_sizes = std::move(instance_sizes),
                                     .chunk_bytes = chunk_bytes,
                                     .depth = depth,
-                                    .stripes = stripes},
+                                    .stripes = stripes,
+                                    .p2p = std::move(p2p)},
         ok);
     check(ok);
   }
@@ -473,11 +474,11 @@ PYBIND11_MODULE(_ferry, m) {
 
   py::class_<coordinator>(m, "Coordinator")
       .def(py::init<std::string, std::uint32_t, std::vector<std::uint32_t>, std::uint64_t,
-                    std::uint32_t, std::uint32_t, std::string, bool>(),
+                    std::uint32_t, std::uint32_t, std::string, bool, std::string>(),
            py::kw_only(), py::arg("listen") = "tcp://127.0.0.1:0", py::arg("trainers") = 1,
            py::arg("instance_sizes") = std::vector<std::uint32_t>{1},
            py::arg("chunk_bytes") = 64ull << 20, py::arg("depth") = 2, py::arg("stripes") = 0,
-           py::arg("secret") = "", py::arg("allow_unauthenticated") = false)
+           py::arg("secret") = "", py::arg("allow_unauthenticated") = false, py::arg("p2p") = "auto")
       .def_property_readonly("address", &coordinator::address)
       .def_property_readonly("delivered", &coordinator::delivered)
       .def("wait_delivered", &coordinator::wait_delivered, py::arg("version"),

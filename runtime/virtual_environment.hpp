@@ -4,6 +4,8 @@
 /// nothing touches the OS. One thread, no sleeps: the same inputs give the same run, event for
 /// event (the trace's digest says so).
 #include <chrono>
+#include <cstdint>
+#include <set>
 
 #include "runtime/clock.hpp"
 #include "runtime/codec.hpp"
@@ -38,6 +40,9 @@ class virtual_environment final : public environment {
     return trace_;
   }
   bool is_virtual() const override { return true; }
+  /// Process `pid` is gone from now on (`platform().process_alive` says so): a virtual run's
+  /// stand-in for a killed process whose resources (shared memory) other members named.
+  void end_process(std::int32_t pid) { platform_.ended.insert(pid); }
 
  private:
   class inline_executor final : public executor {
@@ -51,15 +56,17 @@ class virtual_environment final : public environment {
     virtual_clock& clock_;
     cpu_cost_model cost_;
   };
-  /// No processes, no shared memory, no blocking calls.
+  /// No processes but those ended, no shared memory, no blocking calls.
   class no_platform final : public ferry::platform {
    public:
     explicit no_platform(event_loop& loop) : loop_(loop) {}
-    bool process_alive(std::int32_t) override { return true; }
+    bool process_alive(std::int32_t pid) override { return !ended.contains(pid); }
     result<host_buffer> map_shared(const shared_memory_ref&, std::string& why) override;
     /// Refused: a virtual run must not block on a real resource.
     void async_blocking(std::function<std::error_code()>,
                         std::function<void(std::error_code)> done) override;
+
+    std::set<std::int32_t> ended;
 
    private:
     event_loop& loop_;

@@ -1,6 +1,7 @@
 #pragma once
-/// Device memory of one GPU (cudaMalloc) and page-locking of host buffers for its copies
-/// (cudaHostRegister), so host buffers allocated once (host_buffer) become DMA targets.
+/// Device memory of one GPU (cudaMalloc), page-locking of host buffers for its copies
+/// (cudaHostRegister), so host buffers allocated once (host_buffer) become DMA targets, and device
+/// memory shared with other processes of the host (cuda_shared_memory.hpp).
 #include "runtime/device_memory.hpp"
 
 namespace ferry {
@@ -17,6 +18,10 @@ class cuda_device_memory final : public device_memory {
   /// cudaHostRegister (portable): the buffer becomes pinned for every device of the process.
   std::error_code pin(std::span<std::byte> host) override;
   void unpin(std::span<std::byte> host) override;
+  /// This host, the GPU's UUID, and every visible GPU it has peer access to.
+  device_place place() const override;
+  result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes, std::string& why) override;
+  result<std::unique_ptr<shared_device_buffer>> map_shared(const shared_device_ref& ref, std::string& why) override;
 
  private:
   int device_;

@@ -7,6 +7,7 @@ from job_verdict import exit_on_failures, run_job
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--workers", type=int, required=True)
+parser.add_argument("--device-direct", action="store_true", help="every trainer-worker pair reads GPU to GPU")
 parser.add_argument("command", nargs=argparse.REMAINDER)
 args = parser.parse_args()
 command = args.command[1:] if args.command and args.command[0] == "--" else args.command
@@ -21,6 +22,8 @@ if verdict:
         failures.append(f"versions delivered out of order or missing: {per_version}")
     if not all(v["verified"] for v in per_version):
         failures.append("a version's digests differ on some worker")
+    if args.device_direct and not 0 < verdict.get("device_direct_pairs", 0) == verdict.get("pairs"):
+        failures.append(f"{verdict.get('device_direct_pairs')} of {verdict.get('pairs')} trainer-worker pairs GPU to GPU")
     if verdict.get("bytes") != verdict.get("model_bytes", 0) * versions or verdict.get("bytes", 0) <= 0:
         failures.append(f"bytes {verdict.get('bytes')} inconsistent with model_bytes and versions")
 

@@ -63,9 +63,10 @@ typedef struct ferry_coordinator_options {
   uint64_t chunk_bytes;
   uint32_t depth;
   uint32_t stripes;
+  const char* p2p; /* "auto" (NULL too), "device" or "host": GPU to GPU or through host memory */
 } ferry_coordinator_options;
 #define FERRY_COORDINATOR_OPTIONS_INIT \
-  { sizeof(ferry_coordinator_options), "tcp://127.0.0.1:0", NULL, 1, NULL, 0, 64u << 20, 2, 0 }
+  { sizeof(ferry_coordinator_options), "tcp://127.0.0.1:0", NULL, 1, NULL, 0, 64u << 20, 2, 0, "auto" }
 
 typedef struct ferry_member_options {
   uint32_t struct_size;

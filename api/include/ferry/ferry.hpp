@@ -116,6 +116,10 @@ class FERRY_API coordinator {
     std::uint64_t chunk_bytes = 64ull << 20;
     std::uint32_t depth = 2;    ///< chunks in flight per stage
     std::uint32_t stripes = 0;  ///< leaders per instance; 0: one (every member on GPUs)
+    /// How chunks go between a trainer and a rollout whose tensors are both on GPUs: "auto" (GPU
+    /// to GPU on one host where the rollout's GPU can read the trainer's, else through host
+    /// memory), "device" (GPU to GPU wherever both share a host) or "host".
+    std::string p2p = "auto";
   };
   /// Starts listening; `ok` says whether it did and why not.
   coordinator(options o, status& ok);
