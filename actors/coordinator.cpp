@@ -396,12 +396,12 @@ void job_coordinator::regroup(const std::string& reason) {
     peers.push_back({w.who.node, w.transport_address});
     w.ready = false;
   }
-  const auto pairs = plan_->device_direct_pairs();
+  const auto pairs = plan_->paths();
   log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} instance(s), {} worker(s), "
-            "{} leader(s) in instance {}, {} of {} trainer-worker pairs GPU to GPU (p2p {})",
+            "{} leader(s) in instance {}; of {} trainer-worker pairs, {} GPU to GPU on one host, {} GPUDirect (p2p {})",
             epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
             plan_->instances.size(), members_.workers.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id,
-            pairs.device_direct, pairs.all, p2p_mode_name(plan_->p2p));
+            pairs.all, pairs.device_direct, pairs.gpudirect, p2p_mode_name(plan_->p2p));
   send_plan(plan_ready{.plan = *plan_, .peers = peers});
 }
 

@@ -58,33 +58,41 @@ std::optional<p2p_mode> parse_p2p_mode(std::string_view name) {
   return std::nullopt;
 }
 
-bool reads_device_direct(p2p_mode mode, const device_place& shard, const device_place& worker) {
-  if (mode == p2p_mode::host || shard.gpu.empty() || worker.gpu.empty() || shard.host == 0 || shard.host != worker.host)
-    return false;
-  if (mode == p2p_mode::device || shard.gpu == worker.gpu) return true;
-  return mode == p2p_mode::automatic && std::find(worker.reads.begin(), worker.reads.end(), shard.gpu) != worker.reads.end();
+chunk_path path_between(p2p_mode mode, const device_place& shard, const device_place& worker) {
+  if (mode == p2p_mode::host || shard.gpu.empty() || worker.gpu.empty()) return chunk_path::host_copy;
+  const bool one_host = shard.host != 0 && shard.host == worker.host;
+  const bool reads = shard.gpu == worker.gpu ||
+                     std::find(worker.reads.begin(), worker.reads.end(), shard.gpu) != worker.reads.end();
+  if (one_host && (reads || mode == p2p_mode::device)) return chunk_path::device_direct;
+  return shard.rdma && worker.rdma ? chunk_path::gpudirect : chunk_path::host_copy;
 }
 
-bool plan::device_direct(std::uint32_t shard, const instance_plan& inst, std::size_t rank) const {
-  if (shard >= shard_places.size() || rank >= inst.places.size()) return false;
-  return reads_device_direct(p2p, shard_places[shard], inst.places[rank]);
+chunk_path plan::path(std::uint32_t shard, const instance_plan& inst, std::size_t rank) const {
+  if (shard >= shard_places.size() || rank >= inst.places.size()) return chunk_path::host_copy;
+  return path_between(p2p, shard_places[shard], inst.places[rank]);
 }
 
 plan::shard_copies plan::copies_of(std::uint32_t shard) const {
   shard_copies kept;
   for (const auto& inst : instances) {
-    for (std::size_t r = 0; r < inst.workers.size(); ++r) (device_direct(shard, inst, r) ? kept.device : kept.host) = true;
+    for (std::size_t r = 0; r < inst.workers.size(); ++r) {
+      const auto p = path(shard, inst, r);
+      (p == chunk_path::host_copy ? kept.host : kept.device) = true;
+      kept.device_written = kept.device_written || p == chunk_path::gpudirect;
+    }
   }
   return kept;
 }
 
-plan::pair_count plan::device_direct_pairs() const {
+plan::pair_count plan::paths() const {
   pair_count n;
   for (std::uint32_t s = 0; s < shards.size(); ++s) {
     for (const auto& inst : instances) {
       for (std::size_t r = 0; r < inst.workers.size(); ++r) {
         ++n.all;
-        n.device_direct += device_direct(s, inst, r);
+        const auto p = path(s, inst, r);
+        n.device_direct += p == chunk_path::device_direct;
+        n.gpudirect += p == chunk_path::gpudirect;
       }
     }
   }
@@ -285,6 +293,7 @@ std::uint64_t plan_digest(const plan& p) {
     }
     auto add_place = [&](const device_place& place) {
       add(place.host);
+      add(place.rdma);
       add(place.gpu);
       add(place.reads.size());
       for (const auto& gpu : place.reads) add(gpu);

@@ -49,10 +49,17 @@ std::string_view p2p_mode_name(p2p_mode mode);
 /// The mode named `name` (as `p2p_mode_name` spells it); nullopt for any other.
 std::optional<p2p_mode> parse_p2p_mode(std::string_view name);
 
-/// Whether a worker placed at `worker` reads the chunks of a trainer shard placed at `shard`
-/// straight from the shard's device copies under `mode` (device-direct), rather than from its
-/// host copy.
-bool reads_device_direct(p2p_mode mode, const device_place& shard, const device_place& worker);
+/// How a trainer shard's chunks reach one worker.
+enum class chunk_path : std::uint8_t {
+  host_copy,      ///< from the trainer's host copy: written into the worker's slots, or read in place
+  device_direct,  ///< read by the worker from the trainer's device copies, GPU to GPU on one host
+  gpudirect,      ///< written from the trainer's device copies into the worker's GPU (GPUDirect RDMA)
+};
+/// The path under `mode` from a trainer shard placed at `shard` to a worker placed at `worker`:
+/// device-direct where both GPUs share a host and the worker's reads the trainer's (under
+/// `device`, wherever they share a host), else GPUDirect where both transports reach their GPUs,
+/// else the host copy.
+chunk_path path_between(p2p_mode mode, const device_place& shard, const device_place& worker);
 
 inline constexpr std::uint64_t tensor_alignment = 256;
 inline constexpr std::uint64_t default_chunk_bytes = 64ull << 20;
@@ -162,21 +169,23 @@ struct plan {
   receive_share receive_shares() const;
   /// Ids of the chunks `shard` sources, in send order: each audience's spread evenly over it.
   std::vector<std::uint32_t> chunks_of(std::uint32_t shard) const;
-  /// Whether worker `rank` of `inst` reads `shard`'s chunks from the shard's device copies.
-  bool device_direct(std::uint32_t shard, const instance_plan& inst, std::size_t rank) const;
-  /// What copies `shard` keeps: device copies for the workers that read it device-direct, a host
-  /// copy for the others.
+  /// The path of `shard`'s chunks to worker `rank` of `inst`.
+  chunk_path path(std::uint32_t shard, const instance_plan& inst, std::size_t rank) const;
+  /// What copies `shard` keeps: device copies for the workers reached GPU to GPU (registered with
+  /// the transport for GPUDirect), a host copy for the others.
   struct shard_copies {
     bool host = false;
     bool device = false;
+    bool device_written = false;  ///< the transport writes from the device copies (GPUDirect)
   };
   shard_copies copies_of(std::uint32_t shard) const;
-  /// The (trainer shard, worker) pairs that exchange chunks GPU to GPU, of all pairs.
+  /// The (trainer shard, worker) pairs by path.
   struct pair_count {
     std::uint32_t device_direct = 0;
+    std::uint32_t gpudirect = 0;
     std::uint32_t all = 0;
   };
-  pair_count device_direct_pairs() const;
+  pair_count paths() const;
 };
 
 /// One copy of `p` for the whole process: every member adopting a plan of the same digest shares

@@ -27,6 +27,7 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
       tensors_(std::move(tensors)),
       takes_trainers_table_(tensors_->empty()),
       options_(std::move(options)),
+      staging_(host.env(), host.transport(), options_.memory, [this] { changed(); }),
       sources_(host.env(), options_.memory, "worker " + std::to_string(instance) + "." + std::to_string(rank)),
       hasher_(host.env(), options_.memory),
       upload_meter_(host.env(), host.id(), stage::upload),
@@ -71,16 +72,12 @@ rollout_worker::rollout_worker(node& host, actor_id id, address coordinator, std
 }
 
 rollout_worker::~rollout_worker() {
-  *alive_ = false;
   stop_member();
   if (gen_) gen_->broadcast->abort();
   if (fibers_ > 0 || in_flight_ > 0) host().loop().run_until([this] { return fibers_ == 0 && in_flight_ == 0; });
   gen_.reset();
   host().forget_writes(leader_slot_tag);
   host().forget_writes(chain_tag);
-  if (slots_region_) host().transport().deregister_region(slots_region_->id);
-  if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
-  if (device_slots_) options_.memory->release(device_slots_);
 }
 
 void rollout_worker::join() {
@@ -89,7 +86,7 @@ void rollout_worker::join() {
                       .rank = rank_,
                       .transport_address = host().transport().local_address(),
                       .on_device = on_device(),
-                      .place = on_device() ? options_.memory->place() : device_place{}};
+                      .place = place()};
     // A worker that took the trainers' table still takes it (registers none) when it registers again.
     if (!takes_trainers_table_) {
       if (!registered_) registered_ = registered_table::of(tensors_);
@@ -177,7 +174,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     if (w != self()) others_.push_back(w);
   }
 
-  if (auto why = prepare_staging(); !why.empty()) return fail(why);
+  if (auto why = prepare_staging()) return fail(*why);
   start_generation(members, stripe, static_cast<std::uint32_t>(inst.leaders.size()));
 }
 
@@ -222,12 +219,12 @@ void rollout_worker::start_generation(const std::vector<address>& members, std::
   // new epoch lands under them, and so do the writes into it that the old key let in, so that
   // none lands over the new epoch's; then the worker says what it holds.
   if (in_flight_ > 0) note("new epoch waits for old readers");
-  if (!staging_settled_) note("new epoch waits for older writes to land");
+  if (!staging_.settled()) note("new epoch waits for older writes to land");
   ++fibers_;
   host().loop().spawn([this, g] {
-    if (wait_for([&] { return g != gen_ || (in_flight_ == 0 && staging_settled_); }) && g == gen_) {
+    if (wait_for([&] { return g != gen_ || (in_flight_ == 0 && staging_.settled()); }) && g == gen_) {
       auto ready = holdings();
-      if (leader_ || plan_->direct) ready.slots = *slots_region_;
+      if (leader_ || plan_->direct) ready.slots = *staging_.region();
       ready.direct_slot = direct_slot_;
       send(coordinator_, ready);
     }
@@ -245,46 +242,25 @@ std::vector<address> rollout_worker::collective_ranks(const instance_plan& inst)
   return members;
 }
 
-std::string rollout_worker::prepare_staging() {
-  // Staging: a leader has `depth` receive slots per trainer shard in host memory; every member
-  // has `depth` broadcast slots, on the device when there is one (a host leader broadcasts
-  // straight from its receive slots). After them, a worker that hears chunks its instance does
-  // not hear whole has `direct_slots()` for those, which it grants to any trainer. Kept across
-  // epochs while the size fits.
-  const std::size_t receive_slots = plan_->job->shards.size() * plan_->job->depth;
-  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : plan_->job->depth));
-  const std::size_t host_slots = direct_slot_ + (plan_->direct ? direct_slots() : 0);
-  const std::size_t host_bytes = host_slots * plan_->job->chunk_bytes;
-  if (host_bytes > slots_.size()) {
-    if (slots_region_) host().transport().deregister_region(slots_region_->id);
-    if (on_device() && slots_.size() > 0) options_.memory->unpin(slots_.span());
-    slots_region_.reset();
-    retired_.push_back(std::move(slots_));  // older work may still read it
-    slots_ = host().env().platform().host_memory(host_bytes);
-    auto region = host().transport().register_region(slots_.span());
-    if (!region) return "cannot register staging slots: " + region.error().message();
-    slots_region_ = *region;
-    if (on_device()) {
-      if (auto ec = options_.memory->pin(slots_.span())) return "cannot pin the receive slots: " + ec.message();
-    }
-  } else if (slots_region_) {
-    // Kept, under a new key where the transport can refuse a write and keep the link: a write of
-    // an older epoch still on its way (held up by a cut link) must not land over this epoch's.
-    // Those the old key let in before still land; the staging is offered once they have.
-    if (auto fresh = host().transport().rekey_region(slots_region_->id)) slots_region_ = *fresh;
-    const auto rekey = ++staging_rekeys_;
-    staging_settled_ = !host().transport().when_writes_end(slots_region_->id, [this, alive = alive_, rekey] {
-      if (!*alive || rekey != staging_rekeys_) return;
-      staging_settled_ = true;
-      changed();
-    });
-  }
-  if (on_device() && !device_slots_) {
-    auto slots = options_.memory->allocate(std::size_t{plan_->job->depth} * plan_->job->chunk_bytes);
-    if (!slots) return "cannot allocate device broadcast slots: " + slots.error().message();
-    device_slots_ = *slots;
-  }
-  return {};
+std::optional<std::string> rollout_worker::prepare_staging() {
+  // A leader has `depth` receive slots per trainer shard; every member has `depth` broadcast
+  // slots, on the device when there is one (a host leader broadcasts straight from its receive
+  // slots, a host follower's are where a leader's receive slots would be). After them, a worker
+  // that hears chunks its instance does not hear whole has `direct_slots()` for those, which it
+  // grants to any trainer. Receive slots are on the GPU where trainers can write there.
+  const auto& job = *plan_->job;
+  const std::size_t receive_slots = job.shards.size() * job.depth;
+  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : job.depth));
+  const bool slots_on_device = on_device() && place().rdma && job.p2p != p2p_mode::host;
+  return staging_.prepare(direct_slot_ + (plan_->direct ? direct_slots() : 0), on_device() ? job.depth : 0,
+                          job.chunk_bytes, slots_on_device);
+}
+
+device_place rollout_worker::place() const {
+  if (!on_device()) return {};
+  auto p = options_.memory->place();
+  p.rdma = !p.gpu.empty() && host().transport().reaches_device_memory();
+  return p;
 }
 
 std::string rollout_worker::worker_plan::derive(const std::shared_ptr<const std::vector<tensor_ref>>& local,
@@ -496,9 +472,9 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
     std::span<std::byte> slot;  // a leader's receive slot, in the chunk's layout
     if (w->mine) {
       // A leader verifies the stripe it received before anything reads it.
-      slot = {slots_.data() + std::size_t{w->mine->slot} * plan->job->chunk_bytes, c.bytes};
+      slot = staging_.receive_slot(w->mine->slot, c.bytes).bytes;
       const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
-      bool device_bytes = false;  // device-direct: no host byte to hash
+      bool device_bytes = staging_.on_device();  // written into the GPU, or read GPU to GPU: no host byte to hash
       if (const auto& m = w->mine->meta; m.in_place()) {  // the chunk lies in the trainer's copy
         std::string why;
         auto in_place = sources_.chunk(m, c.bytes, why);
@@ -542,9 +518,9 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     const received r = g->direct.front();
     g->direct.pop_front();
     const auto& c = plan->job->chunks.at(r.meta.chunk);
-    std::span<const std::byte> bytes(slots_.data() + std::size_t{r.slot} * plan->job->chunk_bytes, c.bytes);
+    std::span<const std::byte> bytes = staging_.receive_slot(r.slot, c.bytes).bytes;
     std::shared_ptr<const mapped_source> source;  // the trainer's copy, when read in place
-    bool device_bytes = false;
+    bool device_bytes = staging_.on_device();
     if (r.meta.in_place()) {
       std::string why;
       auto in_place = sources_.chunk(r.meta, c.bytes, why);
@@ -614,18 +590,20 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
                              work w, std::span<std::byte> slot) {
   const auto& c = plan->job->chunks.at(w.chunk);
   auto d = std::make_shared<delivery>(delivery{.g = g, .w = std::move(w), .shard = plan->job->shards.at(c.shard)});
-  // Where the instance's collective runs: a device slot, a host leader's receive slot, or a
-  // host follower's broadcast slot.
+  // Where the instance's collective runs: a leader's receive slot where it lies where the
+  // collective runs (host memory on a host, the GPU where trainers write there), else a broadcast
+  // slot, into which a device leader uploads its stripe.
   const auto& mine = d->w.mine;
-  if (mine && !on_device()) {
-    d->target = {.bytes = slot, .region = *slots_region_, .offset = std::uint64_t{mine->slot} * plan->job->chunk_bytes};
+  const bool upload = mine && on_device() && (d->w.source || !staging_.on_device());
+  if (mine && !upload) {
+    d->target = staging_.receive_slot(mine->slot, c.bytes);
     d->slot_until_applied = true;
   } else {
     d->dslot = g->free_slots.front();
     g->free_slots.pop_front();
     d->target = broadcast_slot(*d->dslot, c.bytes);
   }
-  if (!mine || !on_device()) return collect(std::move(d));
+  if (!upload) return collect(std::move(d));
   // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
   const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
   d->began = upload_meter_.begin();
@@ -692,9 +670,7 @@ void rollout_worker::collect(std::shared_ptr<delivery> d) {
 }
 
 buffer_ref rollout_worker::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {
-  const std::uint64_t offset = std::uint64_t{slot} * plan_->job->chunk_bytes;
-  if (on_device()) return {.bytes = {device_slots_ + offset, bytes}, .device = options_.memory->device()};
-  return {.bytes = {slots_.data() + offset, bytes}, .region = *slots_region_, .offset = offset};
+  return on_device() ? staging_.broadcast_slot(slot, bytes) : staging_.receive_slot(slot, bytes);
 }
 
 void rollout_worker::apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk,

@@ -16,6 +16,7 @@
 #include "actors/segment_hasher.hpp"
 #include "actors/stages.hpp"
 #include "actors/trainer_shard.hpp"
+#include "actors/worker_staging.hpp"
 #include "collectives/broadcast.hpp"
 #include "runtime/await.hpp"
 #include "runtime/device_memory.hpp"
@@ -154,9 +155,9 @@ class rollout_worker final : public job_member {
   /// The ranks of `inst`'s collective: its leaders in stripe order (rank s owns stripe s), then
   /// the others.
   static std::vector<address> collective_ranks(const instance_plan& inst);
-  /// Sizes the staging slots for the current plan (kept across epochs while they fit); what
-  /// failed, or empty.
-  std::string prepare_staging();
+  /// Sizes the staging for the current plan (kept across epochs while it fits); what failed, or
+  /// nothing.
+  std::optional<std::string> prepare_staging();
   /// A new generation of staging work over `members`' collective: the fibers that serve it.
   void start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe, std::uint32_t stripes);
   void on_slot_landed(write_imm imm);
@@ -209,9 +210,11 @@ class rollout_worker final : public job_member {
   void free_receive_slot(const delivery& d);
   /// The chunk's slots are free again and, if applied, it counts.
   void end_delivery(delivery& d, bool applied);
-  /// Broadcast slot `slot`: on the device when there is one, else in the host slots.
+  /// Broadcast slot `slot`: on the device when there is one, else in the receive slots.
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
   bool on_device() const { return options_.memory && options_.memory->device() >= 0; }
+  /// Where this worker's tensors live, and whether its transport reaches that GPU.
+  device_place place() const;
   bool current(const std::shared_ptr<generation>& g) const { return g == gen_ && !failed_ && !stopped_; }
   /// Copies chunk `chunk` of `plan` from `bytes` into this worker's tensors, then `done`.
   void apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
@@ -243,18 +246,13 @@ class rollout_worker final : public job_member {
   std::shared_ptr<const worker_plan> plan_;
   bool leader_ = false;
   std::vector<address> others_;  ///< the instance's other members
-  host_buffer slots_;  ///< leader: receive slots; host follower: broadcast slots; then direct slots
+  /// Receive slots (leader: its receive slots; host follower: broadcast slots; then direct slots)
+  /// and a device member's broadcast slots.
+  worker_staging staging_;
   std::uint32_t direct_slot_ = 0;  ///< the first direct slot: chunks its instance does not hear whole
-  std::optional<region_desc> slots_region_;
-  /// Whether the writes the staging's last key let in have all ended (`prepare_staging`); the
-  /// number of the rekey that is waited for.
-  bool staging_settled_ = true;
-  std::uint64_t staging_rekeys_ = 0;
-  std::vector<host_buffer> retired_;   ///< staging of older epochs, until their work drains
   /// Trainers' copies read in place here; dropped when their trainer's process is gone.
   in_place_sources sources_;
   segment_hasher hasher_;
-  std::byte* device_slots_ = nullptr;  ///< `depth` broadcast slots on the device
   std::shared_ptr<generation> gen_;
 
   std::map<std::uint64_t, version_progress> progress_;
@@ -262,8 +260,6 @@ class rollout_worker final : public job_member {
   stage_meter upload_meter_, broadcast_meter_;
   apply_stage apply_;
   int in_flight_ = 0;  ///< chunks delivering, relays and reports under way
-  /// False once destroyed: the transport's calls back (`when_writes_end`) may come later.
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace ferry

@@ -16,6 +16,8 @@ void shard_copies::release_host() {
 }
 
 void shard_copies::release_device() {
+  if (device_region_) wire_.deregister_region(device_region_->id);
+  device_region_.reset();
   if (device_) retired_device_.push_back(std::move(device_));
 }
 
@@ -44,6 +46,12 @@ std::optional<std::string> shard_copies::prepare(std::uint64_t bytes, plan::shar
     auto shared = memory_->allocate_shared(2 * bytes, why);
     if (!shared) return "cannot allocate the device copies (" + std::to_string(2 * bytes) + " bytes): " + why;
     device_ = std::move(*shared);
+  }
+  if (kept.device_written && device_ && !device_region_) {
+    std::string why;
+    auto region = wire_.register_device_region(device_->bytes(), memory_->device(), why);
+    if (!region) return "cannot register the device copies for GPUDirect writes: " + why;
+    device_region_ = *region;
   }
   for (std::size_t i = 0; i < copies_.size(); ++i) {
     auto& c = copies_[i];

@@ -3,7 +3,8 @@
 /// that a late joiner can be served the delivered version while the next one is offloaded. Host
 /// copies (pinned for the shard's device, registered with the transport, in a memfd when leaders
 /// read them in place) serve the workers that receive writes; device copies (the device's memory
-/// that other processes map) serve the workers that read GPU to GPU. The plan says which kinds the
+/// that other processes map) serve the workers reached GPU to GPU: read in place on one host, or
+/// written from by the transport (GPUDirect RDMA). The plan says which kinds the
 /// shard keeps; each is allocated when first needed and reused by every version and epoch while
 /// its size fits.
 #include <array>
@@ -69,6 +70,7 @@ class shard_copies {
   host_buffer host_;
   std::optional<region_desc> host_region_;
   std::unique_ptr<shared_device_buffer> device_;
+  std::optional<region_desc> device_region_;  ///< where the transport writes from them (GPUDirect)
   /// Copies of older layouts, until the shard goes: an offload or a send of the old layout may
   /// still touch them (the new plan stops them at their next step).
   std::vector<host_buffer> retired_host_;

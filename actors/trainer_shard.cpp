@@ -93,13 +93,20 @@ void trainer_shard::join() {
   join_with([this] {
     register_trainer m{.shard = shard_,
                        .transport_address = host().transport().local_address(),
-                       .place = options_.memory ? options_.memory->place() : device_place{}};
+                       .place = place()};
     for (const auto& t : tensors_) m.tensors.push_back(t.spec);
     return m;
   });
 }
 
 void trainer_shard::halting() { ++send_generation_; }
+
+device_place trainer_shard::place() const {
+  if (!options_.memory) return {};
+  auto p = options_.memory->place();
+  p.rdma = !p.gpu.empty() && host().transport().reaches_device_memory();
+  return p;
+}
 
 void trainer_shard::retire_routes() {
   for (auto& r : routes_) {
@@ -138,7 +145,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   for (std::uint32_t i = 0; i < next->my_chunks.size(); ++i) next->send_position[next->my_chunks[i]] = i;
   for (const auto& inst : next->job->instances) {
     for (std::size_t r = 0; r < inst.workers.size(); ++r)
-      if (next->job->device_direct(shard_, inst, r)) next->device_readers.insert(inst.workers[r]);
+      if (const auto p = next->job->path(shard_, inst, r); p != chunk_path::host_copy) next->paths.emplace(inst.workers[r], p);
   }
   plan_ = std::move(next);
   const auto& job = *plan_->job;
@@ -301,7 +308,7 @@ void trainer_shard::start_sending(const update_go& go) {
     r->version = go.version;
     r->generation = generation;
     r->plan = plan_;
-    r->device_direct = plan_->device_readers.contains(r->leader);
+    if (const auto p = plan_->paths.find(r->leader); p != plan_->paths.end()) r->path = p->second;
     for (auto id : rc.chunks) {
       if (plan_->job->chunks.at(id).shard == shard_) r->chunks.push_back(id);
     }
@@ -327,7 +334,7 @@ void trainer_shard::link_chains(const update_go& go) {
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::vector<std::pair<std::uint32_t, route*>>> members;
   for (std::size_t i = 0; i < routes_.size(); ++i) {
     // A member that reads GPU to GPU reads every chunk it hears itself: nothing to relay to it.
-    if (!routes_[i]->direct || routes_[i]->device_direct) continue;
+    if (!routes_[i]->direct || routes_[i]->path == chunk_path::device_direct) continue;
     const auto instance = go.routes[i].route.instance;
     const auto inst = std::find_if(job.instances.begin(), job.instances.end(),
                                    [&](const instance_plan& p) { return p.id == instance; });
@@ -426,9 +433,9 @@ void trainer_shard::advance_chunks(route& r) {
       r.voided = true;
       return void_version(r.version);
     }
-    // GPU to GPU where the device copy holds the chunk; else from the host copy (the worker does
-    // not read GPU to GPU, or the version was offloaded before the shard kept a device copy).
-    const bool device = r.device_direct && copy->in_device.at(id);
+    // GPU to GPU where the device copy holds the chunk; else from the host copy (the worker is
+    // reached through host memory, or the version was offloaded before the shard kept a device copy).
+    const bool device = r.path != chunk_path::host_copy && copy->in_device.at(id);
     if (!device && !copy->in_host.at(id)) return;
     if (!r.slot && !take_slot(r, id)) return;
     std::vector<relay_hop> relay;
@@ -443,7 +450,7 @@ void trainer_shard::advance_chunks(route& r) {
     }
     const auto& c = job.chunks[id];
     const auto part = stripe_of(c.bytes, r.stripes, r.stripe);
-    const std::byte* bytes = copy->host.data() + c.shard_offset + part.offset;
+    const std::byte* bytes = (device ? copy->device : copy->host).data() + c.shard_offset + part.offset;
     auto sent = announce(r, *copy, id, device);
     sent.relay = std::move(relay);
     if (r.stripes > 1 && options_.checksums && !device) {
@@ -499,10 +506,10 @@ chunk_sent trainer_shard::announce(const route& r, const shard_copies::version_c
   const auto& job = *r.plan->job;
   chunk_sent sent{.version = r.version, .chunk = id, .slot = *r.slot, .checksum = copy.checksums[id],
                   .chunk_checksum = copy.checksums[id]};
-  if (device) {  // the leader copies its stripe GPU to GPU; no host byte to hash
+  if (device) sent.checksum = 0;  // no host byte to hash
+  if (device && r.path == chunk_path::device_direct) {  // the leader copies its stripe GPU to GPU
     sent.device_source = copies_.device_ref();
-    sent.checksum = 0;
-  } else if (job.shared_host_copies) {  // the leader reads its stripe in place
+  } else if (!device && job.shared_host_copies) {  // the leader reads its stripe in place
     sent.source = copies_.host_ref();
   }
   if (sent.in_place()) sent.source_offset = copy.offset + job.chunks[id].shard_offset;

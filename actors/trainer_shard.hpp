@@ -72,7 +72,7 @@ class trainer_shard final : public job_member {
     std::shared_ptr<const tensor_placement> placement;  ///< of the plan's tensors in tensors_
     std::vector<std::uint32_t> my_chunks;  ///< this shard's chunk ids, in send order
     std::vector<std::uint32_t> send_position;  ///< per plan chunk: its place in `my_chunks`
-    std::set<address> device_readers;  ///< the workers that read this shard's device copies
+    std::map<address, chunk_path> paths;  ///< the workers reached GPU to GPU, and how
   };
   struct route;
   /// A chunk that several members of an instance, not all, hear: the trainer writes it to the
@@ -96,7 +96,7 @@ class trainer_shard final : public job_member {
     std::uint32_t first_slot = 0;  ///< the route's slots at the leader: every shard's `depth`
     std::uint32_t slot_count = 0;
     bool direct = false;  ///< the worker grants a slot per chunk (`grants`) instead of `free`
-    bool device_direct = false;  ///< the worker reads GPU to GPU from the device copies
+    chunk_path path = chunk_path::host_copy;
     std::uint64_t version = 0;  ///< the update's
     std::uint64_t generation = 0;  ///< the send generation it belongs to; a newer one stops it
     std::shared_ptr<const shard_plan> plan;  ///< the one it was made under
@@ -149,9 +149,11 @@ class trainer_shard final : public job_member {
   bool take_slot(route& r, std::uint32_t chunk);
   /// The chunk at `r.next` is sent (or relayed by another worker): the route moves on.
   void next_chunk(route& r);
-  /// What `r`'s leader is told of chunk `id` of `copy`: where it lies when read in place (GPU to
-  /// GPU from the device copy when `device`, or from a shared host copy), its checksums.
+  /// What `r`'s leader is told of chunk `id` of `copy`, sent from the device copy when `device`:
+  /// where it lies when read in place (the device copy, or a shared host copy), its checksums.
   chunk_sent announce(const route& r, const shard_copies::version_copy& copy, std::uint32_t id, bool device) const;
+  /// Where this shard's tensors live, and whether its transport reaches that GPU.
+  device_place place() const;
   /// Hashes `stripe` on the CPU executor; the route goes on once it has the checksum.
   void hash_stripe(route& r, std::span<const std::byte> stripe);
   /// Counts `r` finished once its last write ended; the last route of an update reports the send

@@ -125,7 +125,7 @@ int run_coordinator(const process_flags& f) {
     const auto share = p.receive_shares();
     result.worker_bytes = share.most_bytes;
     result.receive_ratio = share.worst_ratio;
-    result.device_direct_pairs = p.device_direct_pairs();
+    result.paths = p.paths();
     log::info("coordinator: every leader is ready; updates may start");
   };
   coord.on_failed = [&](const std::string& why) { failure = why; };

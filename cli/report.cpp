@@ -19,9 +19,10 @@ std::string summary_table(const job_result& r) {
                        "{:.3f}x the bytes it holds\n",
                        r.worker_bytes / 1e9, 100.0 * r.worker_bytes / r.model_bytes, r.receive_ratio);
   }
-  if (const auto& pairs = r.device_direct_pairs; pairs.device_direct > 0) {
-    out += fmt::format("GPU to GPU: {} of {} trainer-worker pairs read the trainers' device copies\n",
-                       pairs.device_direct, pairs.all);
+  if (const auto& p = r.paths; p.device_direct + p.gpudirect > 0) {
+    out += fmt::format("GPU to GPU: of {} trainer-worker pairs, {} read the trainers' device copies on one host, {} are "
+                       "written into by GPUDirect RDMA\n",
+                       p.all, p.device_direct, p.gpudirect);
   }
   out += r.verified ? "verified: every worker holds the trainers' bytes\n"
                     : "NOT verified" + (r.error.empty() ? std::string() : ": " + r.error) + "\n";
@@ -50,8 +51,9 @@ nlohmann::json summary_json(const job_result& r) {
                    {"worker_bytes", r.worker_bytes},
                    {"receive_ratio", r.receive_ratio},
                    {"worker_link_bytes", r.worker_link_bytes},
-                   {"device_direct_pairs", r.device_direct_pairs.device_direct},
-                   {"pairs", r.device_direct_pairs.all},
+                   {"device_direct_pairs", r.paths.device_direct},
+                   {"gpudirect_pairs", r.paths.gpudirect},
+                   {"pairs", r.paths.all},
                    {"per_version", versions}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;

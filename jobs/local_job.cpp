@@ -179,7 +179,7 @@ class local_job {
       const auto share = p.receive_shares();
       result_.worker_bytes = share.most_bytes;
       result_.receive_ratio = share.worst_ratio;
-      result_.device_direct_pairs = p.device_direct_pairs();
+      result_.paths = p.paths();
     };
     coord_->on_failed = [this](const std::string& why) { failure_ = why; };
     coord_->on_delivered = [this](const version_report& r) {

@@ -44,7 +44,7 @@ struct job_result {
   /// Per update, the most any worker receives against what it holds (1: exactly its bytes).
   double receive_ratio = 0;
   std::uint64_t worker_bytes = 0;  ///< the most bytes any worker receives per update (the plan's)
-  plan::pair_count device_direct_pairs;  ///< of the first plan: trainer-worker pairs GPU to GPU
+  plan::pair_count paths;  ///< of the first plan: trainer-worker pairs by path
   /// Measured: the most bytes written into any worker's node per version (its link's receive side).
   std::uint64_t worker_link_bytes = 0;
   std::vector<version_report> versions;

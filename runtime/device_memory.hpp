@@ -22,8 +22,10 @@ struct device_place {
   std::string gpu;         ///< its GPU's UUID; empty: host memory
   /// GPUs whose memory its GPU reads directly (peer access), its own included.
   std::vector<std::string> reads;
+  /// Its transport reads and writes its GPU's memory (GPUDirect RDMA: a NIC's writes land there).
+  bool rdma = false;
   friend bool operator==(const device_place&, const device_place&) = default;
-  FERRY_DEFINE_MAP(host, gpu, reads)
+  FERRY_DEFINE_MAP(host, gpu, reads, rdma)
 };
 
 /// Names device memory another process of the host may map: the owner's pid and the fd that

@@ -105,6 +105,15 @@ class transport {
   /// Registers `memory` for remote writes by peers (and as a local source of writes).
   /// The memory must outlive its registration.
   virtual result<region_desc> register_region(std::span<std::byte> memory) = 0;
+  /// Whether this transport reads and writes GPU memory itself (GPUDirect RDMA), so that
+  /// `register_device_region` takes it.
+  virtual bool reaches_device_memory() const { return false; }
+  /// Registers memory of GPU `device` like `register_region`, where `reaches_device_memory()`;
+  /// refused, saying why, elsewhere.
+  virtual result<region_desc> register_device_region(std::span<std::byte> /*memory*/, int device, std::string& why) {
+    why = "the " + std::string(scheme()) + " transport cannot reach the memory of GPU " + std::to_string(device);
+    return fail(errc::invalid_argument);
+  }
   /// inproc, tcp and cma: once it returns no peer's write lands in the region, so its owner may
   /// free it (a copy running into it is waited for: milliseconds). fabric closes the region's
   /// memory registration; a write the provider is carrying then is the provider's affair.

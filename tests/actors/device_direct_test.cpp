@@ -1,8 +1,9 @@
-/// Device-direct on virtual time: trainers and workers on (virtual) GPUs of one host, the plan
-/// choosing per pair between GPU to GPU (the worker maps the trainer's device copies and copies
-/// from them) and the host copy, with every byte compared. A virtual GPU's memory is host memory
-/// kept alive by reference counts, as CUDA VMM's is, so a trainer killed mid-update leaves its
-/// readers valid bytes until the regroup drops their mapping.
+/// GPU to GPU on virtual time: trainers and workers on (virtual) GPUs, the plan choosing per pair
+/// between device-direct (one host: the worker maps the trainer's device copies and copies from
+/// them), GPUDirect (the transport writes from the trainer's device copies into the worker's GPU)
+/// and the host copy, with every byte compared. A virtual GPU's memory is host memory kept alive
+/// by reference counts, as CUDA VMM's is, so a trainer killed mid-update leaves its readers valid
+/// bytes until the regroup drops their mapping.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -25,14 +26,17 @@ namespace {
 using testing::virtual_device;
 
 constexpr std::uint64_t model_bytes = 1 << 20;
+constexpr std::size_t broadcast_slots = 2 * 16384;  ///< a worker's on its GPU: depth 2 of 16 KiB chunks
 const std::string trainer_gpu = "GPU-trainer";
 
 /// One job on virtual time: node 0 the coordinator, then a node per member, each member on its
 /// own virtual GPU (pid 1000 + node).
 class device_direct : public ::testing::Test {
  protected:
-  /// The coordinator of a job of one trainer and `instance_sizes`, under `p2p`.
-  void start(std::vector<std::uint32_t> instance_sizes, p2p_mode p2p = p2p_mode::automatic) {
+  /// The coordinator of a job of one trainer and `instance_sizes`, under `p2p`; with `gpudirect`,
+  /// the transport reaches the GPUs' memory.
+  void start(std::vector<std::uint32_t> instance_sizes, p2p_mode p2p = p2p_mode::automatic, bool gpudirect = false) {
+    if (gpudirect) network.reach_device_memory();
     add_node();
     coordinator = std::make_unique<job_coordinator>(
         *nodes[0], 1,
@@ -52,11 +56,12 @@ class device_direct : public ::testing::Test {
     return *nodes.back();
   }
 
-  /// A GPU for the next member, on node `host`, reading the GPUs `reads` besides its own.
-  virtual_device& gpu(const node& host, std::string name, std::vector<std::string> reads) {
+  /// A GPU for the next member, on node `host` of host `host_tag`, reading the GPUs `reads` besides
+  /// its own.
+  virtual_device& gpu(const node& host, std::string name, std::vector<std::string> reads, std::uint64_t host_tag = 7) {
     reads.push_back(name);
     devices.push_back(std::make_unique<virtual_device>(env, shared, 0, 1000 + static_cast<std::int32_t>(host.id()),
-                                                       std::move(name), std::move(reads)));
+                                                       std::move(name), std::move(reads), host_tag));
     return *devices.back();
   }
 
@@ -70,15 +75,17 @@ class device_direct : public ::testing::Test {
     trainer->join();
   }
 
-  /// A worker of `instance` on a node of its own whose GPU reads the trainer's when `reads_trainer`;
-  /// it holds `rows` rows of the 1024 (all: the whole tensor) from `first_row`.
+  /// A worker of `instance` on a node of its own whose GPU reads the trainer's when `reads_trainer`
+  /// (on another host when `elsewhere`); it holds `rows` rows of the 1024 (all: the whole tensor)
+  /// from `first_row`.
   rollout_worker& add_worker(std::uint32_t instance, std::uint32_t rank, bool reads_trainer,
-                             std::uint64_t first_row = 0, std::uint64_t rows = 1024) {
+                             std::uint64_t first_row = 0, std::uint64_t rows = 1024, bool elsewhere = false) {
     auto& host = add_node();
     auto& bytes = held.emplace_back(std::make_unique<std::vector<std::byte>>(rows * 1024));
     tensor_ref t{.spec = spec, .data = bytes->data(), .device = 0};
     if (rows < 1024) t.part = byte_range{first_row * 1024, rows * 1024};
-    auto& device = gpu(host, "GPU-" + std::to_string(host.id()), reads_trainer ? std::vector{trainer_gpu} : std::vector<std::string>{});
+    auto& device = gpu(host, "GPU-" + std::to_string(host.id()),
+                       reads_trainer ? std::vector{trainer_gpu} : std::vector<std::string>{}, elsewhere ? 8 : 7);
     workers.push_back(std::make_unique<rollout_worker>(
         host, 1, address{0, 1}, instance, rank, std::vector<tensor_ref>{t},
         worker_options{.memory = &device, .make_broadcast = host_chain(chain_tag)}));
@@ -243,6 +250,56 @@ TEST_F(device_direct, device_mode_fails_the_job_naming_a_gpu_that_cannot_read_th
   ASSERT_TRUE(trainer->publish(1, why)) << why;
   run_until([] { return false; });
   EXPECT_NE(failure.find("no peer access to GPU " + trainer_gpu), std::string::npos) << failure;
+}
+
+/// A worker on another host whose transport reaches both GPUs is written GPU to GPU: from the
+/// trainer's device copy straight into its GPU's receive slots, with no upload after.
+TEST_F(device_direct, a_worker_on_another_host_is_written_into_its_gpu_by_gpudirect) {
+  start({1}, p2p_mode::automatic, true);
+  add_trainer();
+  add_worker(0, 0, false, 0, 1024, true);
+
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    ASSERT_TRUE(deliver(v)) << failure;
+    EXPECT_TRUE(reports.back().verified);
+    EXPECT_TRUE(holds_published(0));
+    EXPECT_GT(reports.back().busy.send, 0) << "nothing was written";
+    EXPECT_EQ(reports.back().busy.upload, 0) << "the chunks landed in host memory and were uploaded";
+  }
+  EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 1u);
+  EXPECT_EQ(devices.back()->allocated, 2 * broadcast_slots) << "the receive slots are not on the worker's GPU";
+  EXPECT_EQ(shared.maps, 0);
+  coordinator->stop_job();
+}
+
+TEST_F(device_direct, without_gpudirect_a_worker_on_another_host_gets_the_host_copy_and_uploads_it) {
+  start({1});
+  add_trainer();
+  add_worker(0, 0, false, 0, 1024, true);
+
+  ASSERT_TRUE(deliver(1)) << failure;
+  EXPECT_TRUE(holds_published(0));
+  EXPECT_GT(reports.back().busy.upload, 0);
+  EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 0u);
+  EXPECT_EQ(devices.back()->allocated, broadcast_slots) << "receive slots on a GPU no write reaches";
+  coordinator->stop_job();
+}
+
+/// Row-parallel workers on another host: the direct slots each grants are on its GPU too.
+TEST_F(device_direct, selective_delivery_over_gpudirect_lands_each_workers_rows_in_its_gpu) {
+  start({2}, p2p_mode::automatic, true);
+  add_trainer();
+  add_worker(0, 0, false, 0, 512, true);
+  add_worker(0, 1, false, 512, 512, true);
+
+  ASSERT_TRUE(deliver(1)) << failure;
+  EXPECT_TRUE(reports.back().verified);
+  EXPECT_TRUE(holds_published(0, 0));
+  EXPECT_TRUE(holds_published(1, 512));
+  EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 2u);
+  for (std::size_t w = 1; w <= 2; ++w)
+    EXPECT_GT(devices.at(w)->allocated, broadcast_slots) << "worker " << w << "'s slots are not on its GPU";
+  coordinator->stop_job();
 }
 
 }  // namespace

@@ -310,5 +310,50 @@ TEST(choose_leaders, stripes_devices_and_the_first_leader_keeping_its_role) {
   EXPECT_EQ(choose_leaders(four, 1, false, address{99, 1}), leaders{0});
 }
 
+TEST(path_between, gpu_to_gpu_where_the_gpus_allow_and_the_mode_lets_it) {
+  const device_place trainer{.host = 1, .gpu = "A", .reads = {"A"}, .rdma = true};
+  const device_place reads_it{.host = 1, .gpu = "B", .reads = {"B", "A"}, .rdma = true};
+  const device_place no_peer{.host = 1, .gpu = "C", .reads = {"C"}, .rdma = false};
+  const device_place same_gpu{.host = 1, .gpu = "A", .reads = {"A"}};
+  const device_place elsewhere{.host = 2, .gpu = "A", .reads = {"A"}, .rdma = true};
+  const device_place on_host{.host = 1};
+  using enum chunk_path;
+  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, reads_it), device_direct);
+  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, same_gpu), device_direct);
+  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, no_peer), host_copy);
+  EXPECT_EQ(path_between(p2p_mode::device, trainer, no_peer), device_direct);  // forced: fails loudly if it cannot
+  // Another host: a UUID alike says nothing there; GPUDirect where both transports reach their GPUs.
+  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, elsewhere), gpudirect);
+  EXPECT_EQ(path_between(p2p_mode::device, trainer, elsewhere), gpudirect);
+  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, {.host = 2, .gpu = "D", .reads = {"D"}}), host_copy);
+  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, on_host), host_copy);
+  EXPECT_EQ(path_between(p2p_mode::automatic, on_host, reads_it), host_copy);
+  EXPECT_EQ(path_between(p2p_mode::automatic, device_place{.gpu = "A"}, same_gpu), host_copy);  // no host known
+  for (const auto& worker : {reads_it, same_gpu, elsewhere}) EXPECT_EQ(path_between(p2p_mode::host, trainer, worker), host_copy);
+}
+
+TEST(plan, keeps_each_kind_of_copy_its_workers_need_and_counts_the_paths) {
+  plan_inputs in = inputs({{make_tensor_spec("a", dtype::u8, {4096})}, {make_tensor_spec("b", dtype::u8, {4096})}}, 1024);
+  in.shard_places = {{.host = 1, .gpu = "A", .reads = {"A"}, .rdma = true}, {}};
+  in.instances = {{.id = 0, .workers = {{10, 1}, {11, 1}},
+                   .places = {{.host = 1, .gpu = "B", .reads = {"B", "A"}}, {.host = 2, .gpu = "C", .rdma = true}}}};
+  std::string why;
+  auto p = make_plan(in, why);
+  ASSERT_TRUE(p) << why;
+  EXPECT_EQ(p->path(0, p->instances[0], 0), chunk_path::device_direct);
+  EXPECT_EQ(p->path(0, p->instances[0], 1), chunk_path::gpudirect);
+  const auto gpu_shard = p->copies_of(0);
+  EXPECT_TRUE(gpu_shard.device && gpu_shard.device_written && !gpu_shard.host);
+  const auto host_shard = p->copies_of(1);
+  EXPECT_TRUE(host_shard.host && !host_shard.device);
+  const auto n = p->paths();
+  EXPECT_EQ(n.all, 4u);
+  EXPECT_EQ(n.device_direct, 1u);
+  EXPECT_EQ(n.gpudirect, 1u);
+  in.instances[0].places.pop_back();  // a place for some workers only
+  EXPECT_FALSE(make_plan(in, why));
+  EXPECT_NE(why.find("instance 0 needs a place for every worker, or none"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace ferry

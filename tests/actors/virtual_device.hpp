@@ -47,6 +47,7 @@ class virtual_device final : public device_memory {
 
   int device() const override { return device_; }
   result<std::byte*> allocate(std::size_t bytes) override {
+    allocated += bytes;
     owned_.emplace_back(bytes);
     return owned_.back().data();
   }
@@ -54,6 +55,8 @@ class virtual_device final : public device_memory {
   std::error_code pin(std::span<std::byte>) override { return {}; }
   void unpin(std::span<std::byte>) override {}
   device_place place() const override { return place_; }
+
+  std::size_t allocated = 0;  ///< by `allocate`: staging, not shared memory
 
   result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes, std::string&) override {
     auto held = std::make_shared<host_buffer>(bytes);

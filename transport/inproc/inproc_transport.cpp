@@ -104,7 +104,7 @@ std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inpro
 
 inproc_transport::inproc_transport(made_by_make, environment& env, inproc_network& network,
                                    node_id self)
-    : loop_(env.loop()), cpu_(env.cpu()), network_(network), self_(self), regions_(self) {}
+    : loop_(env.loop()), cpu_(env.cpu()), network_(network), self_(self), virtual_time_(env.is_virtual()), regions_(self) {}
 
 inproc_transport::~inproc_transport() { close(); }
 
@@ -273,6 +273,11 @@ void inproc_transport::deliver(node_id from, const parcel& p) {
 }
 
 result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) { return regions_.add(memory); }
+bool inproc_transport::reaches_device_memory() const { return virtual_time_ && network_.device_memory_; }
+result<region_desc> inproc_transport::register_device_region(std::span<std::byte> memory, int device, std::string& why) {
+  if (reaches_device_memory()) return regions_.add(memory);
+  return transport::register_device_region(memory, device, why);
+}
 void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.remove(region_id); }
 // A write held up by a cut is checked again when it arrives (`async_write`): the new key keeps it out.
 result<region_desc> inproc_transport::rekey_region(std::uint64_t region_id) { return regions_.rekey(region_id); }

@@ -54,6 +54,9 @@ class inproc_network {
   /// simulations, where encoding and decoding took a sixth of the instructions and no byte of a
   /// message is what the model measures. Set before any node starts.
   void hand_over_messages() { hand_over_ = true; }
+  /// Its transports register GPU memory on virtual time (GPUDirect RDMA, modelled), where a GPU's
+  /// memory is host memory or sizes: tests and simulations of it. Set before any node starts.
+  void reach_device_memory() { device_memory_ = true; }
 
  private:
   friend class inproc_transport;
@@ -88,6 +91,7 @@ class inproc_network {
   bulk_model model_;
   std::uint64_t frame_threshold_ = UINT64_MAX;
   bool hand_over_ = false;
+  bool device_memory_ = false;
   std::unordered_map<node_id, std::deque<std::function<void()>>> frames_to_;  ///< modelled frames, the first in flight
 };
 
@@ -116,6 +120,10 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   bool hands_over_messages() const override { return network_.hand_over_; }
   void async_hand_over(node_id to, handed_message m, completion done) override;
   result<region_desc> register_region(std::span<std::byte> memory) override;
+  /// Where the network says so (`reach_device_memory`), on virtual time only: in a process of real
+  /// GPUs, writes are memcpy, which cannot reach device memory.
+  bool reaches_device_memory() const override;
+  result<region_desc> register_device_region(std::span<std::byte> memory, int device, std::string& why) override;
   void deregister_region(std::uint64_t region_id) override;
   result<region_desc> rekey_region(std::uint64_t region_id) override;
   bool tracks_writes() const override { return true; }
@@ -151,6 +159,7 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   executor& cpu_;
   inproc_network& network_;
   node_id self_;
+  bool virtual_time_;  ///< its environment's: "device memory" there is host memory or sizes
   std::set<node_id> peers_;  ///< added and not removed: who learns of this node's death
   /// Peers a frame or write of ours reached, sorted, and beside each what the network found when
   /// it last looked: searched per message instead of taking the network's lock (a 384-GPU
