@@ -134,6 +134,20 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
   EXPECT_EQ(ok.code, api_errc::invalid_argument);
   EXPECT_NE(ok.message.find("at least 16"), std::string::npos) << ok.message;
 
+  coordinator bad_path({.secret = secret, .p2p = "nvlink"}, ok);
+  EXPECT_EQ(ok.code, api_errc::invalid_argument);
+  EXPECT_NE(ok.message.find("p2p 'nvlink': auto, device or host"), std::string::npos) << ok.message;
+  ferry_coordinator_options c_options = FERRY_COORDINATOR_OPTIONS_INIT;
+  const std::uint32_t one = 1;
+  c_options.secret = secret;
+  c_options.instance_sizes = &one;
+  c_options.instances = 1;
+  c_options.p2p = "nvlink";
+  ferry_coordinator* c_coordinator = nullptr;
+  EXPECT_NE(ferry_coordinator_open(&c_options, &c_coordinator), FERRY_OK);
+  EXPECT_NE(std::string(ferry_last_error()).find("p2p 'nvlink'"), std::string::npos) << ferry_last_error();
+  EXPECT_EQ(c_coordinator, nullptr);
+
   table x;
   trainer t({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}});
   auto s = t.register_tensor({.name = "w", .dtype = "f33", .shape = {4}, .data = x.weight.data()});

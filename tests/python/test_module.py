@@ -163,6 +163,8 @@ def test_bad_input_raises_a_python_exception_naming_the_tensor(coordinator):
         trainer.register("ok", torch.zeros(4))
     assert isinstance(ferry.InvalidArgument("x"), ValueError)
     trainer.close()
+    with pytest.raises(ferry.InvalidArgument, match="p2p 'nvlink': auto, device or host"):
+        ferry.Coordinator(trainers=1, instance_sizes=[1], secret=SECRET, p2p="nvlink")
 
     streaming = ferry.Rollout(coordinator=coordinator.address, instance=0, rank=0, secret=SECRET)
     with pytest.raises(ferry.NotJoined):
