@@ -10,7 +10,10 @@ leaders). B: two trainers on GPUs 0-1, instance on GPUs 2-3 (k = 1, 2). On 2 GPU
 GPU 1; H1 and H2, a host-memory trainer to GPUs 0-1 (k = 1, 2). Every process:
 NCCL_NVLS_ENABLE=0. GPU_BENCH_ONLY="A3:1,4;B2" picks scenarios and depths. A scenario name with an
 "s" appended (B2s) runs with --shared-host-copies: leaders read the trainers' host copies in place,
-so there is no P2P stage."""
+so there is no P2P stage. With a "d" appended (B2d) the job takes device-direct (`--p2p auto`):
+each leader copies its stripe GPU to GPU from the trainers' device copies, so its stages are that
+peer copy (ferry_gpu_bench peer-export / peer-copy, every leader at once) and the collective; the
+other names run with `--p2p host`, the host-staged path they always measured."""
 import json
 import os
 import statistics
@@ -64,21 +67,40 @@ def span(results, start, end):
     return max(x[end] for x in results) - min(x[start] for x in results)
 
 
-def stages(name, trainers, instance, k, shared):
+def device_stages(trainers, instance, k):
+    """Device-direct's stages alone: each of the k leaders copies its stripe of the model from a
+    trainer's GPU (leader i from trainer i mod T, all at once), then the collective."""
+    s = {}
+    dirs = [tempfile.TemporaryDirectory() for _ in range(k)]
+    owners = [subprocess.Popen([bench, "peer-export", d.name, str(trainers[i % len(trainers)]), str(STAGE_BYTES // k)],
+                               env=env) for i, d in enumerate(dirs)]
+    r = run_all([[bench, "peer-copy", d.name, str(g), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE)]
+                 for d, g in zip(dirs, instance[:k])])
+    for o in owners:
+        o.wait(timeout=60)
+    for d in dirs:
+        d.cleanup()
+    s["peer"] = gbps(sum(x["bytes"] for x in r), span(r, "peer_start", "peer_end"))
+    s["d2d"] = min(x["bytes"] / (x["local_end"] - x["local_start"]) / 1e9 for x in r)
+    return s
+
+
+def stages(name, trainers, instance, k, shared, device):
     """Each stage alone as the update runs it: every trainer GPU offloads its share, each of the
     k leaders receives (unless it reads in place) and uploads its stripe, the instance broadcasts
-    (k = 1) or all-gathers."""
-    s = {}
-    if None not in trainers:
+    (k = 1) or all-gathers. Device-direct: the peer copy and the collective."""
+    s = device_stages(trainers, instance, k) if device else {}
+    if not device and None not in trainers:
         r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // len(trainers)), str(CHUNK), str(DEPTH_STAGE)] for g in trainers])
         s["d2h"] = gbps(sum(x["bytes"] for x in r), span(r, "d2h_start", "d2h_end"))
-    else:  # a host-memory trainer offloads with memcpy on its pool
+    elif not device:  # a host-memory trainer offloads with memcpy on its pool
         r = run_all([[bench, "host-offload", str(STAGE_BYTES // len(trainers)), str(CHUNK), str(DEPTH_STAGE)]
                      for _ in trainers])
         s["host_offload"] = gbps(sum(x["bytes"] for x in r), span(r, "start", "end"))
-    r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE)] for g in instance[:k]])
-    s["h2d"] = gbps(sum(x["bytes"] for x in r), span(r, "h2d_start", "h2d_end"))
-    if not shared:  # P2P: every trainer process writes its share of each stripe into that leader's slots
+    if not device:
+        r = run_all([[bench, "copy", str(g), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE)] for g in instance[:k]])
+        s["h2d"] = gbps(sum(x["bytes"] for x in r), span(r, "h2d_start", "h2d_end"))
+    if not shared and not device:  # P2P: every trainer process writes its share of each stripe into that leader's slots
         dirs = [tempfile.TemporaryDirectory() for _ in range(k)]
         args = [str(len(trainers)), str(STAGE_BYTES // k), str(CHUNK), str(DEPTH_STAGE), P2P]
         cmds = [[bench, "p2p-recv", d.name] + args for d in dirs]
@@ -97,7 +119,7 @@ def stages(name, trainers, instance, k, shared):
     return s
 
 
-def job(name, trainers, instance, k, depth, shared):
+def job(name, trainers, instance, k, depth, shared, device):
     cmd = [ferry, "local", "--gpus", "--trainers", str(len(trainers)), "--instances", "1", "--workers", str(len(instance)),
            "--stripes", str(k), "--chunk-bytes", str(CHUNK), "--depth", str(depth), "--versions", str(VERSIONS),
            "--no-checksums", "--no-verify", "--transport", P2P, "--json", "--timeout", "400"]
@@ -106,6 +128,8 @@ def job(name, trainers, instance, k, depth, shared):
         cmd.append("--host-trainers")
     if shared:
         cmd.append("--shared-host-copies")
+    if not device:
+        cmd += ["--p2p", "host"]
     t = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=560)
     ok = p.returncode == 0
@@ -141,18 +165,21 @@ for part in (only.split(";") if only else ["A1", "A3", "B1", "B2"]):
 
 tables = []
 for name, depths in picked.items():
-    shared = name.endswith("s")
-    trainers, instance, k = SCENARIOS[name.removesuffix("s")]
-    s = stages(name, trainers, instance, k, shared)
+    shared, device = name.endswith("s"), name.endswith("d")
+    trainers, instance, k = SCENARIOS[name.removesuffix("s").removesuffix("d")]
+    s = stages(name, trainers, instance, k, shared, device)
     for d in depths:
-        job(name, trainers, instance, k, d, shared)
+        job(name, trainers, instance, k, d, shared, device)
     jobs = raw["jobs"][name]
     model = max(j["model_bytes"] for j in jobs.values()) or STAGE_BYTES
     collective = "broadcast" if k == 1 else f"all-gather of {k} stripes"
     p2p = "none: leaders read the host copies in place" if shared else f"{P2P}, {len(trainers)} sender(s) to {k} leader(s)"
     rates = {"D2H": s.get("d2h", float("inf")), "offload (host memcpy)": s.get("host_offload", float("inf")),
              f"P2P ({p2p})": s.get("p2p", float("inf")),
-             f"H2D ({k} leader GPU(s))": s["h2d"], f"NCCL {collective}": s["collective"]}
+             f"H2D ({k} leader GPU(s))": s.get("h2d", float("inf")),
+             f"peer copy GPU to GPU ({k} leader(s) at once)": s.get("peer", float("inf")),
+             "offload inside the trainer's GPU (D2D)": s.get("d2d", float("inf")),
+             f"NCCL {collective}": s["collective"]}
     slow_name, slow = min(rates.items(), key=lambda kv: kv[1])
     slow_s = model / slow / 1e9
     best_d = min(jobs, key=lambda d: jobs[d]["update_s"])
@@ -170,7 +197,7 @@ for name, depths in picked.items():
                  f"{model / j['update_s'] / 1e9:.1f} | {jobs[depths[0]]['update_s'] / j['update_s']:.2f} | "
                  f"{j['gpus_verified']}/{len(instance)} |")
     b = jobs[best_d]
-    offload = "D2H" if "d2h" in s else "offload (host memcpy)"
+    offload = "D2H" if "d2h" in s else ("offload inside the trainer's GPU (D2D)" if "d2d" in s else "offload (host memcpy)")
     stall = f"; stall at best depth / {offload} alone: {b['stall_s'] / (model / rates[offload] / 1e9):.2f}"
     t += ["", f"depth-{depths[0]} / best depth ({best_d}): {jobs[depths[0]]['update_s'] / b['update_s']:.2f}{stall}", "",
           f"Stages inside the update at depth {best_d} (busy seconds of the busiest participant, against "
@@ -180,7 +207,7 @@ for name, depths in picked.items():
 
 # Striped against one leader, and shared host copies against P2P writes, of whatever ran.
 pairs = [(f"{a}{s}", f"{b}{t}") for a, b in (("B2", "B1"), ("A3", "A1"), ("H2", "H1")) for s, t in (("", ""), ("s", "s"), ("s", ""))]
-pairs += [(f"{n}s", n) for n in SCENARIOS]
+pairs += [(f"{n}s", n) for n in SCENARIOS] + [(f"{n}d", n) for n in SCENARIOS] + [(f"{n}d", f"{n}s") for n in SCENARIOS]
 for x, y in dict.fromkeys(pairs):
     if x in raw["jobs"] and y in raw["jobs"]:
         fx = min(j["update_s"] for j in raw["jobs"][x].values())
