@@ -23,13 +23,15 @@ job() {
     "$BIN/ferry" local --gpus --instances 1 --workers "$workers" --model-bytes 3GiB --chunk-bytes 64MiB --depth 2 \
     --versions 2 --transport cma --json --timeout 150 "$@" 2>&1 | tail -12
 }
-job one_trainer_instance_of_three_k1 4 3 --trainers 1 --stripes 1
-job one_trainer_instance_of_three_k3 4 3 --trainers 1 --stripes 3
-job shared_host_copies_k3 4 3 --trainers 1 --stripes 3 --shared-host-copies
-job shared_host_copies_one_to_one 2 1 --trainers 1 --shared-host-copies
+job one_trainer_instance_of_three_k1 4 3 --trainers 1 --stripes 1 --p2p host
+job one_trainer_instance_of_three_k3 4 3 --trainers 1 --stripes 3 --p2p host
+job shared_host_copies_k3 4 3 --trainers 1 --stripes 3 --shared-host-copies --p2p host
+job shared_host_copies_one_to_one 2 1 --trainers 1 --shared-host-copies --p2p host
 job shared_host_copies_host_trainer_k2 2 2 --host-trainers --trainers 1 --stripes 2 --shared-host-copies
 job sharded_tp_host_trainers 2 2 --host-trainers --trainers 2 --shard-rollout tp
 job sharded_ep_host_trainers 2 2 --host-trainers --trainers 2 --shard-rollout ep
+job device_direct_instance_of_three_k3 4 3 --trainers 1 --stripes 3
+job device_direct_two_trainers_k2 4 2 --trainers 2 --stripes 2
 echo "== ferry demo --gpu"
 timeout 300 "$BIN/ferry" demo --gpu --model-bytes 2GiB 2>&1 | tail -8
 case " $* " in *" --no-bench "*) exit 0 ;; esac
