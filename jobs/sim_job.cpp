@@ -277,7 +277,7 @@ class sim_job {
                             ? c.first_worker_gpu
                             : (c.trainers + per_node - 1) / per_node * per_node;
     settings_.inproc.model_bulk(
-        [this](node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
+        [this](node_id from, node_id to, std::uint64_t bytes, const std::byte*, const std::byte*, std::function<void()> landed) {
           net_.start(path(from, to).of(bytes), std::move(landed));
         });
     settings_.inproc.model_frames_from(1u << 20);  // plans of large tables; control messages stay instant

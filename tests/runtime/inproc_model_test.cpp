@@ -39,7 +39,7 @@ TEST_P(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_neve
   const auto cost = std::chrono::milliseconds(10);  // per large frame, whatever its sender
   network.model_frames_from(large);
   if (GetParam()) network.hand_over_messages();
-  network.model_bulk([&](node_id, node_id, std::uint64_t, std::function<void()> landed) {
+  network.model_bulk([&](node_id, node_id, std::uint64_t, const std::byte*, const std::byte*, std::function<void()> landed) {
     env.clock().async_wait(cost, [landed = std::move(landed)](std::error_code) { landed(); });
   });
   node a{env, 1, inproc_transport::make(env, network, 1), registry};

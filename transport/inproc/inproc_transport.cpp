@@ -231,7 +231,7 @@ void inproc_network::model_frame(node_id from, node_id to, std::uint64_t bytes, 
     std::lock_guard lock(mutex_);
     auto& waiting = frames_to_[to];
     waiting.push_back([this, from, to, bytes, landed = std::move(landed)] {
-      model_(from, to, bytes, [this, to, landed] {
+      model_(from, to, bytes, nullptr, nullptr, [this, to, landed] {
         landed();
         start_next_frame(to);
       });
@@ -314,7 +314,8 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
     return complete_with({});
   }
   if (network_.model_) {
-    network_.model_(self_, remote.owner, local.size(), [peer = std::move(peer), notice, done = std::move(done)] {
+    network_.model_(self_, remote.owner, local.size(), local.data(), target->data(),
+                    [peer = std::move(peer), notice, done = std::move(done)] {
       peer->regions_.end_write(notice.region);
       peer->deliver_write(notice);
       done({});

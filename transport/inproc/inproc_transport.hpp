@@ -40,8 +40,11 @@ class inproc_network {
   void cut(node_id id);
   void mend(node_id id);
   /// A modelled network for simulations: a bulk write moves no bytes and lands when `model`
-  /// calls its completion (on the loop). Set before any write; unset, writes are memcpy.
-  using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed)>;
+  /// calls its completion (on the loop). `source` and `target` say where its bytes are read and
+  /// land (host or GPU memory, by address); both null for a frame. Set before any write; unset,
+  /// writes are memcpy.
+  using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, const std::byte* source,
+                                        const std::byte* target, std::function<void()> landed)>;
   void model_bulk(bulk_model model) { model_ = std::move(model); }
   /// Frames of at least `bytes` cross the model too: a Kimi-K2 plan is tens of MB, so sending it
   /// to hundreds of members takes time, and each copy is decoded as it lands rather than all at
