@@ -7,7 +7,7 @@ namespace ferry::sim {
 copy_model::copy_model(flow_network& net, const cluster& cluster, unsigned gpu, route host)
     : net_(net),
       cluster_(cluster),
-      gpu_(gpu),
+      own_range_(gpu_addresses::range_of_gpu(gpu)),
       d2h_(cluster.offload(gpu)),
       h2d_(cluster.upload(gpu)),
       host_(std::move(host)) {
@@ -15,33 +15,38 @@ copy_model::copy_model(flow_network& net, const cluster& cluster, unsigned gpu, 
 }
 
 void copy_model::async_copy(std::vector<copy_piece> pieces, completion done) {
-  queued copy{.done = std::move(done)};
-  for (const auto& p : pieces) add(copy, p);
-  queue_.push_back(std::move(copy));
+  auto& copy = queue_.emplace_back();
+  copy.done = std::move(done);
+  // A copy's pieces mostly share their ranges (an apply's, from one slot into one table): each
+  // pair of ranges is looked at once, which keeps a piece's cost to two shifts and a sum.
+  std::uint64_t from = gpu_addresses::no_range, to = gpu_addresses::no_range, *bytes = nullptr;
+  for (const auto& p : pieces) {
+    const auto f = gpu_addresses::range_of(p.src), t = gpu_addresses::range_of(p.dst);
+    if (f != from || t != to) {
+      from = f;
+      to = t;
+      bytes = &way(copy, f, t);
+    }
+    *bytes += p.bytes;
+  }
   if (queue_.size() == 1) start_next();
 }
 
-void copy_model::add(queued& copy, const copy_piece& p) const {
-  const bool from_device = gpu_addresses::on_device(p.src),
-             to_device = gpu_addresses::on_device(p.dst);
-  if (!from_device || !to_device) {
-    copy.bytes[(from_device ? 2 : 0) + (to_device ? 1 : 0)] += p.bytes;
-    return;
-  }
+std::uint64_t& copy_model::way(queued& copy, std::uint64_t from, std::uint64_t to) {
   // Memory on `anywhere` stands for this engine's own GPU (a table of weights workers share).
-  auto own = [this](unsigned gpu) { return gpu == gpu_addresses::anywhere ? gpu_ : gpu; };
-  const auto from = own(gpu_addresses::gpu_of(p.src)), to = own(gpu_addresses::gpu_of(p.dst));
-  if (from == to) {
-    copy.bytes[3] += p.bytes;
-    return;
-  }
-  for (auto& peer : copy.peers) {
-    if (peer.from == from && peer.to == to) {
-      peer.bytes += p.bytes;
-      return;
-    }
-  }
-  copy.peers.push_back({.from = from, .to = to, .bytes = p.bytes});
+  auto own = [this](std::uint64_t r) {
+    return r == gpu_addresses::anywhere_range ? own_range_ : r;
+  };
+  from = own(from);
+  to = own(to);
+  const bool from_device = from >= gpu_addresses::anywhere_range,
+             to_device = to >= gpu_addresses::anywhere_range;
+  if (from == to || !from_device || !to_device)
+    return copy.bytes[(from_device ? 2 : 0) + (to_device ? 1 : 0)];
+  const auto a = gpu_addresses::gpu_of_range(from), b = gpu_addresses::gpu_of_range(to);
+  for (auto& peer : copy.peers)
+    if (peer.from == a && peer.to == b) return peer.bytes;
+  return copy.peers.emplace_back(peer_bytes{.from = a, .to = b}).bytes;
 }
 
 void copy_model::start_next() {

@@ -2,9 +2,9 @@
 /// A member's copy engine on the flow model: each piece goes the way its addresses say (host
 /// memcpy, D2H, H2D, inside one GPU, or GPU to GPU over NVLink), costs its bytes there, and
 /// moves no byte (the memory is sizes, `sim/gpu_memory.hpp`).
-#include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <deque>
+#include <vector>
 
 #include "runtime/copy_engine.hpp"
 #include "sim/cluster.hpp"
@@ -36,18 +36,19 @@ class copy_model final : public copy_engine {
   struct queued {
     std::uint64_t bytes[4] = {};  ///< host, H2D, D2H, inside the device
     /// At most one pair in practice: a copy reads one chunk of one trainer.
-    boost::container::small_vector<peer_bytes, 1> peers;
+    std::vector<peer_bytes> peers;
     completion done;
     int moving = 0;  ///< of its ways, those still moving
   };
-  /// Adds `p`'s bytes to the way its addresses say.
-  void add(queued& copy, const copy_piece& p) const;
+  /// The count of `copy`'s bytes that go the way a piece from address range `from` to `to` goes
+  /// (`gpu_addresses::range_of`).
+  std::uint64_t& way(queued& copy, std::uint64_t from, std::uint64_t to);
   /// The copy at the front moves; it stays there until its last way is done.
   void start_next();
 
   flow_network& net_;
   const cluster& cluster_;
-  unsigned gpu_;
+  std::uint64_t own_range_;  ///< this engine's GPU's, which `anywhere` stands for
   route d2h_, h2d_, host_, d2d_;
   std::deque<queued> queue_;
 };

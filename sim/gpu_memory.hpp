@@ -33,11 +33,21 @@ class gpu_addresses {
   /// worker of a share holds as its own GPU's (a whole-model Kimi-K2 table is 25 MB, per worker).
   std::byte* take_anywhere(std::size_t bytes) { return take_in(0, bytes); }
 
+  /// The range `p` lies in, as a number: one for all the addresses of a GPU (or of `anywhere`),
+  /// at least `anywhere_range` for device memory.
+  static std::uint64_t range_of(const void* p) { return address(p) >> range_bits; }
+  static constexpr std::uint64_t anywhere_range = device_base >> range_bits;
+  /// A number no address's range is.
+  static constexpr std::uint64_t no_range = ~std::uint64_t{0};
+  static constexpr std::uint64_t range_of_gpu(unsigned gpu) { return anywhere_range + 1 + gpu; }
+  /// The GPU of a device range, or `anywhere`.
+  static constexpr unsigned gpu_of_range(std::uint64_t range) {
+    return static_cast<unsigned>(range - anywhere_range) - 1;
+  }
+
   static bool on_device(const void* p) { return address(p) >= device_base; }
   /// The GPU device memory `p` lies on, or `anywhere`.
-  static unsigned gpu_of(const void* p) {
-    return static_cast<unsigned>((address(p) - device_base) >> range_bits) - 1;
-  }
+  static unsigned gpu_of(const void* p) { return gpu_of_range(range_of(p)); }
 
  private:
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
