@@ -105,10 +105,9 @@ void print_report(const sim_config& c, const sim_result& r) {
   for (const auto& t : c.model) bytes += t.nbytes;
   fmt::print(
       "model {:.2f} GB ({} tensors), {} trainer shards -> {} instance(s) of {}, chunk {} MiB, "
-      "depth {}, "
-      "stripes {}\n",
+      "depth {}, stripes {}, p2p {}\n",
       bytes / 1e9, c.model.size(), c.trainers, c.instances, c.instance_size, c.chunk_bytes >> 20,
-      c.depth, c.stripes);
+      c.depth, c.stripes, p2p_mode_name(c.p2p));
   for (std::size_t v = 0; v < r.update_seconds.size(); ++v)
     fmt::print("version {}: update {:.4f} s, trainer stall {:.4f} s\n", v + 1, r.update_seconds[v],
                r.stall_seconds[v]);

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -23,7 +22,9 @@
 #include "runtime/node.hpp"
 #include "runtime/virtual_environment.hpp"
 #include "sim/collective_model.hpp"
+#include "sim/copy_model.hpp"
 #include "sim/flow_network.hpp"
+#include "sim/gpu_memory.hpp"
 #include "transport/factory.hpp"
 
 namespace ferry {
@@ -31,49 +32,20 @@ namespace {
 
 using sim::route;
 
-/// Simulated device memory lives above this address, host memory (host_buffer::size_only) below.
-constexpr std::uintptr_t device_base = std::uintptr_t{3} << 62;
-/// A copy inside one GPU's memory (apply from a device slot into the weights).
-constexpr double device_copy_rate = 2000e9;
-
-bool on_device(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) >= device_base;
-}
-
-/// A GPU's memory as sizes: disjoint addresses no one touches; pinning is free.
-class sim_device_memory final : public device_memory {
- public:
-  explicit sim_device_memory(int device) : device_(device) {}
-  int device() const override { return device_; }
-  result<std::byte*> allocate(std::size_t bytes) override { return take(bytes); }
-  void release(std::byte*) override {}
-  std::error_code pin(std::span<std::byte>) override { return {}; }
-  void unpin(std::span<std::byte>) override {}
-  static std::byte* take(std::size_t bytes) {
-    static std::uintptr_t next = device_base;
-    auto* p = reinterpret_cast<std::byte*>(next);
-    next += (bytes + 8191) / 4096 * 4096;
-    return p;
-  }
-
- private:
-  int device_;
-};
-
 clock::duration to_duration(double seconds) {
   return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 /// One member's view of the simulated machine: the shared loop, clock and timeline; CPU work on
-/// its node's copy threads and copies on its GPU's PCIe, both as costs; memory that is only sizes.
+/// its node's copy threads and copies on its GPU's links, both as costs; memory that is only sizes.
 class member_environment final : public environment {
  public:
-  /// `d2h`, `h2d`: this member's GPU's PCIe; `host`: a memcpy on its node.
-  member_environment(virtual_environment& base, sim::flow_network& net, route cpu, route d2h,
-                     route h2d, route host, unsigned threads, double checksum_rate)
+  /// `gpu`: this member's GPU of `cluster`; `host`: a memcpy on its node.
+  member_environment(virtual_environment& base, sim::flow_network& net, const sim::cluster& cluster,
+                     unsigned gpu, route cpu, route host, unsigned threads, double checksum_rate)
       : base_(base),
         cpu_(net, std::move(cpu), threads, checksum_rate),
-        copies_(net, std::move(d2h), std::move(h2d), std::move(host)),
+        copies_(net, cluster, gpu, std::move(host)),
         platform_(base) {}
 
   event_loop& loop() override { return base_.loop(); }
@@ -109,56 +81,6 @@ class member_environment final : public environment {
     route route_;
     unsigned threads_;
   };
-  class modelled_copies final : public copy_engine {
-   public:
-    modelled_copies(sim::flow_network& net, route d2h, route h2d, route host)
-        : net_(net), d2h_(std::move(d2h)), h2d_(std::move(h2d)), host_(std::move(host)) {
-      d2d_.max_rate = device_copy_rate;
-    }
-    /// Each piece goes the way its addresses say: D2H, H2D, inside the device, or host memcpy.
-    /// Copies run one after another, in the order they were asked for, as on the one CUDA
-    /// stream of a GPU process's engine (and the one queue of a host engine's copy threads);
-    /// run side by side, a hundred chunks landing at once would share the link and all finish
-    /// late together.
-    void async_copy(std::vector<copy_piece> pieces, completion done) override {
-      queued copy{.done = std::move(done)};
-      for (const auto& p : pieces)
-        copy.bytes[(on_device(p.src) ? 2 : 0) + (on_device(p.dst) ? 1 : 0)] += p.bytes;
-      queue_.push_back(std::move(copy));
-      if (queue_.size() == 1) start_next();
-    }
-
-   private:
-    struct queued {
-      std::uint64_t bytes[4] = {};  ///< host, H2D, D2H, inside the device
-      completion done;
-      int moving = 0;  ///< of its directions, those still moving
-    };
-    /// The copy at the front moves; it stays there until its last direction is done.
-    void start_next() {
-      auto& copy = queue_.front();
-      const route* ways[4] = {&host_, &h2d_, &d2h_, &d2d_};
-      for (int i = 0; i < 4; ++i) copy.moving += copy.bytes[i] > 0;
-      auto finished = [this] {
-        if (--queue_.front().moving > 0) return;
-        auto done = std::move(queue_.front().done);
-        queue_.pop_front();
-        if (!queue_.empty()) start_next();
-        done({});
-      };
-      if (copy.moving == 0) {
-        copy.moving = 1;
-        net_.start({}, finished);
-        return;
-      }
-      for (int i = 0; i < 4; ++i)
-        if (copy.bytes[i] > 0) net_.start(ways[i]->of(copy.bytes[i]), finished);
-    }
-
-    sim::flow_network& net_;
-    route d2h_, h2d_, host_, d2d_;
-    std::deque<queued> queue_;
-  };
   class size_only_platform final : public ferry::platform {
    public:
     explicit size_only_platform(environment& base) : base_(base) {}
@@ -185,7 +107,7 @@ class member_environment final : public environment {
 
   virtual_environment& base_;
   modelled_executor cpu_;
-  modelled_copies copies_;
+  sim::copy_model copies_;
   size_only_platform platform_;
 };
 
@@ -257,7 +179,7 @@ class sim_collective final : public broadcast_group {
 struct member {
   unsigned gpu = 0;
   std::unique_ptr<member_environment> env;
-  std::unique_ptr<sim_device_memory> memory;
+  std::unique_ptr<sim::gpu_memory> memory;
   std::unique_ptr<node> host;
   std::unique_ptr<trainer_shard> trainer;
   std::unique_ptr<rollout_worker> worker;
@@ -269,7 +191,11 @@ struct member {
 class sim_job {
  public:
   explicit sim_job(const sim_config& c)
-      : config_(c), env_(loop_), net_(loop_, env_.clock()), cluster_(net_, c.hardware) {
+      : config_(c),
+        env_(loop_),
+        net_(loop_, env_.clock()),
+        cluster_(net_, c.hardware),
+        addresses_(cluster_.gpus()) {
     if (!c.trace_path.empty()) env_.trace().keep_records();
     shards_ = split_over_shards(config_.model, config_.trainers);
     const auto per_node = c.hardware.gpus_per_node;
@@ -301,6 +227,11 @@ class sim_job {
   void add_trainer(std::uint32_t shard);
   void add_worker(std::uint32_t instance, std::uint32_t rank);
   std::shared_ptr<const std::vector<tensor_ref>> share_of(std::uint32_t rank, int device);
+  /// `p`, simulated device memory just taken; the job fails when a GPU's range was full (null).
+  std::byte* taken(std::byte* p) {
+    if (!p && !failure_) failure_ = "a GPU's simulated address range is full";
+    return p;
+  }
   void publish_next(member& t);
   std::unique_ptr<broadcast_group> make_group(actor& owner, const std::vector<address>& members,
                                               std::uint32_t epoch);
@@ -313,6 +244,7 @@ class sim_job {
   virtual_environment env_;
   sim::flow_network net_;
   sim::cluster cluster_;
+  sim::gpu_addresses addresses_;
   transport_settings settings_;
   std::vector<std::vector<tensor_spec>> shards_;
   unsigned first_worker_gpu_ = 0;
@@ -342,10 +274,11 @@ node& sim_job::add_node(unsigned gpu, bool trainer) {
   const auto memcpy = cluster_.host_copy(cluster_.node_of(gpu), socket);
   auto host_copies = memcpy;  // the copy engine splits a copy over every copy thread
   host_copies.max_rate = std::numeric_limits<double>::infinity();
-  m->env = std::make_unique<member_environment>(
-      env_, net_, memcpy, cluster_.offload(gpu), cluster_.upload(gpu), host_copies,
-      config_.hardware.copy_threads, config_.checksum_rate);
-  m->memory = std::make_unique<sim_device_memory>(static_cast<int>(gpu));
+  m->env =
+      std::make_unique<member_environment>(env_, net_, cluster_, gpu, memcpy, host_copies,
+                                           config_.hardware.copy_threads, config_.checksum_rate);
+  m->memory = std::make_unique<sim::gpu_memory>(addresses_, m->env->platform(), gpu,
+                                                cluster_.place_of(gpu));
   auto t = make_transport("inproc", *m->env, id, settings_);
   // A trillion-parameter FP8 model has ~140k tensors: its registration exceeds the default caps
   // of one frame (16 MiB, 65536 array entries), which a real job of that model would meet too.
@@ -372,12 +305,16 @@ void sim_job::add_trainer(std::uint32_t shard) {
     if (config_.trainers_on_host)
       refs.push_back({.spec = s, .data = host_buffer::size_only(s.nbytes).data()});
     else
-      refs.push_back(
-          {.spec = s, .data = sim_device_memory::take(s.nbytes), .device = m.memory->device()});
+      refs.push_back({.spec = s,
+                      .data = taken(addresses_.take(m.gpu, s.nbytes)),
+                      .device = m.memory->device()});
   }
+  // On a GPU, the shard's device copies are its GPU's shared memory (device-direct P2P).
   m.trainer = std::make_unique<trainer_shard>(
       host, 1, coordinator_->self(), shard, refs,
-      trainer_options{.checksums = config_.checksums, .digests = false});
+      trainer_options{.checksums = config_.checksums,
+                      .digests = false,
+                      .memory = config_.trainers_on_host ? nullptr : m.memory.get()});
   m.trainer->on_ready = [this, &m] { publish_next(m); };
   m.trainer->on_delivered = [this, &m](std::uint64_t v, bool) {
     if (v >= m.version) m.publishing = false;
@@ -426,7 +363,7 @@ std::shared_ptr<const std::vector<tensor_ref>> sim_job::share_of(std::uint32_t r
     }
     auto destinations = std::move(share_specs_[share]);  // made once: its table is kept below
     for (auto& t : destinations) {
-      t.data = sim_device_memory::take(t.held().bytes);
+      t.data = taken(addresses_.take_anywhere(t.held().bytes));
       t.device = device;
     }
     table = std::make_shared<const std::vector<tensor_ref>>(std::move(destinations));
@@ -519,6 +456,7 @@ sim_result sim_job::run() {
           .depth = config_.depth,
           .stripes = config_.stripes,
           .shared_host_copies = config_.shared_host_copies,
+          .p2p = config_.p2p,
           // Virtual time has no hung processes; a loss is told by the link at once.
           .heartbeat_timeout = std::chrono::hours(24)});
   coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };

@@ -42,6 +42,10 @@ struct sim_config {
   std::uint32_t stripes = 1;
   /// Leaders read the trainers' host copies in place (job_shape::shared_host_copies): one node.
   bool shared_host_copies = false;
+  /// Where trainer and worker GPUs share a node, whether workers read the trainers' device
+  /// copies GPU to GPU (job_shape::p2p): automatic where the worker's GPU reads the trainer's
+  /// (`hardware.peer_access`).
+  p2p_mode p2p = p2p_mode::automatic;
   std::uint32_t versions = 2;
   bool checksums = true;        ///< their CPU cost, modelled
   double checksum_rate = 20e9;  ///< bytes/s of one thread's xxh3

@@ -26,6 +26,7 @@ const std::map<std::string, std::set<std::string>> known = {
       "pcie_duplex_gbs",
       "host_memory_gbs",
       "nvlink_gbs",
+      "peer_access",
       "fabric_oversubscription",
       "copy_threads",
       "copy_thread_gbs",
@@ -39,7 +40,7 @@ const std::map<std::string, std::set<std::string>> known = {
     {"model", {"preset", "dtype", "bytes"}},
     {"placement",
      {"trainers", "instances", "instance_size", "first_worker_gpu", "trainers_on_host", "shard_rollout"}},
-    {"ferry", {"chunk", "depth", "stripes", "shared_host_copies", "versions", "checksums"}},
+    {"ferry", {"chunk", "depth", "stripes", "shared_host_copies", "p2p", "versions", "checksums"}},
     {"events", {"at", "kill", "join", "instance", "rank", "shard"}},
 };
 
@@ -165,6 +166,7 @@ void fill(const toml::table& root, sim_config& c) {
       hw.positive("pcie_duplex_gbs", (h.pcie_d2h_rate + h.pcie_h2d_rate) / giga) * giga;
   h.host_memory_rate = hw.positive("host_memory_gbs") * giga;
   h.nvlink_rate = hw.positive("nvlink_gbs") * giga;
+  h.peer_access = hw.flag("peer_access", true);
   h.fabric_oversubscription = hw.number("fabric_oversubscription", 1);
   h.copy_threads = hw.count("copy_threads", 4);
   h.copy_thread_rate = hw.positive("copy_thread_gbs") * giga;
@@ -222,6 +224,11 @@ void fill(const toml::table& root, sim_config& c) {
   c.depth = opts.count("depth", 2);
   c.stripes = opts.count("stripes", 1);
   c.shared_host_copies = opts.flag("shared_host_copies", false);
+  if (const auto p2p = opts.text("p2p")) {
+    const auto parsed = parse_p2p_mode(*p2p);
+    if (!parsed) throw failure{"ferry.p2p: \"auto\", \"device\" or \"host\", not \"" + *p2p + "\""};
+    c.p2p = *parsed;
+  }
   c.versions = opts.count("versions", 2);
   c.checksums = opts.flag("checksums", true);
 

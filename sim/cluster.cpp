@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "sim/gpu_memory.hpp"
+
 namespace ferry::sim {
 
 cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
@@ -34,6 +36,17 @@ cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
   if (hw.fabric_oversubscription > 1)
     fabric_ = net.add_resource(
         "switch fabric", hw.nodes * hw.nics_per_node * hw.nic_rate / hw.fabric_oversubscription);
+}
+
+device_place cluster::place_of(unsigned gpu) const {
+  device_place at{.host = node_of(gpu) + 1ull, .gpu = gpu_name(gpu)};
+  if (!hw_.peer_access) {
+    at.reads = {at.gpu};
+    return at;
+  }
+  const auto first = node_of(gpu) * hw_.gpus_per_node;
+  for (unsigned g = first; g < first + hw_.gpus_per_node; ++g) at.reads.push_back(gpu_name(g));
+  return at;
 }
 
 route cluster::offload(unsigned gpu) const {
@@ -83,6 +96,9 @@ std::string validate(const hardware& hw) {
   if (hw.sockets_per_node == 0) return "hardware.sockets_per_node: must be at least 1";
   if (hw.nics_per_node == 0) return "hardware.nics_per_node: must be at least 1";
   if (hw.copy_threads == 0) return "hardware.copy_threads: must be at least 1";
+  if (std::uint64_t{hw.nodes} * hw.gpus_per_node > gpu_addresses::max_gpus)
+    return fmt::format("hardware.nodes x hardware.gpus_per_node: at most {} GPUs",
+                       gpu_addresses::max_gpus);
   const std::pair<const char*, double> rates[] = {{"hardware.nic_gbps", hw.nic_rate},
                                                   {"hardware.pcie_d2h", hw.pcie_d2h_rate},
                                                   {"hardware.pcie_h2d", hw.pcie_h2d_rate},

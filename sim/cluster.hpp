@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/device_memory.hpp"
 #include "sim/flow_network.hpp"
 
 namespace ferry::sim {
@@ -21,6 +22,9 @@ struct hardware {
   double pcie_duplex_rate = 92e9;      ///< Per GPU, both directions together.
   double host_memory_rate = 200e9;     ///< Per socket: bytes read plus bytes written.
   double nvlink_rate = 450e9;          ///< Per GPU and direction.
+  /// The GPUs of a node read each other's memory over NVLink (peer access); without it, a GPU
+  /// reads only its own, and device-direct P2P never pairs two GPUs.
+  bool peer_access = true;
   double fabric_oversubscription = 1;  ///< Core capacity = all NICs' rate / this.
   unsigned copy_threads = 4;           ///< Per node.
   double copy_thread_rate = 10e9;      ///< One thread's memcpy.
@@ -49,6 +53,9 @@ class cluster {
   unsigned node_of(unsigned gpu) const { return places_[gpu].node; }
   unsigned socket_of(unsigned gpu) const { return places_[gpu].socket; }
   unsigned nic_of(unsigned gpu) const { return places_[gpu].nic; }
+  /// Where a member on `gpu` says its tensors live: its node (plus one: 0 means unknown) as the
+  /// host, the GPU's name, and the GPUs it reads (every GPU of the node with peer access).
+  device_place place_of(unsigned gpu) const;
 
   /// Device to the pinned host copy on the GPU's socket.
   route offload(unsigned gpu) const;
@@ -59,7 +66,8 @@ class cluster {
   /// Host memory of `from`'s node to host memory of `to`'s node through their NICs (RDMA). On one
   /// node: a copy through that socket's memory, split over all of the node's copy threads.
   route network(unsigned from, unsigned to) const;
-  /// GPU to GPU of one node; across nodes: the network path between their hosts' NICs.
+  /// GPU to GPU of one node (NVLink tx of `from`, rx of `to`); across nodes: the network path
+  /// between their hosts' NICs.
   route nvlink(unsigned from, unsigned to) const;
 
  private:
