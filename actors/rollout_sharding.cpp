@@ -50,6 +50,7 @@ result<rollout_sharding> parse_rollout_sharding(std::string_view name) {
   if (name == "ep") return rollout_sharding::ep;
   if (name == "tp") return rollout_sharding::tp;
   if (name == "pp-tp") return rollout_sharding::pp_tp;
+  if (name == "ep-tp") return rollout_sharding::ep_tp;
   return fail(errc::invalid_argument);
 }
 
@@ -58,6 +59,7 @@ std::string_view rollout_sharding_name(rollout_sharding s) {
     case rollout_sharding::ep: return "ep";
     case rollout_sharding::tp: return "tp";
     case rollout_sharding::pp_tp: return "pp-tp";
+    case rollout_sharding::ep_tp: return "ep-tp";
     default: return "none";
   }
 }
@@ -76,6 +78,14 @@ std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollou
     if (sharding == rollout_sharding::ep) {
       if (const auto e = expert_of(t.name); e && *e % size != rank) continue;
       out.push_back({.spec = t});
+    } else if (sharding == rollout_sharding::ep_tp) {
+      if (const auto e = number_after(t.name, ".experts.")) {
+        if (*e % size == rank) out.push_back({.spec = t});
+      } else if (t.shape.size() <= 1) {
+        out.push_back({.spec = t});
+      } else if (auto mine = rows_of(t, rank, size)) {
+        out.push_back(std::move(*mine));
+      }
     } else if (sharding == rollout_sharding::tp && !t.shape.empty()) {
       if (auto mine = rows_of(t, rank, size)) out.push_back(std::move(*mine));
     } else if (sharding == rollout_sharding::pp_tp) {
@@ -96,16 +106,20 @@ std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollou
 std::vector<std::vector<tensor_ref>> rollout_shares(std::span<const tensor_spec> table, rollout_sharding sharding,
                                                     std::uint32_t size) {
   std::vector<std::vector<tensor_ref>> shares;
-  if (sharding != rollout_sharding::ep) {
+  if (sharding != rollout_sharding::ep && sharding != rollout_sharding::ep_tp) {
     for (std::uint32_t rank = 0; rank < size; ++rank) shares.push_back(rollout_share(table, sharding, rank, size));
     return shares;
   }
   shares.resize(size);
   for (const auto& t : table) {
-    if (const auto e = expert_of(t.name)) {
+    const auto e = sharding == rollout_sharding::ep ? expert_of(t.name) : number_after(t.name, ".experts.");
+    if (e) {
       shares[*e % size].push_back({.spec = t});
-    } else {
+    } else if (sharding == rollout_sharding::ep || t.shape.size() <= 1) {
       for (auto& share : shares) share.push_back({.spec = t});
+    } else {
+      for (std::uint32_t rank = 0; rank < size; ++rank)
+        if (auto mine = rows_of(t, rank, size)) shares[rank].push_back(std::move(*mine));
     }
   }
   return shares;

@@ -15,9 +15,10 @@ enum class rollout_sharding : std::uint8_t {
   ep,    ///< experts split over the ranks, everything else on every rank
   tp,    ///< every tensor's rows (its first dimension) split over the ranks
   pp_tp, ///< two pipeline stages, each tensor-parallel over half of the ranks
+  ep_tp, ///< routed experts split over the ranks, every other tensor's rows too (tensor-parallel attention)
 };
 
-result<rollout_sharding> parse_rollout_sharding(std::string_view name);  ///< "none", "ep", "tp" or "pp-tp"
+result<rollout_sharding> parse_rollout_sharding(std::string_view name);  ///< "none", "ep", "tp", "pp-tp" or "ep-tp"
 std::string_view rollout_sharding_name(rollout_sharding s);
 
 /// What worker `rank` of an instance of `size` holds of `table` under `sharding`: specs (the
@@ -32,6 +33,9 @@ std::string_view rollout_sharding_name(rollout_sharding s);
 ///   tensor (final norm, LM head) to the last. Within its stage a tensor's rows are split as under
 ///   tp, except a 1-dimensional one (a norm, a bias), which is whole on each of the stage's ranks,
 ///   as tensor-parallel engines keep it: those are heard by some, not all, of an instance's workers.
+/// - ep-tp: a routed expert's tensor whole on rank e % size, as under ep; every other tensor's rows
+///   split as under tp, except a 1-dimensional one, whole on every rank (engines that run attention
+///   and dense layers tensor-parallel beside expert-parallel MoE layers).
 std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding, std::uint32_t rank,
                                       std::uint32_t size);
 /// Every rank's share, `rollout_share` of each: under ep in one pass over the names, where a

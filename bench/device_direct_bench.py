@@ -26,7 +26,8 @@ import time
 bin_dir, out_dir = sys.argv[1], sys.argv[2]
 args = dict(zip(sys.argv[3::2], sys.argv[4::2]))
 ferry, bench = os.path.join(bin_dir, "ferry"), os.path.join(bin_dir, "ferry_gpu_bench")
-env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_SOCKET_IFNAME="lo", IPATH_NO_BACKTRACE="1")
+env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_SOCKET_IFNAME="lo", IPATH_NO_BACKTRACE="1",
+           LD_LIBRARY_PATH=os.pathsep.join(filter(None, [os.path.abspath(bin_dir), os.environ.get("LD_LIBRARY_PATH")])))
 visible = sum(1 for l in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines()
               if l.startswith("GPU "))
 gpus = args.get("--gpus", "0,1" if visible > 1 else "0,0")

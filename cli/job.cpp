@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -203,6 +204,15 @@ std::optional<std::string> place_on_gpus(const process_flags& f, std::vector<int
     for (const int d : f.gpu_list)
       if (d < 0 || d >= visible) return fmt::format("--gpu-list: GPU {}: {} GPUs visible", d, visible);
     devices = f.gpu_list;
+    // NCCL takes one rank per GPU: an instance whose members share chunks cannot put two on one.
+    const auto first_worker = devices.begin() + (f.host_trainers ? 0 : f.job.trainers);
+    for (std::uint32_t i = 0; f.job.shard_rollout != rollout_sharding::tp && i < f.job.instances; ++i) {
+      std::vector<int> gpus(first_worker + i * f.job.workers_per_instance, first_worker + (i + 1) * f.job.workers_per_instance);
+      std::sort(gpus.begin(), gpus.end());
+      if (const auto twice = std::adjacent_find(gpus.begin(), gpus.end()); twice != gpus.end())
+        return fmt::format("--gpu-list: instance {} has two workers on GPU {}, and its collective (NCCL) takes one "
+                           "rank per GPU (only --shard-rollout tp shares no chunk inside an instance)", i, *twice);
+    }
   } else if (f.gpus) {
     if (static_cast<int>(gpu_nodes) > visible)
       return fmt::format("--gpus needs one GPU per node: {} GPU nodes, {} GPUs visible (--gpu-list shares them)",

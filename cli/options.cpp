@@ -38,8 +38,9 @@ void add_job_options(CLI::App& app, job_config& c) {
          "--shard-rollout", [&c](const std::string& name) { c.shard_rollout = *parse_rollout_sharding(name); },
          "how each instance's workers split the model: none (each holds all of it), ep (experts; a dense "
          "layer's MLP counts as one), tp (every tensor's rows) or pp-tp (two pipeline stages of "
-         "tensor-parallel ranks, norms whole on each rank of their stage)")
-      ->check(CLI::IsMember({"none", "ep", "tp", "pp-tp"}))
+         "tensor-parallel ranks, norms whole on each rank of their stage) or ep-tp (experts as ep, every "
+         "other tensor's rows as tp, norms whole)")
+      ->check(CLI::IsMember({"none", "ep", "tp", "pp-tp", "ep-tp"}))
       ->default_str("none");
   app.add_flag("!--no-checksums", c.checksums, "skip the per-chunk xxh3 check (benchmarks)");
   app.add_flag("!--no-verify", c.verify, "skip per-tensor digests and the final byte compare");

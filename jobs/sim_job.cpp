@@ -203,9 +203,9 @@ class sim_job {
                             ? c.first_worker_gpu
                             : (c.trainers + per_node - 1) / per_node * per_node;
     settings_.inproc.model_bulk(
-        [this](node_id from, node_id to, std::uint64_t bytes, const std::byte*, const std::byte*, std::function<void()> landed) {
-          net_.start(path(from, to).of(bytes), std::move(landed));
-        });
+        [this](node_id from, node_id to, std::uint64_t bytes, const std::byte* source, const std::byte* target,
+               std::function<void()> landed) { net_.start(path(from, to, source, target).of(bytes), std::move(landed)); });
+    if (c.hardware.gpudirect) settings_.inproc.reach_device_memory();
     settings_.inproc.model_frames_from(1u << 20);  // plans of large tables; control messages stay instant
     settings_.inproc.hand_over_messages();  // no byte of a message is modelled but its size
   }
@@ -217,9 +217,13 @@ class sim_job {
   sim_result run();
 
  private:
-  /// The way a bulk write takes: over NVLink inside a node between workers, else the network.
-  route path(node_id from, node_id to) const {
+  /// The way a bulk write from `source` to `target` takes: a NIC's DMA where GPU memory is at
+  /// either end (GPUDirect), over NVLink inside a node between workers, else the network.
+  route path(node_id from, node_id to, const std::byte* source = nullptr, const std::byte* target = nullptr) const {
     const auto a = gpu_of_.at(from), b = gpu_of_.at(to);
+    const bool from_device = source && sim::gpu_addresses::on_device(source);
+    const bool to_device = target && sim::gpu_addresses::on_device(target);
+    if (from_device || to_device) return cluster_.rdma(a, b, from_device, to_device);
     const bool workers = is_worker_.at(from) && is_worker_.at(to);
     return workers ? cluster_.nvlink(a, b) : cluster_.network(a, b);
   }

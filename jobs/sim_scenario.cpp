@@ -27,6 +27,7 @@ const std::map<std::string, std::set<std::string>> known = {
       "host_memory_gbs",
       "nvlink_gbs",
       "peer_access",
+      "gpudirect",
       "fabric_oversubscription",
       "copy_threads",
       "copy_thread_gbs",
@@ -167,6 +168,7 @@ void fill(const toml::table& root, sim_config& c) {
   h.host_memory_rate = hw.positive("host_memory_gbs") * giga;
   h.nvlink_rate = hw.positive("nvlink_gbs") * giga;
   h.peer_access = hw.flag("peer_access", true);
+  h.gpudirect = hw.flag("gpudirect", false);
   h.fabric_oversubscription = hw.number("fabric_oversubscription", 1);
   h.copy_threads = hw.count("copy_threads", 4);
   h.copy_thread_rate = hw.positive("copy_thread_gbs") * giga;
@@ -215,7 +217,7 @@ void fill(const toml::table& root, sim_config& c) {
   if (const auto sharding = place.text("shard_rollout")) {
     const auto parsed = parse_rollout_sharding(*sharding);
     if (!parsed)
-      throw failure{"placement.shard_rollout: \"none\", \"ep\", \"tp\" or \"pp-tp\", not \"" + *sharding + "\""};
+      throw failure{"placement.shard_rollout: \"none\", \"ep\", \"tp\", \"pp-tp\" or \"ep-tp\", not \"" + *sharding + "\""};
     c.shard_rollout = *parsed;
   }
 

@@ -38,6 +38,25 @@ cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
         "switch fabric", hw.nodes * hw.nics_per_node * hw.nic_rate / hw.fabric_oversubscription);
 }
 
+route cluster::rdma(unsigned from, unsigned to, bool from_device, bool to_device) const {
+  route r{.latency = hw_.nic_latency};
+  if (from_device) {
+    r.path = {{d2h_[from]}, {duplex_[from]}};
+  } else {
+    r.path = {{memory_[socket_of(from)]}};
+  }
+  r.path.push_back({nic_tx_[nic_of(from)]});
+  r.path.push_back({nic_rx_[nic_of(to)]});
+  if (to_device) {
+    r.path.push_back({h2d_[to]});
+    r.path.push_back({duplex_[to]});
+  } else {
+    r.path.push_back({memory_[socket_of(to)]});
+  }
+  if (fabric_) r.path.push_back({*fabric_});
+  return r;
+}
+
 device_place cluster::place_of(unsigned gpu) const {
   device_place at{.host = node_of(gpu) + 1ull, .gpu = gpu_name(gpu)};
   if (!hw_.peer_access) {

@@ -25,6 +25,9 @@ struct hardware {
   /// The GPUs of a node read each other's memory over NVLink (peer access); without it, a GPU
   /// reads only its own, and device-direct P2P never pairs two GPUs.
   bool peer_access = true;
+  /// NICs read and write GPU memory (GPUDirect RDMA): writes between GPUs on different nodes skip
+  /// host memory, and trainers and leaders stage there no more.
+  bool gpudirect = false;
   double fabric_oversubscription = 1;  ///< Core capacity = all NICs' rate / this.
   unsigned copy_threads = 4;           ///< Per node.
   double copy_thread_rate = 10e9;      ///< One thread's memcpy.
@@ -69,6 +72,9 @@ class cluster {
   /// GPU to GPU of one node (NVLink tx of `from`, rx of `to`); across nodes: the network path
   /// between their hosts' NICs.
   route nvlink(unsigned from, unsigned to) const;
+  /// A NIC's write from GPU `from`'s memory (`from_device`) or its socket's, into GPU `to`'s
+  /// memory (`to_device`) or its socket's: GPUDirect RDMA, across `from`'s and `to`'s PCIe links.
+  route rdma(unsigned from, unsigned to, bool from_device, bool to_device) const;
 
  private:
   flow_network& net_;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Device-direct through deaths, on this host's GPUs: two trainer shards and an instance of two
-workers (both leaders), every process on a GPU (shared when fewer are visible), reading GPU to GPU.
+"""Device-direct through deaths, on this host's GPUs: two trainer shards and two instances of one
+worker (each its instance's leader), every process on a GPU (shared when fewer are visible: no
+instance has two members, whose NCCL collective would need two GPUs), reading GPU to GPU.
 - A trainer shard is frozen (SIGSTOP) once version 1 is delivered and SIGKILLed once the next
   update starts: that version fails, the workers drop their mapping of its device copies at the
   regroup, and a new process of the shard joins.
@@ -22,9 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from job_processes import line_reader, start_coordinator  # noqa: E402
 
 ferry = sys.argv[1]
-visible = sum(1 for l in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines()
-              if l.startswith("GPU "))
-job = ["--trainers", "2", "--instances", "1", "--workers", "2", "--model-bytes", "1GiB", "--chunk-bytes", "64MiB",
+try:
+    visible = sum(l.startswith("GPU ") for l in subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                                                               text=True).stdout.splitlines())
+except OSError:
+    visible = 0
+job = ["--trainers", "2", "--instances", "2", "--workers", "1", "--model-bytes", "1GiB", "--chunk-bytes", "64MiB",
        "--depth", "2", "--versions", "6", "--transport", "cma", "--timeout", "240"]
 failures = []
 with tempfile.TemporaryDirectory() as scratch:
@@ -37,14 +41,15 @@ with tempfile.TemporaryDirectory() as scratch:
     def start(node_id, *role):
         log = open(os.path.join(scratch, f"node{node_id}.log"), "w+")
         logs[node_id] = log
+        device = ["--device", str(node_id % visible)] if visible else []  # none: the script's own logic, on host memory
         processes[node_id] = subprocess.Popen(
-            [ferry, "node", *job, "--coordinator", address, "--node-id", str(node_id), "--device",
-             str(node_id % max(visible, 1)), *role], stdout=log, stderr=log, env=env)
+            [ferry, "node", *job, "--coordinator", address, "--node-id", str(node_id), *device, *role],
+            stdout=log, stderr=log, env=env)
 
     start(1, "--role", "trainer", "--shard", "0")
     start(2, "--role", "trainer", "--shard", "1")
     start(3, "--role", "worker", "--instance", "0", "--rank", "0")
-    start(4, "--role", "worker", "--instance", "0", "--rank", "1")
+    start(4, "--role", "worker", "--instance", "1", "--rank", "0")
     events, verdict = [], None
     frozen, killed = None, []  # the node frozen now; (node, version of the update it died in)
     lines = line_reader(coordinator.stdout)
@@ -73,7 +78,7 @@ with tempfile.TemporaryDirectory() as scratch:
             if frozen == 2:
                 start(7, "--role", "trainer", "--shard", "1")
             else:
-                start(8, "--role", "worker", "--instance", "0", "--rank", "1")
+                start(8, "--role", "worker", "--instance", "1", "--rank", "0")
             frozen = None
     coordinator.wait(timeout=60)
     for node_id, p in processes.items():
