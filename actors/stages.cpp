@@ -50,20 +50,35 @@ std::span<const std::byte> hashed_if(bool hash, const std::byte* chunk, std::uin
 
 }  // namespace
 
-offload_stage::outcome offload_stage::run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream,
-                                          std::uint64_t version, const std::function<bool()>& wanted, bool hash) {
-  std::vector<copy_piece> pieces;
-  pieces.reserve(c.pieces.size());
-  std::byte* const at = stream.data() + c.shard_offset;
-  for (const auto& p : c.pieces) pieces.push_back({at + p.chunk_offset, from.at(p.tensor, p.tensor_offset), p.bytes});
-  return copy(c, std::move(pieces), version, wanted, hashed_if(hash, at, c.bytes));
-}
-
 offload_stage::outcome offload_stage::run(const chunk_info& c, std::span<const std::byte> copy_of_stream,
                                           std::span<std::byte> stream, std::uint64_t version,
                                           const std::function<bool()>& wanted, bool hash) {
   std::byte* const at = stream.data() + c.shard_offset;
   return copy(c, {{at, copy_of_stream.data() + c.shard_offset, c.bytes}}, version, wanted, hashed_if(hash, at, c.bytes));
+}
+
+void offload_stage::async_run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream,
+                              std::uint64_t version, std::function<bool()> wanted, bool hash,
+                              std::function<void(outcome)> done) {
+  std::vector<copy_piece> pieces;
+  pieces.reserve(c.pieces.size());
+  std::byte* const at = stream.data() + c.shard_offset;
+  for (const auto& p : c.pieces) pieces.push_back({at + p.chunk_offset, from.at(p.tensor, p.tensor_offset), p.bytes});
+  const auto began = meter_.begin();
+  auto finish = [this, began, version, chunk = c.id, bytes = c.bytes, done](outcome out) {
+    meter_.end(began, version, chunk, bytes);
+    done(out);
+  };
+  env_.copies().async_copy(std::move(pieces), [this, hashed = hashed_if(hash, at, c.bytes), wanted = std::move(wanted),
+                                               finish = std::move(finish)](std::error_code ec) {
+    outcome out{.error = ec, .abandoned = !wanted()};
+    if (ec || out.abandoned || !checksums_ || hashed.empty()) return finish(out);
+    async_chunk_checksum(env_, hashed, [wanted, finish, out](std::uint64_t sum) mutable {
+      out.checksum = sum;
+      out.abandoned = !wanted();
+      finish(out);
+    });
+  });
 }
 
 offload_stage::outcome offload_stage::copy(const chunk_info& c, std::vector<copy_piece> pieces, std::uint64_t version,

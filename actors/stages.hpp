@@ -68,12 +68,15 @@ class offload_stage {
     bool abandoned = false;     ///< `wanted` said no after a suspension: nothing more was done
     std::uint64_t checksum = 0;  ///< the chunk's xxh3-64; 0 without checksums
   };
-  /// Fiber only. Copies chunk `c` of version `version` from `from` into `stream` (a copy of the
+  /// Copies chunk `c` of version `version` from the tensors `from` into `stream` (a copy of the
   /// shard, laid out as its packed stream) and hashes it, unless `hash` is false (a device copy's
-  /// bytes are not on the host). `wanted` is asked after each suspension.
-  outcome run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream, std::uint64_t version,
-              const std::function<bool()>& wanted, bool hash = true);
-  /// The same from `copy`, another copy of the shard laid out alike (its device copy).
+  /// bytes are not on the host); then `done(outcome)` on the loop. Copies run in the order
+  /// started, so a caller keeping several started leaves the copy engine no gap between two
+  /// chunks. `wanted` is asked when the copy and the hash end.
+  void async_run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream, std::uint64_t version,
+                 std::function<bool()> wanted, bool hash, std::function<void(outcome)> done);
+  /// Fiber only. Copies chunk `c` the same way from `copy`, another copy of the shard laid out
+  /// alike (its device copy), and waits; `wanted` is asked after each suspension.
   outcome run(const chunk_info& c, std::span<const std::byte> copy, std::span<std::byte> stream, std::uint64_t version,
               const std::function<bool()>& wanted, bool hash = true);
 

@@ -211,13 +211,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   // OFFLOAD: the tensors into the device copy when the shard keeps one (the trainer may go on
   // once it is full), else into the host copy; chunk by chunk in send order, senders following.
   const bool to_device = !copy.device.empty();
-  const auto& from = *plan->placement;
-  for (auto id : plan->my_chunks) {
-    // A plan of another layout may come meanwhile: this copy is then void, and so is its version.
-    const auto done = offload_.run(plan->job->chunks[id], from, to_device ? copy.device : copy.host, version,
-                                   [&] { return plan_->job->layout == plan->job->layout; }, !to_device);
-    if (!chunk_offloaded(copy, version, id, done, to_device)) return;
-  }
+  if (!offload(copy, plan, to_device)) return;
   const double stall = std::chrono::duration<double>(host().clock().now() - started).count();
   send(coordinator_, shard_offloaded{.shard = shard_, .version = version, .seconds = stall});
   if (on_offloaded) on_offloaded(version, stall);
@@ -231,6 +225,33 @@ void trainer_shard::run_publish(std::uint64_t version) {
     done.digests = std::move(*digests);
   }
   send(coordinator_, done);
+}
+
+bool trainer_shard::offload(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan,
+                            bool to_device) {
+  // `depth` chunks copying at once: the copy engine never waits for the loop between two.
+  struct offloading {
+    std::size_t copying = 0;
+    bool stopped = false;
+  };
+  auto state = std::make_shared<offloading>();
+  const auto version = copy.version;
+  for (auto id : plan->my_chunks) {
+    if (!wait_for([&] { return state->copying < plan->job->depth || state->stopped; }) || state->stopped) break;
+    ++state->copying;
+    ++works_in_flight_;
+    // A plan of another layout may come meanwhile: this copy is then void, and so is its version.
+    offload_.async_run(plan->job->chunks[id], *plan->placement, to_device ? copy.device : copy.host, version,
+                       [this, plan] { return plan_->job->layout == plan->job->layout; }, !to_device,
+                       [this, state, copy = &copy, version, id, to_device](const offload_stage::outcome& done) {
+                         --works_in_flight_;
+                         --state->copying;
+                         if (!state->stopped && !chunk_offloaded(*copy, version, id, done, to_device)) state->stopped = true;
+                         changed();
+                       });
+  }
+  wait_even_if_stopped([&] { return state->copying == 0; });
+  return !state->stopped && !stopped_ && !failed_;
 }
 
 bool trainer_shard::chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,

@@ -132,6 +132,9 @@ class trainer_shard final : public job_member {
   /// Links the routes that carry one chunk to several members of an instance into a chain.
   void link_chains(const update_go& go);
   void run_publish(std::uint64_t version);
+  /// Fiber: OFFLOAD of `copy`'s version, its tensors into its device half (`to_device`) or its
+  /// host half; false when the publish stops there.
+  bool offload(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan, bool to_device);
   /// Chunk `id` of `version` is offloaded into `copy`'s device or host half (`done` says how it
   /// went): the routes waiting for it go on. False when the publish stops here.
   bool chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,

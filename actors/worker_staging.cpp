@@ -1,5 +1,7 @@
 #include "actors/worker_staging.hpp"
 
+#include "runtime/log.hpp"
+
 namespace ferry {
 
 worker_staging::worker_staging(environment& env, transport& wire, device_memory* memory,
@@ -27,12 +29,7 @@ void worker_staging::release() {
 std::optional<std::string> worker_staging::prepare(std::size_t receive, std::size_t broadcast, std::uint64_t chunk_bytes,
                                                    bool on_device) {
   chunk_bytes_ = chunk_bytes;
-  const std::size_t bytes = receive * chunk_bytes;
-  if (bytes > bytes_ || (bytes > 0 && on_device != this->on_device())) {
-    if (auto why = allocate(bytes, on_device)) return why;
-  } else if (region_) {
-    rekey();
-  }
+  // The broadcast slots first: the receive slots can do without the GPU, they cannot.
   if (broadcast * chunk_bytes > broadcast_bytes_) {
     if (broadcast_) retired_device_.push_back(broadcast_);
     auto slots = memory_->allocate(broadcast * chunk_bytes);
@@ -40,6 +37,18 @@ std::optional<std::string> worker_staging::prepare(std::size_t receive, std::siz
     broadcast_ = *slots;
     broadcast_bytes_ = broadcast * chunk_bytes;
   }
+  const std::size_t bytes = receive * chunk_bytes;
+  on_device = on_device && !device_refused_;
+  if (bytes > bytes_ || (bytes > 0 && on_device != this->on_device())) {
+    auto why = allocate(bytes, on_device);
+    if (why && on_device) {  // writes land in host memory from now on, and are uploaded
+      log::warn("receive slots in host memory: {}", *why);
+      device_refused_ = true;
+      why = allocate(bytes, false);
+    }
+    return why;
+  }
+  if (region_) rekey();
   return std::nullopt;
 }
 

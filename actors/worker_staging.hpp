@@ -33,8 +33,9 @@ class worker_staging {
   worker_staging(const worker_staging&) = delete;
   worker_staging& operator=(const worker_staging&) = delete;
 
-  /// At least `receive` receive slots of `chunk_bytes` (on the GPU when `on_device`), and
-  /// `broadcast` broadcast slots on the GPU. Says what failed, or nothing.
+  /// At least `receive` receive slots of `chunk_bytes` (on the GPU when `on_device` and they fit
+  /// there, else in host memory), and `broadcast` broadcast slots on the GPU. Says what failed,
+  /// or nothing.
   std::optional<std::string> prepare(std::size_t receive, std::size_t broadcast, std::uint64_t chunk_bytes, bool on_device);
   /// The receive slots' region, as trainers write into it; none before `prepare`.
   const std::optional<region_desc>& region() const { return region_; }
@@ -68,6 +69,7 @@ class worker_staging {
   /// Slots of older epochs, until the worker goes: their work may still read them.
   std::vector<host_buffer> retired_host_;
   std::vector<std::byte*> retired_device_;
+  bool device_refused_ = false;  ///< the GPU had no room for the receive slots once: host memory
   bool settled_ = true;
   std::uint64_t rekeys_ = 0;
   /// False once destroyed: the transport's call back (`when_writes_end`) may come later.

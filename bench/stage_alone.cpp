@@ -273,17 +273,22 @@ bool session::warm_up(std::string& why) {
 }
 
 double session::offload() {
-  // As a trainer shard does: its chunks one after another, every shard at once.
+  // As a trainer shard does: its chunks in order, `depth` copying at once, every shard at once.
   std::size_t pending = shape_.trainers;
   const auto start = clock_type::now();
   for (std::uint32_t s = 0; s < shape_.trainers; ++s) {
     loop_.spawn([this, s, &pending] {
-      const auto& from = trainer_placements_[s];
+      slot_counter copying(plan_->depth);
       for (auto id : plan_->chunks_of(s)) {
         if (stopping_) break;
-        const auto done = offload_stages_[s]->run(plan_->chunks[id], from, host_copies_[s].span(), 0, [] { return true; });
-        if (done.error) error_ = "offload copy failed: " + done.error.message();
+        copying.acquire();
+        offload_stages_[s]->async_run(plan_->chunks[id], trainer_placements_[s], host_copies_[s].span(), 0,
+                                      [] { return true; }, true, [this, &copying](const offload_stage::outcome& done) {
+                                        if (done.error) error_ = "offload copy failed: " + done.error.message();
+                                        copying.release();
+                                      });
       }
+      for (std::uint32_t i = 0; i < plan_->depth; ++i) copying.acquire();  // every copy ended
       --pending;
     });
   }

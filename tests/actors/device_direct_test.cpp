@@ -285,6 +285,21 @@ TEST_F(device_direct, without_gpudirect_a_worker_on_another_host_gets_the_host_c
   coordinator->stop_job();
 }
 
+/// A GPU without room for the receive slots keeps them in host memory: written there and uploaded.
+TEST_F(device_direct, receive_slots_that_do_not_fit_the_gpu_stay_in_host_memory) {
+  start({1}, p2p_mode::automatic, true);
+  add_trainer();
+  add_worker(0, 0, false, 0, 1024, true);
+  devices.back()->capacity = broadcast_slots;  // its broadcast slots, and no more
+
+  ASSERT_TRUE(deliver(1)) << failure;
+  EXPECT_TRUE(reports.back().verified);
+  EXPECT_TRUE(holds_published(0));
+  EXPECT_GT(reports.back().busy.upload, 0);
+  EXPECT_EQ(devices.back()->allocated, broadcast_slots);
+  coordinator->stop_job();
+}
+
 /// Row-parallel workers on another host: the direct slots each grants are on its GPU too.
 TEST_F(device_direct, selective_delivery_over_gpudirect_lands_each_workers_rows_in_its_gpu) {
   start({2}, p2p_mode::automatic, true);

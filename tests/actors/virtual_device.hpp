@@ -47,6 +47,7 @@ class virtual_device final : public device_memory {
 
   int device() const override { return device_; }
   result<std::byte*> allocate(std::size_t bytes) override {
+    if (allocated + bytes > capacity) return fail(errc::invalid_argument);  // out of memory
     allocated += bytes;
     owned_.emplace_back(bytes);
     return owned_.back().data();
@@ -57,6 +58,7 @@ class virtual_device final : public device_memory {
   device_place place() const override { return place_; }
 
   std::size_t allocated = 0;  ///< by `allocate`: staging, not shared memory
+  std::size_t capacity = SIZE_MAX;  ///< what `allocate` hands out at most
 
   result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes, std::string&) override {
     auto held = std::make_shared<host_buffer>(bytes);

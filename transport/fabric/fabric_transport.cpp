@@ -1444,10 +1444,10 @@ std::string fabric_transport::provider() const {
 }
 
 result<region_desc> fabric_transport::register_device_region(std::span<std::byte>, int device, std::string& why) {
-  // A provider with FI_HMEM would take GPU memory through fi_mr_regattr (iface FI_HMEM_CUDA). No
-  // libfabric build at hand reports it, and a path no run has exercised is not offered.
-  why = fmt::format("libfabric provider '{}': ferry registers no GPU memory with libfabric (GPUDirect RDMA needs a "
-                    "provider with FI_HMEM, which none it ran on has), so GPU {} is reached through host memory",
+  // A provider with FI_HMEM would take GPU memory through fi_mr_regattr (iface FI_HMEM_CUDA); no
+  // run has exercised that yet, and a path no run has exercised is not offered.
+  why = fmt::format("libfabric provider '{}': ferry registers no GPU memory with libfabric yet (GPUDirect RDMA, "
+                    "FI_HMEM), so GPU {} is reached through host memory",
                     impl_->provider_name, device);
   return fail(errc::invalid_argument);
 }
