@@ -3,7 +3,6 @@
 /// memory that processes of one host share (a trainer's device copies, read in place by leaders).
 /// Hosts: plain host memory. GPUs: cudaMalloc on one device, cudaHostRegister for host buffers,
 /// CUDA VMM for shared memory (platform/cuda/). Base header: no CUDA types.
-#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,6 +12,7 @@
 
 #include "runtime/define_map.hpp"
 #include "runtime/errc.hpp"
+#include "runtime/host_buffer.hpp"
 
 namespace ferry {
 
@@ -28,18 +28,9 @@ struct device_place {
   FERRY_DEFINE_MAP(host, gpu, reads, rdma)
 };
 
-/// Names device memory another process of the host may map: the owner's pid and the fd that
-/// exports it, the fd's inode (which tells it apart from a later one behind a reused pid and fd
-/// number), the owner's `same_host_tag()`, and the bytes.
-struct shared_device_ref {
-  std::int32_t pid = 0;  ///< 0: none
-  std::int32_t fd = -1;
-  std::uint64_t inode = 0;
-  std::uint64_t host = 0;
-  std::uint64_t bytes = 0;
-  friend auto operator<=>(const shared_device_ref&, const shared_device_ref&) = default;
-  FERRY_DEFINE_MAP(pid, fd, inode, host, bytes)
-};
+/// Names device memory another process of the host may map, as shared host memory is named: the
+/// owner's pid and the fd that exports it.
+using shared_device_ref = shared_memory_ref;
 
 /// Device memory shared by processes of one host: allocated and exported here, or another
 /// process's mapped here. Destroying it unmaps it; the bytes live until no process holds them,

@@ -14,9 +14,10 @@
 
 namespace ferry {
 
-/// Names a shareable buffer to other processes of its host: the owner's pid and memfd, the memfd's
-/// inode (which tells it apart from a later memfd behind a reused pid and fd number), and the
-/// owner's `same_host_tag()` (where the pid means that process).
+/// Names a shareable buffer to other processes of its host: the owner's pid and the fd that holds
+/// it (a memfd, or an fd that exports GPU memory: `shared_device_ref`), the fd's inode (which tells
+/// it apart from a later one behind a reused pid and fd number), and the owner's `same_host_tag()`
+/// (where the pid means that process).
 struct shared_memory_ref {
   std::int32_t pid = 0;  ///< 0: none
   std::int32_t fd = -1;

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from job_processes import line_reader, start_coordinator  # noqa: E402
+from job_processes import exit_failed, line_reader, start_coordinator  # noqa: E402
 
 ferry = sys.argv[1]
 try:
@@ -105,13 +105,6 @@ with tempfile.TemporaryDirectory() as scratch:
         if "reads the device copies of trainer process" not in logs[8].read():
             failures.append("the replacement worker never read a trainer's device copies")
     if failures:
-        print("FAILED:", "; ".join(failures))
-        print("events:", events, "\nverdict:", verdict)
-        for node_id, log in logs.items():
-            log.seek(0)
-            print(f"--- node {node_id} ---\n" + log.read()[-3000:])
-        coordinator_log.seek(0)
-        print("--- coordinator stderr ---\n" + coordinator_log.read()[-4000:])
-        sys.exit(1)
+        exit_failed(failures, events, verdict, logs, coordinator_log)
     print(f"ok: killed {killed} mid-update; failed {failed}; delivered "
           f"{[x['version'] for x in events if x['event'] == 'delivered']}, verified, GPU to GPU")

@@ -3,6 +3,7 @@ coordinator, whose events and verdict come as JSON lines on its stdout."""
 import os
 import queue
 import subprocess
+import sys
 import threading
 import time
 
@@ -38,3 +39,17 @@ def line_reader(stream):
 
     threading.Thread(target=pump, daemon=True).start()
     return lines
+
+
+def exit_failed(failures, events, verdict, logs, coordinator_log):
+    """Prints why a job test failed, with the job's events and verdict and the end of every
+    process's log (`logs`: node id -> its open log; `coordinator_log`: the coordinator's stderr),
+    then exits 1."""
+    print("FAILED:", "; ".join(failures))
+    print("events:", events, "\nverdict:", verdict)
+    for node_id, log in logs.items():
+        log.seek(0)
+        print(f"--- node {node_id} ---\n" + log.read()[-3000:])
+    coordinator_log.seek(0)
+    print("--- coordinator stderr ---\n" + coordinator_log.read()[-4000:])
+    sys.exit(1)

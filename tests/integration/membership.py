@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from job_processes import line_reader, start_coordinator
+from job_processes import exit_failed, line_reader, start_coordinator
 
 ferry = sys.argv[1]
 BOUND_S = 15  # from the kill to update_failed; the link drop is seen at once, heartbeats in 10 s
@@ -105,13 +105,6 @@ with tempfile.TemporaryDirectory() as scratch:
         if "version 2 failed" not in text:
             failures.append(f"node {node_id} logged no failure of version 2")
     if failures:
-        print("FAILED:", "; ".join(failures))
-        print("events:", events, "\nverdict:", verdict)
-        for node_id, log in logs.items():
-            log.seek(0)
-            print(f"--- node {node_id} ---\n" + log.read()[-3000:])
-        coordinator_log.seek(0)
-        print("--- coordinator stderr ---\n" + coordinator_log.read()[-4000:])
-        sys.exit(1)
+        exit_failed(failures, events, verdict, logs, coordinator_log)
     print(f"ok: a worker left on SIGTERM and another joined; version 2 failed on every participant after its trainer was killed; "
           f"delivered {delivered} after the shard rejoined, verified")
