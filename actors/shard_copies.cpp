@@ -39,6 +39,7 @@ std::optional<std::string> shard_copies::prepare(std::uint64_t bytes, plan::shar
     auto region = wire_.register_region(host_.span());
     if (!region) return "cannot register the host copies: " + region.error().message();
     host_region_ = *region;
+    for (auto& c : copies_) c.in_host.assign(c.in_host.size(), false);  // new memory holds nothing yet
   }
   if (kept.device && !device_ && bytes > 0) {
     if (!memory_) return "device copies need the shard's tensors on a GPU";
