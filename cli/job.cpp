@@ -201,8 +201,6 @@ std::optional<std::string> place_on_gpus(const process_flags& f, std::vector<int
   if (!f.gpu_list.empty()) {
     if (f.gpu_list.size() != gpu_nodes)
       return fmt::format("--gpu-list names {} GPUs for {} GPU nodes", f.gpu_list.size(), gpu_nodes);
-    for (const int d : f.gpu_list)
-      if (d < 0 || d >= visible) return fmt::format("--gpu-list: GPU {}: {} GPUs visible", d, visible);
     devices = f.gpu_list;
     // NCCL takes one rank per GPU: an instance whose members share chunks cannot put two on one.
     const auto first_worker = devices.begin() + (f.host_trainers ? 0 : f.job.trainers);
@@ -213,6 +211,8 @@ std::optional<std::string> place_on_gpus(const process_flags& f, std::vector<int
         return fmt::format("--gpu-list: instance {} has two workers on GPU {}, and its collective (NCCL) takes one "
                            "rank per GPU (only --shard-rollout tp shares no chunk inside an instance)", i, *twice);
     }
+    for (const int d : f.gpu_list)
+      if (d < 0 || d >= visible) return fmt::format("--gpu-list: GPU {}: {} GPUs visible", d, visible);
   } else if (f.gpus) {
     if (static_cast<int>(gpu_nodes) > visible)
       return fmt::format("--gpus needs one GPU per node: {} GPU nodes, {} GPUs visible (--gpu-list shares them)",
