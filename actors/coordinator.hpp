@@ -77,6 +77,8 @@ class job_coordinator final : public actor {
   /// Tells every participant to stop.
   void stop_job();
   const std::optional<plan>& current_plan() const { return plan_; }
+  /// The version the job takes next: newer than every version published or delivered.
+  std::uint64_t next_version() const { return updates_.next_version(); }
   std::uint32_t regroups() const { return regroups_; }
   /// No update or catch-up in flight, and the plan is in force.
   bool idle() const { return in_force_ && !updates_.active(); }

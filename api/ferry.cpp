@@ -396,6 +396,15 @@ std::uint64_t coordinator::delivered() const {
   return impl_->delivered;
 }
 
+std::uint64_t coordinator::next_version() const {
+  std::uint64_t next = 1;
+  impl_->thread.call([&] {
+    if (impl_->actor) next = impl_->actor->next_version();
+    return status{};
+  });
+  return next;
+}
+
 status coordinator::wait_delivered(std::uint64_t version, std::chrono::milliseconds timeout) const {
   auto* s = impl_.get();
   return wait_for(

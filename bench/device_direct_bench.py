@@ -3,14 +3,14 @@
 rollout GPU, in one run. Prints a markdown table; writes OUT/device_direct.json and .md.
 
   device_direct_bench.py BIN_DIR OUT_DIR [--gpus T,W] [--model llama3-8b|BYTES] [--depths 2,4]
-                         [--versions 3]
+                         [--chunks 64MiB,256MiB] [--versions 3]
 
 BIN_DIR holds `ferry` and `ferry_gpu_bench`. The trainer's GPU T and the worker's GPU W default to
 0,1 where two GPUs are visible and 0,0 (both processes on one GPU) where one is. Rows:
 - the peer copy alone: `ferry_gpu_bench peer-export` on T, `peer-copy` on W, the same VMM mapping
   device-direct reads, chunk by chunk; and the same bytes copied inside W's own memory (D2D);
-- the update, device-direct (`--p2p auto`), at each depth;
-- the update through host memory at the best device-direct depth: shared host copies (`--p2p host
+- the update, device-direct (`--p2p auto`), at each chunk size and depth;
+- the update through host memory at the first chunk size and its best device-direct depth: shared host copies (`--p2p host
   --shared-host-copies`) and cma (`--p2p host`);
 - device-direct verified: checksums and digests on, every byte compared on the rollout GPU;
 - the peer copy after its owner was SIGKILLed (a mapping outlives its owner: no freed memory read).
@@ -34,7 +34,9 @@ gpus = args.get("--gpus", "0,1" if visible > 1 else "0,0")
 model = args.get("--model", "llama3-8b")
 depths = [int(d) for d in args.get("--depths", "2,4").split(",")]
 versions = int(args.get("--versions", "3"))
-CHUNK = 64 << 20
+UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+chunks = [int(c[:-3]) * UNITS[c[-3:]] for c in args.get("--chunks", "64MiB").split(",")]
+CHUNK = chunks[0]
 raw = {"gpus": gpus, "model": model, "visible_gpus": visible, "jobs": {}}
 
 
@@ -58,9 +60,9 @@ def peer_copy(nbytes, kill_owner=False):
     return r
 
 
-def job(name, depth, *flags, verify=False):
+def job(name, depth, *flags, verify=False, chunk=CHUNK):
     cmd = [ferry, "local", "--gpu-list", gpus, "--trainers", "1", "--instances", "1", "--workers", "1",
-           "--chunk-bytes", str(CHUNK), "--depth", str(depth), "--versions", str(versions), "--transport", "cma",
+           "--chunk-bytes", str(chunk), "--depth", str(depth), "--versions", str(versions), "--transport", "cma",
            "--json", "--timeout", "400", *flags]
     cmd += ["--model", model] if model == "llama3-8b" else ["--model-bytes", model]
     if not verify:
@@ -80,9 +82,9 @@ def job(name, depth, *flags, verify=False):
            "busy": timed[-1]["busy"] if timed else {}}
     if not res["ok"]:
         res["stderr_tail"] = p.stderr[-3000:]
-        log(f"{name} depth {depth} FAILED (exit {p.returncode}):\n{p.stderr[-3000:]}")
-    raw["jobs"][f"{name}/{depth}"] = res
-    log(f"{name} depth {depth}: update {res['update_s']:.4f} s, stall {res['stall_s']:.4f} s, "
+        log(f"{name} {chunk >> 20} MiB depth {depth} FAILED (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    raw["jobs"][f"{name}/{chunk >> 20}MiB/{depth}"] = res
+    log(f"{name} {chunk >> 20} MiB depth {depth}: update {res['update_s']:.4f} s, stall {res['stall_s']:.4f} s, "
         f"GPU-to-GPU pairs {res['device_direct_pairs']}, wall {res['wall']:.0f} s")
     return res
 
@@ -99,10 +101,12 @@ nbytes = first["model_bytes"] or (16 << 30)
 raw["peer"] = peer = peer_copy(nbytes // CHUNK * CHUNK)
 log(f"peer copy alone: {peer['peer_gbps']:.1f} GB/s, inside the GPU: {peer['local_gbps']:.1f} GB/s")
 save()
-device = {depths[0]: first}
-for d in depths[1:]:
-    device[d] = job("device-direct", d)
-best = min(device, key=lambda d: device[d]["update_s"])
+device = {(CHUNK, depths[0]): first}
+for c in chunks:
+    for d in depths:
+        if (c, d) not in device:
+            device[(c, d)] = job("device-direct", d, chunk=c)
+best = min(depths, key=lambda d: device[(CHUNK, d)]["update_s"])
 shared = job("shared host copies", best, "--p2p", "host", "--shared-host-copies")
 cma = job("cma", best, "--p2p", "host")
 checked = job("device-direct, verified", best, verify=True)
@@ -110,19 +114,19 @@ raw["peer_owner_killed"] = killed = peer_copy(min(nbytes, 4 << 30) // CHUNK * CH
 save()
 
 
-def row(name, r, depth):
+def row(name, r, depth, chunk=CHUNK):
     gbps = r["model_bytes"] / r["update_s"] / 1e9 if r["update_s"] == r["update_s"] else float("nan")
-    return (f"| {name} | {depth} | {r['update_s']:.4f} | {gbps:.1f} | {gbps / peer['peer_gbps']:.2f} | "
+    return (f"| {name} | {chunk >> 20} MiB | {depth} | {r['update_s']:.4f} | {gbps:.1f} | {gbps / peer['peer_gbps']:.2f} | "
             f"{r['stall_s']:.4f} | {r['device_direct_pairs']} |")
 
 
-lines = [f"GPUs {gpus} ({visible} visible), model {model}: {nbytes / 1e9:.2f} GB, chunks of 64 MiB, "
+lines = [f"GPUs {gpus} ({visible} visible), model {model}: {nbytes / 1e9:.2f} GB, "
          f"version 2..{versions} median", "",
-         f"peer copy alone (VMM mapping, 64 MiB pieces): **{peer['peer_gbps']:.1f} GB/s**; the same bytes inside "
+         f"peer copy alone (VMM mapping, {CHUNK >> 20} MiB pieces): **{peer['peer_gbps']:.1f} GB/s**; the same bytes inside "
          f"GPU {gpus.split(',')[1]}: {peer['local_gbps']:.1f} GB/s; bytes checked: {peer['verified']}", "",
-         "| path | depth | update s | GB/s | / peer copy | trainer stall s | GPU-to-GPU pairs |",
-         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-lines += [row("device-direct", device[d], d) for d in depths]
+         "| path | chunk | depth | update s | GB/s | / peer copy | trainer stall s | GPU-to-GPU pairs |",
+         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+lines += [row("device-direct", device[(c, d)], d, c) for c in chunks for d in depths]
 lines += [row("shared host copies", shared, best), row("cma", cma, best)]
 lines += ["", f"device-direct with checksums, digests and every byte compared on the rollout GPU: "
           f"exit {'0' if checked['ok'] else 'non-zero'}, verified {checked['verified']}, "

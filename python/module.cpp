@@ -214,6 +214,10 @@ class coordinator {
     guard_.check("Coordinator");
     return impl_->delivered();
   }
+  std::uint64_t next_version() const {
+    guard_.check("Coordinator");
+    return without_gil([&] { return impl_->next_version(); });
+  }
   void wait_delivered(std::uint64_t version, std::optional<double> timeout) const {
     guard_.check("Coordinator");
     check(wait_interruptibly(timeout, "Coordinator: waiting for version " + std::to_string(version),
@@ -481,6 +485,7 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("secret") = "", py::arg("allow_unauthenticated") = false, py::arg("p2p") = "auto")
       .def_property_readonly("address", &coordinator::address)
       .def_property_readonly("delivered", &coordinator::delivered)
+      .def_property_readonly("next_version", &coordinator::next_version)
       .def("wait_delivered", &coordinator::wait_delivered, py::arg("version"),
            py::arg("timeout") = py::none())
       .def("close", &coordinator::close);

@@ -16,6 +16,11 @@ into host memory registered with ferry, drains the rest of the generator, and pu
 `send_weights` returns once ferry has offloaded them. `receive_weights` yields each tensor as soon
 as it is complete on this rank. `finalize` on a trainer rank waits until every rollout rank holds
 the version, so a version that cannot be delivered raises there.
+
+Each sync sends one version: `global_steps` when verl passes it (the same to every rank), else the
+job's next version, which the master reads from its coordinator at `prepare` and `build_topology`
+hands to every rank. So a rank that was replaced since the last sync (a new rollout process, a new
+trainer rank) sends or receives the same version as the others, never the one before.
 """
 
 from __future__ import annotations
@@ -132,6 +137,7 @@ class FerryCheckpointEngine(CheckpointEngine):
         self._owners: list[int] = []
         self._staging: dict[str, torch.Tensor] = {}
         self._version = 0
+        self._sync_version: int | None = None  # this sync's version without global_steps
         self._pending: ferry.Update | None = None
         # Rollout rank:
         self._rollout: ferry.Rollout | None = None
@@ -140,14 +146,18 @@ class FerryCheckpointEngine(CheckpointEngine):
     # --- every sync, every rank --------------------------------------------------------------
 
     def prepare(self) -> dict[str, Any]:
-        """The master's coordinator address (and job secret); a rollout rank's replica size."""
+        """The master's coordinator address, job secret and the version this sync sends without
+        `global_steps`; a rollout rank's replica size."""
         if self.is_master:
             if self._listen is None:
                 host = _listen_host()
                 self._listen = f"tcp://{host}:{_free_port(host)}"
                 self.secret = self.secret or secrets.token_hex(16)
-            address = self.coordinator.address if self.coordinator else self._listen
-            return {"ferry_coordinator": address, "ferry_secret": self.secret}
+            if self.coordinator is None:
+                address, version = self._listen, 1
+            else:
+                address, version = self.coordinator.address, self.coordinator.next_version
+            return {"ferry_coordinator": address, "ferry_secret": self.secret, "ferry_version": version}
         return {"ferry_replica_size": self.replica_size}
 
     @classmethod
@@ -165,7 +175,8 @@ class FerryCheckpointEngine(CheckpointEngine):
         if rollout_world_size % replica:
             raise ferry.InvalidArgument(f"ferry engine: {rollout_world_size} rollout ranks are not whole replicas of "
                                         f"{replica}")
-        job = {"coordinator": masters[0]["ferry_coordinator"], "secret": masters[0]["ferry_secret"]}
+        job = {"coordinator": masters[0]["ferry_coordinator"], "secret": masters[0]["ferry_secret"],
+               "version": masters[0]["ferry_version"]}
         trainers = actor_wg_world_size
         instance_sizes = [replica] * (rollout_world_size // replica)
         trainer_kwargs = {
@@ -193,6 +204,7 @@ class FerryCheckpointEngine(CheckpointEngine):
                                         "build_topology returned") from None
         world_size, instance_sizes, instance = kwargs.get("world_size", 1), kwargs.get("instance_sizes"), kwargs.get("instance", 0)
         self.role, self.secret = role, secret
+        self._sync_version = kwargs.get("version")
         if role == "trainer":
             self.rank, self.world_size, self._coordinator_address = rank, world_size, coordinator
             if self.is_master:
@@ -218,10 +230,11 @@ class FerryCheckpointEngine(CheckpointEngine):
 
     async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
                            global_steps: int | None = None) -> dict[str, Any]:
-        """Copies this rank's tensors out of `weights` (draining the rest) and publishes them."""
+        """Copies this rank's tensors out of `weights` (draining the rest) and publishes them as
+        version `global_steps` (None: this sync's version, handed out by build_topology)."""
         if self.role != "trainer":
             raise ferry.NotJoined("send_weights: init_process_group did not make this a trainer rank")
-        version = global_steps if global_steps is not None else self._version + 1
+        version = self._version_of_sync(global_steps)
         if version <= self._version:
             raise ferry.InvalidArgument(f"send_weights: version {version} is not newer than {self._version}")
         start = time.perf_counter()
@@ -237,11 +250,19 @@ class FerryCheckpointEngine(CheckpointEngine):
                 self._trainer.register(name, host)
             await loop.run_in_executor(None, self._trainer.join)
         update = await loop.run_in_executor(None, self._trainer.publish, version)
-        await update.offloaded(self.timeout)
         self._version, self._pending = version, update
+        await update.offloaded(self.timeout)
         end = time.perf_counter()
         return {"version": version, "tensors": len(self._staging), "bytes": copied,
                 "copy_seconds": copy_done - start, "offload_seconds": end - copy_done, "total_seconds": end - start}
+
+    def _version_of_sync(self, global_steps: int | None) -> int:
+        if global_steps is not None:
+            return global_steps
+        if self._sync_version is None:
+            raise ferry.InvalidArgument("no global_steps and no version from build_topology: run prepare, "
+                                        "build_topology and init_process_group before each sync")
+        return self._sync_version
 
     def _copy_owned(self, weights: Generator[tuple[str, torch.Tensor], None, None]) -> int:
         """Walks the whole generator; copies what this rank owns into its host tensors."""
@@ -296,11 +317,13 @@ class FerryCheckpointEngine(CheckpointEngine):
     # --- rollout ranks ------------------------------------------------------------------------
 
     async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
-        """Each tensor of version `global_steps` (default: the next one) as soon as it is here."""
+        """Each tensor of version `global_steps` as soon as it is here. None: this sync's version,
+        handed out by build_topology (a rank that joined since the last sync skips the older
+        version it was caught up with)."""
         if self._rollout is None:
             raise ferry.NotJoined("receive_weights: init_process_group did not make this a rollout rank")
         digests: dict[int, torch.Tensor] = {}
-        async for name, tensor in self._rollout.areceive(global_steps, self.timeout):
+        async for name, tensor in self._rollout.areceive(self._version_of_sync(global_steps), self.timeout):
             if name.startswith(TABLE_DIGEST):
                 digests[int(name[len(TABLE_DIGEST):])] = tensor
                 differ = [r for r, d in digests.items() if not torch.equal(d, next(iter(digests.values())))]

@@ -219,6 +219,7 @@ TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
   for (auto& w : workers) ASSERT_TRUE(w->join());
   ASSERT_TRUE(t.wait_ready(30s));
   EXPECT_EQ(t.next_version(), 1u);
+  EXPECT_EQ(coord.next_version(), 1u);
   EXPECT_EQ(t.wait_end(10ms).code, api_errc::timed_out);
   for (std::uint64_t v = 1; v <= 2; ++v) {
     sent.fill(v);
@@ -230,6 +231,7 @@ TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
       ASSERT_TRUE(workers[r]->wait_version(v, 30s));
       EXPECT_TRUE(got[r] == sent) << "worker " << r << " differs at version " << v;
     }
+    EXPECT_EQ(coord.next_version(), v + 1);
   }
   // The coordinator ends the job: every member's wait_end returns, a wait for a version that
   // will not come says why, and nothing more is published.

@@ -129,7 +129,7 @@ def test_syncs_deliver_every_tensor_and_the_job_survives_bad_syncs(job):
 
 def test_topology_errors_name_the_problem():
     engine = ferry.verl.FerryCheckpointEngine
-    master = {"ferry_coordinator": "tcp://127.0.0.1:1", "ferry_secret": "x" * 32}
+    master = {"ferry_coordinator": "tcp://127.0.0.1:1", "ferry_secret": "x" * 32, "ferry_version": 7}
     with pytest.raises(ferry.InvalidArgument, match="2 trainer ranks built with is_master"):
         engine.build_topology(2, 2, [master, master, {"ferry_replica_size": 2}, {"ferry_replica_size": 2}])
     with pytest.raises(ferry.InvalidArgument, match="not whole replicas"):
@@ -137,6 +137,7 @@ def test_topology_errors_name_the_problem():
     trainer_kwargs, rollout_kwargs = engine.build_topology(1, 4, [master] + [{"ferry_replica_size": 2}] * 4)
     assert trainer_kwargs["instance_sizes"] == [[2, 2]]
     assert rollout_kwargs["instance"] == [0, 0, 1, 1] and rollout_kwargs["rank"] == [0, 1, 0, 1]
+    assert trainer_kwargs["version"] == [7] and rollout_kwargs["version"] == [7] * 4  # the sync's version
 
 
 def test_trainer_ranks_that_iterate_different_tables_are_named():

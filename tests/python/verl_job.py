@@ -4,7 +4,8 @@ CheckpointEngineManager.update_weights) with the stand-in for verl's base module
 Processes: 2 trainer ranks (the coordinator inside rank 0) and 2 replicas of 2 rollout ranks, each
 a process of its own, driven over pipes as verl's Ray workers are. Syncs:
   1, 2   every rollout rank gets every tensor equal to the trainers';
-  3      one rollout rank was killed (SIGKILL) and replaced by a new process before the sync;
+  3      one rollout rank was killed (SIGKILL) and replaced by a new process before the sync, which
+         the job catches up with version 2 before the trainers send version 3;
   4      trainer rank 1 kills itself (SIGKILL) halfway through its generator: every other rank's
          call raises within BOUND seconds, none hangs;
   5      a new trainer rank 1 takes its place and the sync delivers again;
@@ -13,7 +14,9 @@ a process of its own, driven over pipes as verl's Ray workers are. Syncs:
          could still publish that version);
   7      a new trainer rank 1 publishes the next version, which is delivered (the one it skipped
          fails for good).
-Usage: verl_job.py [--device cuda] [--megabytes N]
+With --without-global-steps no call passes global_steps (verl's manager before #6507, and its own
+tests): every sync still yields the bytes the trainers send in that sync, on replaced ranks too.
+Usage: verl_job.py [--device cuda] [--megabytes N] [--without-global-steps]
 """
 import argparse
 import asyncio
@@ -46,7 +49,7 @@ def model(step: int, megabytes: float, device: str):
         yield name, t.to(device)
 
 
-def member(role: str, is_master: bool, conn, device: str, megabytes: float) -> None:
+def member(role: str, is_master: bool, conn, device: str, megabytes: float, with_steps: bool) -> None:
     sys.path.insert(0, os.path.join(HERE, "verl_standin"))
     import torch
     import ferry.verl  # noqa: F401  (registers "ferry")
@@ -65,7 +68,7 @@ def member(role: str, is_master: bool, conn, device: str, megabytes: float) -> N
     async def receive(step: int) -> dict:
         start, first, count = time.perf_counter(), None, 0
         expected = dict(model(step, megabytes, "cpu"))
-        async for name, tensor in engine.receive_weights(global_steps=step):
+        async for name, tensor in engine.receive_weights(global_steps=step if with_steps else None):
             first = first or time.perf_counter() - start
             want = expected.pop(name)
             if tensor.device.type != torch.device(device).type:
@@ -86,7 +89,7 @@ def member(role: str, is_master: bool, conn, device: str, megabytes: float) -> N
                 weights = model(args["step"], megabytes, device)
                 if args.get("die_after") is not None:
                     weights = dying(weights, args["die_after"])
-                result = asyncio.run(engine.send_weights(weights, global_steps=args["step"]))
+                result = asyncio.run(engine.send_weights(weights, global_steps=args["step"] if with_steps else None))
             elif command == "receive":
                 result = asyncio.run(receive(args["step"]))
             else:
@@ -99,10 +102,11 @@ def member(role: str, is_master: bool, conn, device: str, megabytes: float) -> N
 
 
 class Rank:
-    def __init__(self, ctx, role: str, is_master: bool, device: str, megabytes: float):
+    def __init__(self, ctx, role: str, is_master: bool, device: str, megabytes: float, with_steps: bool):
         self.role = role
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=member, args=(role, is_master, child, device, megabytes), daemon=True)
+        self.process = ctx.Process(target=member, args=(role, is_master, child, device, megabytes, with_steps),
+                                   daemon=True)
         self.process.start()
 
     def ask(self, command: str, **args) -> None:
@@ -128,9 +132,10 @@ def call_all(ranks: list[Rank], method: str, per_rank_kwargs: list[dict] | None 
 
 
 def sync(engine_class, trainers: list[Rank], rollouts: list[Rank], step: int, kill: str | None = None,
-         die_after: int = 0) -> dict:
+         die_after: int = 0, trainers_late: float = 0) -> dict:
     """One weight sync, as verl's manager runs it; returns every rank's answer to send/receive.
-    `kill`: trainer rank 1 dies "mid-send" (after `die_after` tensors) or "before-send"."""
+    `kill`: trainer rank 1 dies "mid-send" (after `die_after` tensors) or "before-send".
+    `trainers_late`: seconds the trainers start sending after the rollouts start receiving."""
     metadata = call_all(trainers + rollouts, "prepare")
     trainer_kwargs, rollout_kwargs = engine_class.build_topology(len(trainers), len(rollouts), metadata)
     per_trainer = [{k: v[i] for k, v in trainer_kwargs.items()} for i in range(len(trainers))]
@@ -147,11 +152,12 @@ def sync(engine_class, trainers: list[Rank], rollouts: list[Rank], step: int, ki
         os.kill(trainers[1].process.pid, signal.SIGKILL)
         trainers[1].process.join()
     start = time.monotonic()
+    for r in rollouts:
+        r.ask("receive", step=step)
+    time.sleep(trainers_late)
     senders = trainers if kill != "before-send" else trainers[:1]
     for i, r in enumerate(senders):
         r.ask("send", step=step, die_after=die_after if i == 1 and kill == "mid-send" else None)
-    for r in rollouts:
-        r.ask("receive", step=step)
     answers = {"send": [r.answer() for r in senders], "receive": [r.answer() for r in rollouts]}
     alive = [r for i, r in enumerate(trainers) if i != 1 or kill is None] + rollouts
     for r in alive:  # finalize too must answer (on a surviving trainer rank it raises)
@@ -182,6 +188,8 @@ def main() -> int:
     parser.add_argument("--megabytes", type=float, default=4.0, help="about this many MB of weights")
     parser.add_argument("--die-after", type=int, default=5,
                         help="sync 4: trainer rank 1 dies after this many tensors of its generator")
+    parser.add_argument("--without-global-steps", action="store_true",
+                        help="send_weights and receive_weights get no global_steps")
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(HERE, "verl_standin"))
     import ferry.verl
@@ -190,7 +198,8 @@ def main() -> int:
     engine_class = CheckpointEngineRegistry.get("ferry")
     assert engine_class is ferry.verl.FerryCheckpointEngine
     ctx = multiprocessing.get_context("spawn")
-    new = lambda role, master=False: Rank(ctx, role, master, args.device, args.megabytes)
+    new = lambda role, master=False: Rank(ctx, role, master, args.device, args.megabytes,
+                                          not args.without_global_steps)
     trainers = [new("trainer", True), new("trainer")]
     rollouts = [new("rollout") for _ in range(REPLICAS * REPLICA_SIZE)]
     kills = {4: "mid-send", 6: "before-send"}
@@ -206,7 +215,9 @@ def main() -> int:
                 trainers[1].process.join(BOUND)
                 trainers[1] = new("trainer")
                 print(f"sync {step}: trainer rank 1 replaced", flush=True)
-            answers = sync(engine_class, trainers, rollouts, step, kills.get(step), args.die_after)
+            # Sync 3's trainers start late: the new rollout rank is caught up with version 2 first.
+            answers = sync(engine_class, trainers, rollouts, step, kills.get(step), args.die_after,
+                           trainers_late=1.0 if step == 3 else 0)
             if step in kills:
                 if not check_failed_sync(step, kills[step], answers):
                     print("FAIL: every rollout rank's receive and the surviving trainer's finalize must raise")

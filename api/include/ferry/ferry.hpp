@@ -131,6 +131,9 @@ class FERRY_API coordinator {
   std::string address() const;
   /// The newest version delivered to every worker (0: none yet).
   std::uint64_t delivered() const;
+  /// The version the job takes next: newer than every version a trainer published or the job
+  /// delivered (1 before any, and once closed).
+  std::uint64_t next_version() const;
   /// Waits until `version` is delivered, the job fails, or `timeout` passes.
   status wait_delivered(std::uint64_t version, std::chrono::milliseconds timeout) const;
   /// Tells every member the job is over and stops.
