@@ -78,6 +78,23 @@ rollout_worker::~rollout_worker() {
   gen_.reset();
   host().forget_writes(leader_slot_tag);
   host().forget_writes(chain_tag);
+  for (auto* p : owned_on_device_) options_.memory->release(p);
+}
+
+result<std::vector<tensor_ref>> rollout_worker::keep_trainers_table(const std::vector<tensor_spec>& table) {
+  std::vector<tensor_ref> own;
+  for (const auto& spec : table) {
+    if (!on_device()) {
+      owned_.push_back(host().env().platform().host_memory(spec.nbytes));
+      own.push_back({.spec = spec, .data = owned_.back().data()});
+      continue;
+    }
+    auto p = options_.memory->allocate(spec.nbytes);
+    if (!p) return std::unexpected(p.error());
+    owned_on_device_.push_back(*p);
+    own.push_back({.spec = spec, .data = *p, .device = options_.memory->device()});
+  }
+  return own;
 }
 
 void rollout_worker::join() {
@@ -141,12 +158,12 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
   }
   const bool was_leader = leader_;
   if (takes_trainers_table_ && tensors_->empty()) {
-    std::vector<tensor_ref> own;
-    for (const auto& spec : m.plan.tensors) {
-      owned_.push_back(host().env().platform().host_memory(spec.nbytes));
-      own.push_back({.spec = spec, .data = owned_.back().data()});
+    auto own = keep_trainers_table(m.plan.tensors);
+    if (!own) {
+      return fail(fmt::format("no room for the trainers' {} bytes on GPU {}", m.plan.total_bytes(),
+                              options_.memory->device()));
     }
-    tensors_ = std::make_shared<const std::vector<tensor_ref>>(std::move(own));
+    tensors_ = std::make_shared<const std::vector<tensor_ref>>(std::move(*own));
   }
   if (plan_ && plan_->job->layout != m.plan.layout) {
     // Chunk ids mean other bytes now: what arrived of a version not complete here is sent again.

@@ -41,7 +41,8 @@ class rollout_worker final : public job_member {
  public:
   /// `tensors` say where each tensor lands; a null `data` makes the worker keep the bytes itself
   /// (read them in `on_tensor`). No tensors at all: the worker takes the trainers' table from its
-  /// first plan and keeps every tensor's bytes itself.
+  /// first plan and keeps every tensor's bytes itself, in its GPU's memory when `options.memory`
+  /// is a GPU's.
   /// Copies, CPU work and the platform go through `host`'s environment.
   rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
                  std::vector<tensor_ref> tensors, worker_options options);
@@ -232,6 +233,8 @@ class rollout_worker final : public job_member {
   /// Fiber: the per-tensor digests of device tensors, hashed through host memory.
   void digest_through_host(version_complete& report);
   worker_ready holdings() const;
+  /// Where the worker keeps the trainers' table (`takes_trainers_table_`): its GPU or host memory.
+  result<std::vector<tensor_ref>> keep_trainers_table(const std::vector<tensor_spec>& table);
   std::string name() const override;
   void halting() override;
 
@@ -241,6 +244,7 @@ class rollout_worker final : public job_member {
   bool takes_trainers_table_ = false;  ///< registered no table: holds whatever the trainers publish
   std::shared_ptr<const registered_table> registered_;  ///< made at the first join, kept for a rejoin
   std::vector<host_buffer> owned_;
+  std::vector<std::byte*> owned_on_device_;  ///< the trainers' table, kept in `options_.memory`
   worker_options options_;
 
   std::shared_ptr<const worker_plan> plan_;

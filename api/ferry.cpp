@@ -747,6 +747,15 @@ status rollout::join() {
   }
   int device = -1;
   if (auto st = member_device(tensors, "rollout", device); !st) return st;
+  if (o.device >= 0) {
+    if (!tensors.empty()) {
+      return failed(api_errc::invalid_argument,
+                    fmt::format("rollout: options.device {} is for a rollout that registers nothing; its "
+                                "registered tensors say where they are",
+                                o.device));
+    }
+    device = o.device;
+  }
   member_link link;
   if (auto st = link_to_coordinator(o, "rollout", link); !st) return st;
   const node_id id = o.node_id ? o.node_id : (1u << 20) + (o.instance << 10) + o.rank;

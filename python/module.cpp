@@ -132,8 +132,8 @@ std::string dtype_of(const DLDataType& t, const std::string& name) {
              " lanes) is not one ferry knows; pass it raw with a dtype"});
 }
 
-/// `obj` through DLPack (`__dlpack__`, or a capsule), checked to be dense and on a device ferry
-/// can reach.
+/// `obj` through DLPack (`__dlpack__`, or a capsule), checked to be dense and in host memory or
+/// a CUDA device's.
 held_tensor import_dlpack(const std::string& name, py::object obj) {
   py::object capsule = obj;
   if (py::hasattr(obj, "__dlpack__")) capsule = obj.attr("__dlpack__")();
@@ -148,11 +148,11 @@ held_tensor import_dlpack(const std::string& name, py::object obj) {
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // the capsule no longer frees it: we do
   h.owner = obj;
   const DLTensor& t = h.managed->dl_tensor;
-  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
-    raise(
-        {make_error_code(ferry::api_errc::invalid_argument),
-         "tensor '" + name + "': device type " + std::to_string(t.device.device_type) +
-             " (device tensors go through the package's staging: import ferry, not ferry._ferry)"});
+  const auto type = t.device.device_type;
+  if (type != kDLCPU && type != kDLCUDAHost && type != kDLCUDA) {
+    raise({make_error_code(ferry::api_errc::invalid_argument),
+           "tensor '" + name + "': DLPack device type " + std::to_string(type) +
+               "; ferry reads host memory and CUDA devices' memory"});
   }
   std::int64_t expected = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
@@ -167,8 +167,36 @@ held_tensor import_dlpack(const std::string& name, py::object obj) {
   h.view = {.name = name,
             .dtype = dtype_of(t.dtype, name),
             .shape = std::vector<std::int64_t>(t.shape, t.shape + t.ndim),
-            .data = static_cast<std::byte*>(t.data) + t.byte_offset};
+            .data = static_cast<std::byte*>(t.data) + t.byte_offset,
+            .device = type == kDLCUDA ? t.device.device_id : -1};
   return h;
+}
+
+/// A DLPack capsule of `nbytes` bytes of CUDA device `device`'s memory at `data`, as uint8; the
+/// consumer (torch.from_dlpack) frees the description, never the memory.
+py::capsule device_bytes_capsule(std::byte* data, std::size_t nbytes, int device) {
+  struct described {
+    DLManagedTensor managed{};
+    std::int64_t shape[1]{};
+  };
+  auto* d = new described;
+  d->shape[0] = static_cast<std::int64_t>(nbytes);
+  d->managed.dl_tensor = {.data = data,
+                          .device = {kDLCUDA, device},
+                          .ndim = 1,
+                          .dtype = {kDLUInt, 8, 1},
+                          .shape = d->shape,
+                          .strides = nullptr,
+                          .byte_offset = 0};
+  d->managed.manager_ctx = d;
+  d->managed.deleter = [](DLManagedTensor* m) { delete static_cast<described*>(m->manager_ctx); };
+  return py::capsule(&d->managed, "dltensor", [](PyObject* capsule) {
+    // Still named "dltensor": no consumer took it, so it is ours to free.
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+      m->deleter(m);
+    }
+  });
 }
 
 held_tensor import_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes,
@@ -329,8 +357,8 @@ class trainer : public member<ferry::trainer> {
 struct rollout_event {
   std::string kind;  ///< "tensor", "version" or "failed"
   std::uint64_t version = 0;
-  ferry::tensor tensor;  ///< "tensor": name, dtype, shape (data unused)
-  std::unique_ptr<std::byte[]> bytes;
+  ferry::tensor tensor;  ///< "tensor": name, dtype, shape, and its bytes in ferry's memory
+  std::unique_ptr<std::byte[]> bytes;  ///< a copy of them, when streamed with copies
   std::size_t nbytes = 0;
   std::string reason;  ///< "failed"
 };
@@ -353,17 +381,19 @@ class rollout : public member<ferry::rollout> {
     h.view.shape = std::move(shape);
     add(std::move(h), [&](const ferry::tensor& t) { return impl_->register_rows(t, first_row, rows); });
   }
-  /// Before join: queue every tensor, version and failure for `next_event` (a copy of each tensor).
-  void stream() {
+  /// Before join: queue every tensor, version and failure for `next_event`. With `copy`, each
+  /// tensor is a copy of its bytes (host memory only); without, a view of ferry's memory, valid
+  /// until the next version lands there.
+  void stream(bool copy) {
     guard_.check(what_);
     // On the loop thread: copy and queue, never Python.
     impl_->on_tensor(
-        [q = queue_](std::uint64_t v, const ferry::tensor& t, std::span<const std::byte> b) {
-          rollout_event e{
-              .kind = "tensor", .version = v, .tensor = t, .bytes = nullptr, .nbytes = b.size()};
-          e.tensor.data = nullptr;
-          e.bytes.reset(new std::byte[b.size()]);
-          std::memcpy(e.bytes.get(), b.data(), b.size());
+        [q = queue_, copy](std::uint64_t v, const ferry::tensor& t, std::span<const std::byte> b) {
+          rollout_event e{.kind = "tensor", .version = v, .tensor = t, .bytes = nullptr, .nbytes = b.size()};
+          if (copy && t.device < 0) {
+            e.bytes.reset(new std::byte[b.size()]);
+            std::memcpy(e.bytes.get(), b.data(), b.size());
+          }
           q->push(std::move(e));
         });
     impl_->on_version(
@@ -381,9 +411,9 @@ class rollout : public member<ferry::rollout> {
     check(wait_interruptibly(timeout, "Rollout: waiting for version " + std::to_string(version),
                              [&](auto slice) { return impl_->wait_version(version, slice); }));
   }
-  /// The next streamed event, or None at the timeout: ("tensor", version, name, dtype, shape, a
-  /// numpy uint8 array of its bytes), ("version", version, ...) or ("failed", version, ...,
-  /// reason).
+  /// The next streamed event, or None at the timeout: ("tensor", version, name, dtype, shape, its
+  /// bytes: a numpy uint8 array, or a DLPack capsule of them on a CUDA device), ("version",
+  /// version, ...) or ("failed", version, ..., reason).
   py::object next_event(std::optional<double> timeout) {
     guard_.check(what_);
     std::optional<rollout_event> e;
@@ -397,16 +427,27 @@ class rollout : public member<ferry::rollout> {
     if (e->kind != "tensor") {
       return py::make_tuple(e->kind, e->version, py::none(), py::none(), py::none(), e->reason);
     }
-    // The bytes become a numpy array that owns them (no further copy).
-    auto* raw = e->bytes.release();
-    py::capsule owner(raw, [](void* p) { delete[] static_cast<std::byte*>(p); });
-    py::array_t<std::uint8_t> bytes({static_cast<py::ssize_t>(e->nbytes)}, {py::ssize_t{1}},
-                                    reinterpret_cast<std::uint8_t*>(raw), owner);
     return py::make_tuple(e->kind, e->version, e->tensor.name, e->tensor.dtype, e->tensor.shape,
-                          bytes);
+                          bytes_of(*e));
   }
 
  private:
+  /// A tensor event's bytes for Python, copied no further: a numpy array that owns the copy or
+  /// views ferry's host memory, or a capsule of device memory.
+  static py::object bytes_of(rollout_event& e) {
+    auto* data = static_cast<std::byte*>(e.tensor.data);
+    if (e.tensor.device >= 0) return device_bytes_capsule(data, e.nbytes, e.tensor.device);
+    py::capsule owner;  // a view: ferry's memory outlives it until the next version
+    if (e.bytes) {
+      data = e.bytes.release();
+      owner = py::capsule(data, [](void* p) { delete[] static_cast<std::byte*>(p); });
+    } else {
+      owner = py::capsule(data, [](void*) {});
+    }
+    return py::array_t<std::uint8_t>({static_cast<py::ssize_t>(e.nbytes)}, {py::ssize_t{1}},
+                                     reinterpret_cast<std::uint8_t*>(data), owner);
+  }
+
   struct event_queue {
     std::mutex m;
     std::condition_variable cv;
@@ -521,26 +562,28 @@ PYBIND11_MODULE(_ferry, m) {
   py::class_<rollout>(m, "Rollout")
       .def(py::init([](std::string coordinator, std::uint32_t instance, std::uint32_t rank,
                        std::string secret, bool allow_unauthenticated, std::uint32_t node_id,
-                       bool checksums, bool digests, double connect_timeout, std::string listen_host) {
+                       bool checksums, bool digests, double connect_timeout, std::string listen_host,
+                       int device) {
              ferry::rollout::options o;
              static_cast<ferry::member_options&>(o) =
                  member_options(std::move(coordinator), std::move(secret), allow_unauthenticated,
                                 node_id, checksums, digests, connect_timeout, std::move(listen_host));
              o.instance = instance;
              o.rank = rank;
+             o.device = device;
              return std::make_unique<rollout>(std::move(o));
            }),
            py::kw_only(), py::arg("coordinator"), py::arg("instance") = 0, py::arg("rank") = 0,
            py::arg("secret") = "", py::arg("allow_unauthenticated") = false, py::arg("node_id") = 0,
            py::arg("checksums") = true, py::arg("digests") = true,
-           py::arg("connect_timeout") = 30.0, py::arg("listen_host") = "")
+           py::arg("connect_timeout") = 30.0, py::arg("listen_host") = "", py::arg("device") = -1)
       .def("register", &rollout::register_tensor, py::arg("name"), py::arg("tensor"))
       .def("register_rows", &rollout::register_rows, py::arg("name"), py::arg("tensor"),
            py::arg("first_row"), py::arg("shape"))
       .def("register_raw", &rollout::register_raw, py::arg("name"), py::arg("pointer"),
            py::arg("nbytes"), py::arg("dtype") = "u8", py::arg("shape") = py::none(),
            py::arg("owner") = py::none())
-      .def("stream", &rollout::stream)
+      .def("stream", &rollout::stream, py::arg("copy") = true)
       .def("join", &rollout::join)
       .def_property_readonly("version", &rollout::version)
       .def("wait_version", &rollout::wait_version, py::arg("version"),

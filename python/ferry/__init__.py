@@ -17,9 +17,13 @@
 A rollout may instead register where each tensor lands and call `wait_version(v)`. Waits take a
 timeout in seconds (None: no limit), release the GIL, and let Ctrl-C through; `await
 update.offloaded()`, `await update.delivered()` and `async for ... in rollout.areceive()` serve
-asyncio programs. Errors are `ferry.Error` subclasses carrying ferry's message. CUDA tensors are
-staged through pinned host copies: publish copies them out on the current stream first, and a rollout's
-CUDA targets are filled by `wait_version`.
+asyncio programs. Errors are `ferry.Error` subclasses carrying ferry's message.
+
+CUDA tensors (torch, or anything with `__dlpack__` on a CUDA device) are registered as they are:
+ferry copies them on that GPU's streams, and GPU to GPU where the other end is a GPU of this host.
+`publish` first waits for the work queued on each such GPU's current torch stream (other
+producers synchronise their own streams before publishing); a rollout's CUDA tensors hold the
+version once `wait_version` returns. One member's tensors all live on one device.
 """
 
 from __future__ import annotations
@@ -70,10 +74,14 @@ def torch_dtype(dtype: str):
     return found
 
 
-def _as_array(dtype: str, shape: list[int], raw: numpy.ndarray) -> Any:
-    """Received bytes as a torch tensor (numpy array without torch), without copying."""
+def _as_array(dtype: str, shape: list[int], raw: Any) -> Any:
+    """Received bytes (a numpy array, or a DLPack capsule of CUDA memory) as a torch tensor
+    (numpy array without torch), without copying."""
     if torch is not None:
-        return torch.from_numpy(raw).view(torch_dtype(dtype)).reshape(shape)
+        data = torch.from_numpy(raw) if isinstance(raw, numpy.ndarray) else torch.utils.dlpack.from_dlpack(raw)
+        return data.view(torch_dtype(dtype)).reshape(shape)
+    if not isinstance(raw, numpy.ndarray):
+        raise InvalidArgument("tensors on a CUDA device need torch")
     if dtype not in _NUMPY_DTYPES:
         raise InvalidArgument(f"dtype '{dtype}' needs torch")
     return raw.view(_NUMPY_DTYPES[dtype]).reshape(shape)
@@ -83,7 +91,7 @@ def _is_torch(t: Any) -> bool:
     return torch is not None and isinstance(t, torch.Tensor)
 
 
-def _host_view(name: str, tensor: Any) -> Any:
+def _readable(name: str, tensor: Any) -> Any:
     """What ferry can read: torch tensors detached (nn.Parameter included) and bools as bytes."""
     if not _is_torch(tensor):
         return tensor
@@ -94,11 +102,20 @@ def _host_view(name: str, tensor: Any) -> Any:
     return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
 
-def _staging_for(tensor: Any) -> Any:
-    """A pinned host copy for a CUDA tensor (None for a host one)."""
-    if not (_is_torch(tensor) and tensor.is_cuda):
-        return None
-    return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+def _device_index(device: Any) -> int:
+    """A CUDA device's index from an int, "cuda[:N]" or a torch.device; -1 for None or "cpu"."""
+    if device is None:
+        return -1
+    if isinstance(device, int):
+        return device
+    kind, _, index = str(device).partition(":")
+    if kind == "cpu" and not index:
+        return -1
+    if kind != "cuda" or not (index.isdigit() or not index):
+        raise InvalidArgument(f"device {device!r}: a CUDA device (an index, 'cuda:N') or 'cpu'")
+    if index:
+        return int(index)
+    return torch.cuda.current_device() if torch is not None else 0
 
 
 class Update:
@@ -127,24 +144,22 @@ class Update:
 
 
 class _Member:
-    """What a trainer and a rollout share: registration (a CUDA tensor through a pinned host copy,
-    `_staged`), join, close."""
+    """What a trainer and a rollout share: registration, join, close."""
 
     def __init__(self, native: Any):
         self._native = native
-        self._staged: list[tuple[Any, Any]] = []  # (CUDA tensor, its pinned host copy)
+        self._cuda_devices: set[Any] = set()  # the torch devices of registered CUDA tensors
 
     def register(self, name: str, tensor: Any) -> None:
         """Before join: the tensor `name` (ferry keeps a reference to it)."""
         self._register(name, tensor, self._native.register)
 
     def _register(self, name: str, tensor: Any, native: Any) -> None:
-        """Registers `tensor` through `native(name, host tensor)`, staging a CUDA one."""
-        tensor = _host_view(name, tensor)
-        host = _staging_for(tensor)
-        native(name, tensor if host is None else host)
-        if host is not None:
-            self._staged.append((tensor, host))
+        """Registers `tensor` through `native(name, tensor)`."""
+        tensor = _readable(name, tensor)
+        native(name, tensor)
+        if _is_torch(tensor) and tensor.is_cuda:
+            self._cuda_devices.add(tensor.device)
 
     def register_raw(self, name: str, pointer: int, nbytes: int, dtype: str = "u8", shape: list[int] | None = None,
                      owner: Any = None) -> None:
@@ -164,16 +179,6 @@ class _Member:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _copy_staged(self, to_device: bool) -> None:
-        """Copies every CUDA tensor to (or from) its host copy, on the current stream, and waits."""
-        for device_tensor, host in self._staged:
-            if to_device:
-                device_tensor.copy_(host, non_blocking=True)
-            else:
-                host.copy_(device_tensor, non_blocking=True)
-        for device in {t.device for t, _ in self._staged}:
-            torch.cuda.current_stream(device).synchronize()
-
 
 class Trainer(_Member):
     """One trainer shard: register tensors, join, publish versions of them."""
@@ -182,17 +187,26 @@ class Trainer(_Member):
         super().__init__(_ferry.Trainer(coordinator=coordinator, shard=shard, secret=secret, **options))
 
     def publish(self, version: int) -> Update:
-        """Publishes `version`; CUDA tensors are copied to their host copies first."""
-        self._copy_staged(to_device=False)
+        """Publishes `version`, once the current torch stream of each GPU holding a registered
+        tensor has done the work queued on it."""
+        for device in self._cuda_devices:
+            torch.cuda.current_stream(device).synchronize()
         return Update(self._native.publish(version))
 
 
 class Rollout(_Member):
-    """One rollout worker of instance `instance`: receives every version."""
+    """One rollout worker of instance `instance`: receives every version.
 
-    def __init__(self, coordinator: str, instance: int = 0, rank: int = 0, secret: str = "", **options: Any):
+    A rollout that registers nothing keeps the trainers' tensors itself: in host memory, or on
+    `device` (a CUDA device: index, "cuda:N" or torch.device). `receive` then yields, for each
+    tensor, a copy of its bytes in host memory, or with `views=True` (always on a device) a view
+    of ferry's memory, valid until the next version lands here."""
+
+    def __init__(self, coordinator: str, instance: int = 0, rank: int = 0, secret: str = "",
+                 device: Any = None, views: bool = False, **options: Any):
         super().__init__(_ferry.Rollout(coordinator=coordinator, instance=instance, rank=rank, secret=secret,
-                                        **options))
+                                        device=_device_index(device), **options))
+        self._views = views
         self._registered = False
         self._streaming = False
         self._received = 0  # the newest version `receive` went through
@@ -218,7 +232,7 @@ class Rollout(_Member):
 
     def join(self) -> None:
         if not self._registered:
-            self._native.stream()
+            self._native.stream(copy=not self._views)
             self._streaming = True
         super().join()
 
@@ -228,9 +242,8 @@ class Rollout(_Member):
         return self._native.version
 
     def wait_version(self, version: int, timeout: float | None = None) -> None:
-        """Until `version` (or newer) is applied here; CUDA targets are then filled."""
+        """Until `version` (or newer) is applied here, CUDA tensors included."""
         self._native.wait_version(version, timeout)
-        self._copy_staged(to_device=True)
 
     def receive(self, version: int | None = None, timeout: float | None = None) -> Iterator[tuple[str, Any]]:
         """Each tensor of `version` as (name, tensor), as soon as it is complete here; ends when the

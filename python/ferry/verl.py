@@ -12,9 +12,11 @@ copies, and the job regroups by itself when a rank is replaced. The coordinator 
 rank 0 (the engine built with `is_master=True`).
 
 Each trainer rank copies the tensors it owns (the table split by bytes, the same way on every rank)
-into host memory registered with ferry, drains the rest of the generator, and publishes;
-`send_weights` returns once ferry has offloaded them. `receive_weights` yields each tensor as soon
-as it is complete on this rank. `finalize` on a trainer rank waits until every rollout rank holds
+into tensors registered with ferry on the generator's device (a CUDA tensor stays on its GPU),
+drains the rest of the generator, and publishes; `send_weights` returns once ferry has offloaded
+them. `receive_weights` yields each tensor as soon as it is complete on this rank, in ferry's own
+memory on engine_kwargs `device` (a GPU: ferry's copy engine fills it; default: host memory), with
+no copy: a tensor yielded holds its bytes until the next sync's `receive_weights` starts. `finalize` on a trainer rank waits until every rollout rank holds
 the version, so a version that cannot be delivered raises there.
 
 Each sync sends one version: `global_steps` when verl passes it (the same to every rank), else the
@@ -106,7 +108,8 @@ class FerryCheckpointEngine(CheckpointEngine):
         replica_size: rollout ranks per replica (the inference engine's world size).
         chunk_bytes, depth: ferry's chunk size and chunks in flight per stage.
         timeout: seconds any wait may take before it raises ferry.TimedOut.
-        device: where received tensors are put (default: where ferry holds them, host memory).
+        device: the CUDA device a rollout rank receives into ("cuda:N", an index; default: host
+            memory).
         secret: the job secret; default: a fresh one from the master, handed out by build_topology.
     """
 
@@ -216,7 +219,7 @@ class FerryCheckpointEngine(CheckpointEngine):
         if self._rollout is not None:
             self._rollout.close()
         self._rollout = ferry.Rollout(coordinator=coordinator, instance=instance, rank=rank, secret=secret,
-                                      connect_timeout=self.timeout)
+                                      connect_timeout=self.timeout, device=self.device, views=True)
         self._rollout.join()
         self._member = member
 
@@ -283,16 +286,16 @@ class FerryCheckpointEngine(CheckpointEngine):
                                             f"trainer rank {self.rank} differs from the first sync's table ({had})")
             if self._owners[index] != self.rank:
                 continue
-            if first:
-                self._staging[name] = torch.empty(meta[2], dtype=meta[1], device="cpu",
-                                                  pin_memory=torch.cuda.is_available())
+            if first:  # where ferry sends from: on the generator's device
+                self._staging[name] = torch.empty(meta[2], dtype=meta[1], device=tensor.device)
+            elif self._staging[name].device != tensor.device:
+                raise ferry.InvalidArgument(f"send_weights: tensor '{name}' is on {tensor.device}, the first sync's "
+                                            f"on {self._staging[name].device}")
             self._staging[name].copy_(tensor, non_blocking=True)
             copied += tensor.numel() * tensor.element_size()
         if not first and count != len(self._table):
             raise ferry.InvalidArgument(f"send_weights: trainer rank {self.rank} got {count} tensors, the first "
                                         f"sync had {len(self._table)}")
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
         if first:
             if not self._staging:
                 raise ferry.InvalidArgument(f"send_weights: trainer rank {self.rank} of {self.world_size} owns no "
@@ -319,7 +322,9 @@ class FerryCheckpointEngine(CheckpointEngine):
     async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
         """Each tensor of version `global_steps` as soon as it is here. None: this sync's version,
         handed out by build_topology (a rank that joined since the last sync skips the older
-        version it was caught up with)."""
+        version it was caught up with). A tensor yielded is ferry's own memory, on `device`: it
+        holds this version until the next sync's `receive_weights` starts (copy what must
+        outlive that)."""
         if self._rollout is None:
             raise ferry.NotJoined("receive_weights: init_process_group did not make this a rollout rank")
         digests: dict[int, torch.Tensor] = {}
@@ -332,7 +337,7 @@ class FerryCheckpointEngine(CheckpointEngine):
                                                 f"the same tensor table (rank {differ[0]} differs from rank "
                                                 f"{next(iter(digests))}): every rank must see the full generator")
                 continue
-            yield name, (tensor if self.device is None else tensor.to(self.device))
+            yield name, tensor
 
     def close(self) -> None:
         """Leaves ferry's job (the coordinator, on the master, stops it for everyone)."""

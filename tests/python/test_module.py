@@ -216,35 +216,90 @@ def test_a_forked_child_refuses_to_use_ferry(coordinator):
     assert "fork" in message, message
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU host)")
-def test_cuda_tensors_travel_through_pinned_host_copies(coordinator):
+def test_a_streaming_rollout_with_views_yields_ferry_s_own_memory(coordinator):
+    weights = model(0)
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    for name, t in weights.items():
+        trainer.register(name, t)
+    rollouts = [ferry.Rollout(coordinator=coordinator.address, instance=0, rank=r, secret=SECRET, views=True)
+                for r in (0, 1)]
+    trainer.join()
+    for r in rollouts:
+        r.join()
+    first = None
+    for version in (1, 2):
+        for name, t in model(version).items():
+            weights[name].copy_(t)
+        trainer.publish(version).wait_offloaded(30)
+        received = dict(rollouts[0].receive(version, timeout=30))
+        rollouts[1].wait_version(version, timeout=30)
+        for name, t in model(version).items():
+            assert received[name].dtype == t.dtype and torch.equal(received[name], t), (version, name)
+        first = first or received
+        # A view, not a copy: version 1's tensors now hold version 2.
+        assert all(torch.equal(first[name], received[name]) for name in received)
+    for m in (trainer, *rollouts):
+        m.close()
+
+
+def test_a_rollout_device_is_only_for_one_that_registers_nothing(coordinator):
+    rollout = ferry.Rollout(coordinator=coordinator.address, secret=SECRET, device="cuda:0")
+    rollout.register("embed", torch.zeros(300, 64))
+    with pytest.raises(ferry.InvalidArgument, match="registers nothing"):
+        rollout.join()
+    with pytest.raises(ferry.InvalidArgument, match="a CUDA device"):
+        ferry.Rollout(coordinator=coordinator.address, secret=SECRET, device="tpu:1")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU host)")
+
+
+@needs_cuda
+def test_cuda_tensors_are_copied_on_the_gpu_in_the_producer_s_stream_order():
+    """A trainer's CUDA tensors reach a rollout's registered CUDA tensors and a streaming rollout
+    on the GPU (each its own instance: NCCL takes one rank per GPU). The producer writes each
+    version on a stream of its own, behind a spin of the GPU: publish must wait for it."""
     device = torch.device("cuda", 0)
+    coordinator = ferry.Coordinator(trainers=1, instance_sizes=[1, 1], chunk_bytes=32 * 1024, secret=SECRET)
     weights = {name: t.to(device) for name, t in model(0).items()}
     trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
     for name, t in weights.items():
         trainer.register(name, t)
-    landing = {name: torch.zeros_like(t) for name, t in weights.items()}  # on the device too
-    rollouts = [ferry.Rollout(coordinator=coordinator.address, instance=0, rank=r, secret=SECRET) for r in (0, 1)]
+    landing = {name: torch.zeros_like(t) for name, t in weights.items()}
+    registered = ferry.Rollout(coordinator=coordinator.address, instance=0, secret=SECRET)
     for name, t in landing.items():
-        rollouts[0].register(name, t)
-    trainer.join()
-    for r in rollouts:
-        r.join()
-    for version in (1, 2):
-        stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):  # the producer's stream: publish must copy after it
+        registered.register(name, t)
+    streaming = ferry.Rollout(coordinator=coordinator.address, instance=1, secret=SECRET, device=device)
+    for m in (trainer, registered, streaming):
+        m.join()
+    for version in (1, 2, 3):
+        producer = torch.cuda.Stream(device)
+        with torch.cuda.stream(producer):
+            torch.cuda._sleep(100_000_000)  # the copies below run well after publish is called
             for name, t in model(version).items():
                 weights[name].copy_(t.to(device, non_blocking=True))
             update = trainer.publish(version)
         update.wait_offloaded(30)
-        received = dict(rollouts[1].receive(version, timeout=30))
+        received = dict(streaming.receive(version, timeout=30))
         update.wait_delivered(30)
-        rollouts[0].wait_version(version, timeout=30)
-        for name, t in model(version).items():
-            assert torch.equal(landing[name].cpu(), t), (version, name)
-            assert torch.equal(received[name], t), (version, name)
-    for m in (trainer, *rollouts):
+        registered.wait_version(version, timeout=30)
+        consumer = torch.cuda.Stream(device)
+        with torch.cuda.stream(consumer):  # another stream reads what wait_version said is there
+            for name, t in model(version).items():
+                assert torch.equal(landing[name].cpu(), t), (version, name)
+                assert received[name].is_cuda and torch.equal(received[name].cpu(), t), (version, name)
+    for m in (trainer, registered, streaming, coordinator):
         m.close()
+
+
+@needs_cuda
+def test_a_member_s_tensors_on_two_devices_are_refused_naming_both(coordinator):
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    trainer.register("embed", torch.zeros(300, 64, device="cuda:0"))
+    trainer.register("layer.bias", torch.zeros(129))
+    with pytest.raises(ferry.InvalidArgument, match="'embed' is in device 0 and tensor 'layer.bias' in host memory"):
+        trainer.join()
+    trainer.close()
 
 
 def test_a_killed_member_s_shm_files_are_cleaned_up_before_it_is_reaped():

@@ -1,10 +1,11 @@
 """ferry's verl backend in a real multi-process job, driven in exactly verl's call order (verl's
 CheckpointEngineManager.update_weights) with the stand-in for verl's base module beside this file.
 
-Processes: 2 trainer ranks (the coordinator inside rank 0) and 2 replicas of 2 rollout ranks, each
-a process of its own, driven over pipes as verl's Ray workers are. Syncs:
+Processes: 2 trainer ranks (the coordinator inside rank 0) and 2 replicas of 2 rollout ranks (of 1
+with --replica-size 1: on one GPU, whose NCCL takes one rank of a replica), each a process of its
+own, driven over pipes as verl's Ray workers are. Syncs:
   1, 2   every rollout rank gets every tensor equal to the trainers';
-  3      one rollout rank was killed (SIGKILL) and replaced by a new process before the sync, which
+  3      replica 1's first rollout rank was killed (SIGKILL) and replaced by a new process, which
          the job catches up with version 2 before the trainers send version 3;
   4      trainer rank 1 kills itself (SIGKILL) halfway through its generator: every other rank's
          call raises within BOUND seconds, none hangs;
@@ -16,7 +17,7 @@ a process of its own, driven over pipes as verl's Ray workers are. Syncs:
          fails for good).
 With --without-global-steps no call passes global_steps (verl's manager before #6507, and its own
 tests): every sync still yields the bytes the trainers send in that sync, on replaced ranks too.
-Usage: verl_job.py [--device cuda] [--megabytes N] [--without-global-steps]
+Usage: verl_job.py [--device cuda] [--replica-size N] [--megabytes N] [--without-global-steps]
 """
 import argparse
 import asyncio
@@ -27,9 +28,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRAINERS, REPLICAS, REPLICA_SIZE = 2, 2, 2
+TRAINERS, REPLICAS = 2, 2
 BOUND = 60  # seconds any rank may take to answer before the job counts as hung
-ENGINE_KWARGS = {"replica_size": REPLICA_SIZE, "chunk_bytes": 256 << 10, "timeout": 10.0}
+ENGINE_KWARGS = {"chunk_bytes": 256 << 10, "timeout": 10.0}
 
 
 def model(step: int, megabytes: float, device: str):
@@ -49,14 +50,16 @@ def model(step: int, megabytes: float, device: str):
         yield name, t.to(device)
 
 
-def member(role: str, is_master: bool, conn, device: str, megabytes: float, with_steps: bool) -> None:
+def member(role: str, is_master: bool, conn, args: argparse.Namespace) -> None:
     sys.path.insert(0, os.path.join(HERE, "verl_standin"))
     import torch
     import ferry.verl  # noqa: F401  (registers "ferry")
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
+    device, megabytes, with_steps = args.device, args.megabytes, not args.without_global_steps
     # A trainer's tensors live on `device`; a rollout rank gets its tensors there.
     engine = CheckpointEngineRegistry.new("ferry", bucket_size=512 << 20, is_master=is_master, **ENGINE_KWARGS,
+                                          replica_size=args.replica_size,
                                           **({"device": device} if role == "rollout" and device != "cpu" else {}))
 
     def dying(weights, after: int):
@@ -81,17 +84,17 @@ def member(role: str, is_master: bool, conn, device: str, megabytes: float, with
         return {"tensors": count, "first_tensor_s": first, "all_s": time.perf_counter() - start}
 
     while True:
-        command, args = conn.recv()
+        command, request = conn.recv()
         try:
             if command == "call":
-                result = getattr(engine, args["method"])(**args.get("kwargs", {}))
+                result = getattr(engine, request["method"])(**request.get("kwargs", {}))
             elif command == "send":
-                weights = model(args["step"], megabytes, device)
-                if args.get("die_after") is not None:
-                    weights = dying(weights, args["die_after"])
-                result = asyncio.run(engine.send_weights(weights, global_steps=args["step"] if with_steps else None))
+                weights = model(request["step"], megabytes, device)
+                if request.get("die_after") is not None:
+                    weights = dying(weights, request["die_after"])
+                result = asyncio.run(engine.send_weights(weights, global_steps=request["step"] if with_steps else None))
             elif command == "receive":
-                result = asyncio.run(receive(args["step"]))
+                result = asyncio.run(receive(request["step"]))
             else:
                 engine.close()
                 conn.send(("ok", None))
@@ -102,11 +105,10 @@ def member(role: str, is_master: bool, conn, device: str, megabytes: float, with
 
 
 class Rank:
-    def __init__(self, ctx, role: str, is_master: bool, device: str, megabytes: float, with_steps: bool):
+    def __init__(self, ctx, role: str, is_master: bool, args: argparse.Namespace):
         self.role = role
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=member, args=(role, is_master, child, device, megabytes, with_steps),
-                                   daemon=True)
+        self.process = ctx.Process(target=member, args=(role, is_master, child, args), daemon=True)
         self.process.start()
 
     def ask(self, command: str, **args) -> None:
@@ -185,6 +187,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu",
                         help="where the trainers' tensors live and the rollouts' land (cuda on a GPU host)")
+    parser.add_argument("--replica-size", type=int, default=2, help="rollout ranks per replica")
     parser.add_argument("--megabytes", type=float, default=4.0, help="about this many MB of weights")
     parser.add_argument("--die-after", type=int, default=5,
                         help="sync 4: trainer rank 1 dies after this many tensors of its generator")
@@ -198,19 +201,18 @@ def main() -> int:
     engine_class = CheckpointEngineRegistry.get("ferry")
     assert engine_class is ferry.verl.FerryCheckpointEngine
     ctx = multiprocessing.get_context("spawn")
-    new = lambda role, master=False: Rank(ctx, role, master, args.device, args.megabytes,
-                                          not args.without_global_steps)
+    new = lambda role, master=False: Rank(ctx, role, master, args)
     trainers = [new("trainer", True), new("trainer")]
-    rollouts = [new("rollout") for _ in range(REPLICAS * REPLICA_SIZE)]
+    rollouts = [new("rollout") for _ in range(REPLICAS * args.replica_size)]
+    victim = args.replica_size  # replica 1's first rank
     kills = {4: "mid-send", 6: "before-send"}
     try:
         for step in range(1, 8):
             if step == 3:
-                victim = rollouts[2]
-                os.kill(victim.process.pid, signal.SIGKILL)
-                victim.process.join()
-                rollouts[2] = new("rollout")
-                print(f"sync 3: rollout rank 2 (replica 1, rank 0) killed and replaced", flush=True)
+                os.kill(rollouts[victim].process.pid, signal.SIGKILL)
+                rollouts[victim].process.join()
+                rollouts[victim] = new("rollout")
+                print(f"sync 3: rollout rank {victim} (replica 1, rank 0) killed and replaced", flush=True)
             if step in (5, 7):
                 trainers[1].process.join(BOUND)
                 trainers[1] = new("trainer")

@@ -204,6 +204,10 @@ class FERRY_API rollout {
   struct options : member_options {
     std::uint32_t instance = 0;
     std::uint32_t rank = 0;
+    /// A rollout that registers nothing keeps the trainers' tensors in this CUDA device's memory
+    /// (`on_tensor` then hands out device pointers); -1: host memory. Registered tensors say
+    /// where they are themselves.
+    int device = -1;
   };
   explicit rollout(options o);
   ~rollout();
