@@ -322,8 +322,8 @@ def main() -> int:
     with open(os.path.join(args.out_dir, "verl_peer.md"), "w") as f:
         f.write(table_md)
     with open(os.path.join(args.out_dir, "verl_peer.json"), "w") as f:
-        json.dump({"args": vars(args), "gpus": gpus, "jobs": jobs, "summary": summary, "copy_through_host_s": reference},
-                  f, indent=1)
+        json.dump({"args": vars(args), "gpus": gpus, "jobs": jobs, "summary": summary,
+                   "copy_through_host_s": reference}, f, indent=1)
     print(table_md)
     return 0
 

@@ -16,8 +16,9 @@ into tensors registered with ferry on the generator's device (a CUDA tensor stay
 drains the rest of the generator, and publishes; `send_weights` returns once ferry has offloaded
 them. `receive_weights` yields each tensor as soon as it is complete on this rank, in ferry's own
 memory on engine_kwargs `device` (a GPU: ferry's copy engine fills it; default: host memory), with
-no copy: a tensor yielded holds its bytes until the next sync's `receive_weights` starts. `finalize` on a trainer rank waits until every rollout rank holds
-the version, so a version that cannot be delivered raises there.
+no copy: a tensor yielded holds its bytes until the next sync's `receive_weights` starts.
+`finalize` on a trainer rank waits until every rollout rank holds the version, so a version that
+cannot be delivered raises there.
 
 Each sync sends one version: `global_steps` when verl passes it (the same to every rank), else the
 job's next version, which the master reads from its coordinator at `prepare` and `build_topology`
