@@ -4,6 +4,7 @@
 
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"
+#include "runtime/event_loop.hpp"
 #include "runtime/shared_per_sources.hpp"
 
 namespace ferry {
@@ -79,6 +80,18 @@ void offload_stage::async_run(const chunk_info& c, const tensor_placement& from,
       finish(out);
     });
   });
+}
+
+void offload_stage::async_hash(const chunk_info& c, std::span<const std::byte> stream, std::uint64_t version,
+                               std::function<bool()> wanted, std::function<void(outcome)> done) {
+  const auto began = meter_.begin();
+  auto finish = [this, began, version, chunk = c.id, bytes = c.bytes, wanted = std::move(wanted),
+                 done = std::move(done)](std::uint64_t sum) {
+    meter_.end(began, version, chunk, bytes);
+    done({.abandoned = !wanted(), .checksum = sum});
+  };
+  if (!checksums_) return env_.loop().post([finish = std::move(finish)] { finish(0); });
+  async_chunk_checksum(env_, stream.subspan(c.shard_offset, c.bytes), std::move(finish));
 }
 
 offload_stage::outcome offload_stage::copy(const chunk_info& c, std::vector<copy_piece> pieces, std::uint64_t version,

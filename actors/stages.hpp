@@ -75,6 +75,10 @@ class offload_stage {
   /// chunks. `wanted` is asked when the copy and the hash end.
   void async_run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream, std::uint64_t version,
                  std::function<bool()> wanted, bool hash, std::function<void(outcome)> done);
+  /// Chunk `c` its owner wrote into `stream` itself (a written publish): only its checksum, on the
+  /// executor; then `done(outcome)` on the loop. `wanted` is asked when the hash ends.
+  void async_hash(const chunk_info& c, std::span<const std::byte> stream, std::uint64_t version,
+                  std::function<bool()> wanted, std::function<void(outcome)> done);
   /// Fiber only. Copies chunk `c` the same way from `copy`, another copy of the shard laid out
   /// alike (its device copy), and waits; `wanted` is asked after each suspension.
   outcome run(const chunk_info& c, std::span<const std::byte> copy, std::span<std::byte> stream, std::uint64_t version,

@@ -164,6 +164,18 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
 }
 
 result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
+  return start_publish(version, false, why);
+}
+
+result<void> trainer_shard::publish_written(std::uint64_t version, std::string& why) {
+  if (options_.memory) {
+    why = "a written publish takes tensors in host memory; this shard's are on a GPU";
+    return ferry::fail(errc::invalid_argument);
+  }
+  return start_publish(version, true, why);
+}
+
+result<void> trainer_shard::start_publish(std::uint64_t version, bool written, std::string& why) {
   if (failed_) {
     why = "the job failed";
     return ferry::fail(errc::stopped);
@@ -179,14 +191,14 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
   }
   last_published_ = version;
   ++fibers_;
-  host().loop().spawn([this, version] {
+  host().loop().spawn([this, version, written] {
     // The copy of version - 2 is reused: wait until the version it holds is settled. A
     // shard that rejoined holds none yet (it never hears of versions settled before it came).
     if (wait_for([&] {
           const auto held = copies_.for_version(version).version;
           return held == 0 || settled_ >= held || delivered_ >= held;
         })) {
-      run_publish(version);
+      run_publish(version, written);
     }
     --fibers_;
     changed();
@@ -194,7 +206,7 @@ result<void> trainer_shard::publish(std::uint64_t version, std::string& why) {
   return {};
 }
 
-void trainer_shard::run_publish(std::uint64_t version) {
+void trainer_shard::run_publish(std::uint64_t version, bool written) {
   const auto started = host().clock().now();
   const auto plan = plan_;  // a regroup during the offload must not pull the chunk table away
   auto& copy = copies_.for_version(version);
@@ -211,7 +223,7 @@ void trainer_shard::run_publish(std::uint64_t version) {
   // OFFLOAD: the tensors into the device copy when the shard keeps one (the trainer may go on
   // once it is full), else into the host copy; chunk by chunk in send order, senders following.
   const bool to_device = !copy.device.empty();
-  if (!offload(copy, plan, to_device)) return;
+  if (written ? !await_writes(copy, plan) : !offload(copy, plan, to_device)) return;
   const double stall = std::chrono::duration<double>(host().clock().now() - started).count();
   send(coordinator_, shard_offloaded{.shard = shard_, .version = version, .seconds = stall});
   if (on_offloaded) on_offloaded(version, stall);
@@ -252,6 +264,42 @@ bool trainer_shard::offload(shard_copies::version_copy& copy, const std::shared_
   }
   wait_even_if_stopped([&] { return state->copying == 0; });
   return !state->stopped && !stopped_ && !failed_;
+}
+
+bool trainer_shard::await_writes(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan) {
+  writes_ = awaited_writes{.version = copy.version, .copy = &copy, .plan = plan, .left = plan->my_chunks.size()};
+  if (on_write_target) {
+    on_write_target(copy.version, std::make_shared<copy_writes>(*plan->job, *plan->placement, plan->my_chunks,
+                                                                copy.host, tensors_.size()));
+  }
+  wait_for([&] { return writes_->left == 0 || writes_->stopped; });
+  wait_even_if_stopped([&] { return writes_->hashing == 0; });
+  const bool whole = writes_->left == 0 && !writes_->stopped;
+  writes_.reset();
+  return whole && !stopped_ && !failed_;
+}
+
+void trainer_shard::chunks_written(std::uint64_t version, std::span<const std::uint32_t> ids) {
+  if (!writes_ || writes_->version != version || writes_->stopped) return;
+  auto& w = *writes_;
+  for (const auto id : ids) {
+    ++w.hashing;
+    ++works_in_flight_;
+    // A plan of another layout may come meanwhile: the copy is then void, and so is its version.
+    offload_.async_hash(w.plan->job->chunks.at(id), w.copy->host, version,
+                        [this, plan = w.plan] { return plan_->job->layout == plan->job->layout; },
+                        [this, version, id](const offload_stage::outcome& done) {
+                          --works_in_flight_;
+                          auto& awaited = *writes_;
+                          --awaited.hashing;
+                          if (!awaited.stopped && chunk_offloaded(*awaited.copy, version, id, done, false)) {
+                            --awaited.left;
+                          } else {
+                            awaited.stopped = true;
+                          }
+                          changed();
+                        });
+  }
 }
 
 bool trainer_shard::chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,

@@ -12,7 +12,9 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 
+#include "actors/copy_writes.hpp"
 #include "actors/job_member.hpp"
 #include "actors/messages.hpp"
 #include "actors/segment_hasher.hpp"
@@ -50,6 +52,12 @@ class trainer_shard final : public job_member {
   /// Starts publishing `version`, which must be newer than every version published before. The
   /// offload begins once the host copy it reuses is no longer needed (the version it holds settled).
   result<void> publish(std::uint64_t version, std::string& why);
+  /// The same, from bytes the owner writes into the shard's host copy itself instead of the
+  /// shard copying its tensors: `on_write_target` says where once the copy may be written, and
+  /// each chunk leaves as soon as `chunks_written` says it is whole. Tensors in host memory only.
+  result<void> publish_written(std::uint64_t version, std::string& why);
+  /// The owner wrote chunks `ids` of `version` whole (each once).
+  void chunks_written(std::uint64_t version, std::span<const std::uint32_t> ids);
 
   /// The plan is in force; `next_version()` is where the job stands.
   bool ready() const { return ready_; }
@@ -59,6 +67,8 @@ class trainer_shard final : public job_member {
   /// The plan is in force (first time, or again after a regroup).
   std::function<void()> on_ready;
   std::function<void(std::uint64_t version, double seconds)> on_offloaded;
+  /// A written publish of `version` may be written: where its bytes go.
+  std::function<void(std::uint64_t version, std::shared_ptr<copy_writes>)> on_write_target;
   std::function<void(std::uint64_t version, bool verified)> on_delivered;
   /// An update cannot complete (another shard died); publishing resumes after `on_ready`.
   std::function<void(std::uint64_t version, const std::string&)> on_update_failed;
@@ -131,10 +141,14 @@ class trainer_shard final : public job_member {
   void start_sending(const update_go& go);
   /// Links the routes that carry one chunk to several members of an instance into a chain.
   void link_chains(const update_go& go);
-  void run_publish(std::uint64_t version);
+  result<void> start_publish(std::uint64_t version, bool written, std::string& why);
+  void run_publish(std::uint64_t version, bool written);
   /// Fiber: OFFLOAD of `copy`'s version, its tensors into its device half (`to_device`) or its
   /// host half; false when the publish stops there.
   bool offload(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan, bool to_device);
+  /// Fiber: `copy`'s version written by the owner (a written publish), each chunk hashed once
+  /// whole; false when the publish stops there.
+  bool await_writes(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan);
   /// Chunk `id` of `version` is offloaded into `copy`'s device or host half (`done` says how it
   /// went): the routes waiting for it go on. False when the publish stops here.
   bool chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,
@@ -193,6 +207,16 @@ class trainer_shard final : public job_member {
   std::uint64_t delivered_ = 0;
   std::uint64_t settled_ = 0;  ///< newest version delivered or failed
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
+  /// The written publish waiting for its owner's writes: the version, its chunks not yet hashed.
+  struct awaited_writes {
+    std::uint64_t version = 0;
+    shard_copies::version_copy* copy = nullptr;
+    std::shared_ptr<const shard_plan> plan;
+    std::size_t left = 0;
+    std::size_t hashing = 0;
+    bool stopped = false;
+  };
+  std::optional<awaited_writes> writes_;
   std::vector<std::shared_ptr<route>> routes_;  ///< of the current generation
   std::size_t routes_left_ = 0;  ///< of `routes_`, not finished
   int works_in_flight_ = 0;  ///< writes and hashes of routes, any generation; the destructor waits for them

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include "actors/coordinator.hpp"
 #include "actors/rollout_worker.hpp"
@@ -497,6 +498,9 @@ struct trainer::impl : member_table {
   std::uint64_t last_published = 0;
   std::uint64_t offloading = 0;  ///< the version whose offload is running; 0: none
   std::map<std::uint64_t, std::shared_ptr<update::state>> updates;
+  std::uint64_t writing = 0;  ///< the version published written until it is offloaded; 0: none
+  std::shared_ptr<copy_writes> writes;  ///< where its bytes go, once its copy may be written
+  std::unordered_map<std::string, std::size_t> index_of;  ///< tensor name -> place in `tensors`
 
   std::shared_ptr<update::state> find(std::uint64_t v) {
     std::lock_guard lock(mutex);
@@ -507,6 +511,8 @@ struct trainer::impl : member_table {
     {
       std::lock_guard lock(mutex);
       if (offloading == v) offloading = 0;
+      if (writing == v) writing = 0, writes.reset();
+      changed.notify_all();
     }
     if (auto u = find(v))
       u->settle(&update::state::offloaded, &update::state::offloaded_fns, std::move(s));
@@ -528,9 +534,15 @@ struct trainer::impl : member_table {
       delivered(v, s);
     }
   }
+  /// `publish` or `publish_written` (`written`).
+  status publish(std::uint64_t version, bool written, trainer::update* out);
   void start_publish(std::uint64_t v) {
     std::string why;
-    if (!shard->publish(v, why)) {
+    const bool written = [&] {
+      std::lock_guard lock(mutex);
+      return writing == v;
+    }();
+    if (!(written ? shard->publish_written(v, why) : shard->publish(v, why))) {
       offloaded(v, failed(api_errc::invalid_argument, why));
       delivered(v, failed(api_errc::invalid_argument, why));
     }
@@ -581,6 +593,11 @@ status trainer::join() {
           if (auto v = std::exchange(self->waiting, std::nullopt)) self->start_publish(*v);
         };
         t.on_offloaded = [self](std::uint64_t v, double) { self->offloaded(v, {}); };
+        t.on_write_target = [self](std::uint64_t v, std::shared_ptr<copy_writes> target) {
+          std::lock_guard lock(self->mutex);
+          if (self->writing == v) self->writes = std::move(target);
+          self->changed.notify_all();
+        };
         t.on_delivered = [self](std::uint64_t v, bool) { self->delivered(v, {}); };
         t.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
           const auto outcome =
@@ -614,40 +631,85 @@ status trainer::join() {
   if (!s) return s;
   std::lock_guard lock(self->mutex);
   self->joined = true;
+  for (std::size_t i = 0; i < self->tensors.size(); ++i) self->index_of[self->tensors[i].spec.name] = i;
   return {};
 }
 
 status trainer::publish(std::uint64_t version, update* out) {
-  auto* self = impl_.get();
+  return impl_->publish(version, false, out);
+}
+
+status trainer::publish_written(std::uint64_t version, update* out) {
+  return impl_->publish(version, true, out);
+}
+
+status trainer::impl::publish(std::uint64_t version, bool written, trainer::update* out) {
   auto u = std::make_shared<update::state>();
   u->version = version;
   {
-    std::lock_guard lock(self->mutex);
-    if (self->closed) return failed(api_errc::closed, "trainer: closed");
-    if (!self->joined) return failed(api_errc::not_joined, "trainer: publish before join");
-    if (self->failure) return failed(api_errc::job_failed, *self->failure);
-    if (self->ended) return failed(api_errc::closed, "trainer: the job ended");
-    if (self->offloading) {
+    std::lock_guard lock(mutex);
+    if (closed) return failed(api_errc::closed, "trainer: closed");
+    if (!joined) return failed(api_errc::not_joined, "trainer: publish before join");
+    if (failure) return failed(api_errc::job_failed, *failure);
+    if (ended) return failed(api_errc::closed, "trainer: the job ended");
+    if (offloading) {
       return failed(
           api_errc::busy,
           fmt::format("trainer: version {} is still offloading; wait for it before publishing {}",
-                      self->offloading, version));
+                      offloading, version));
     }
-    if (version <= self->last_published) {
+    if (version <= last_published) {
       return failed(
           api_errc::invalid_argument,
-          fmt::format("trainer: version {} is not newer than {}", version, self->last_published));
+          fmt::format("trainer: version {} is not newer than {}", version, last_published));
     }
-    self->last_published = version;
-    self->offloading = version;
-    self->updates[version] = u;
+    if (written && std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.device >= 0; })) {
+      return failed(api_errc::invalid_argument,
+                    "trainer: publish_written takes tensors in host memory; publish those on a GPU");
+    }
+    last_published = version;
+    offloading = version;
+    writing = written ? version : 0;
+    updates[version] = u;
   }
-  self->thread.post([self, version] {
-    if (!self->shard) return;
-    if (self->shard->ready()) return self->start_publish(version);
-    self->waiting = version;  // the job is not ready yet (or regroups): on_ready publishes it
+  thread.post([this, version] {
+    if (!shard) return;
+    if (shard->ready()) return start_publish(version);
+    waiting = version;  // the job is not ready yet (or regroups): on_ready publishes it
   });
   if (out) *out = update(u);
+  return {};
+}
+
+status trainer::write(const std::string& name, const void* data, std::chrono::milliseconds timeout) {
+  auto* self = impl_.get();
+  std::shared_ptr<copy_writes> target;
+  std::size_t index = 0;
+  std::uint64_t version = 0;
+  {
+    std::unique_lock lock(self->mutex);
+    const auto it = self->index_of.find(name);
+    if (!self->writing) return failed(api_errc::invalid_argument, "trainer: write without publish_written");
+    if (it == self->index_of.end())
+      return failed(api_errc::invalid_argument, fmt::format("trainer: write: no tensor '{}' registered", name));
+    if (!self->changed.wait_for(lock, timeout, [&] { return self->writes || !self->writing || self->closed; })) {
+      return failed(api_errc::timed_out, fmt::format("trainer: version {}: its copy not free to write within {} ms",
+                                                     self->writing, timeout.count()));
+    }
+    if (self->closed) return failed(api_errc::closed, "trainer: closed");
+    if (!self->writes) return failed(api_errc::update_failed, "trainer: write: the version stopped before its copy was free");
+    target = self->writes;
+    index = it->second;
+    version = self->writing;
+  }
+  if (target->written(index))
+    return failed(api_errc::invalid_argument, fmt::format("trainer: tensor '{}' written twice in version {}", name, version));
+  auto whole = target->write(index, static_cast<const std::byte*>(data));
+  if (!whole.empty()) {
+    self->thread.post([self, version, whole = std::move(whole)] {
+      if (self->shard) self->shard->chunks_written(version, whole);
+    });
+  }
   return {};
 }
 

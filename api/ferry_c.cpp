@@ -130,6 +130,22 @@ ferry_status register_tensor_of(Handle* handle, const char* what, const char* na
     return to_status(handle->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
   });
 }
+
+/// Publishes through `publish` (the trainer's publish or publish_written) and keeps the update.
+template <class Publish>
+ferry_status publish_with(ferry_trainer* t, uint64_t version, const char* null_handle, Publish publish) {
+  return guarded([&] {
+    if (!t) return refuse(null_handle);
+    ferry::trainer::update u(nullptr);
+    if (auto s = publish(version, &u); !s) return to_status(s);
+    const int fd = t->events;
+    u.on_offloaded([fd](const ferry::status&) { signal_fd(fd); });
+    u.on_delivered([fd](const ferry::status&) { signal_fd(fd); });
+    std::lock_guard lock(t->mutex);
+    t->updates.insert_or_assign(version, u);
+    return FERRY_OK;
+  });
+}
 }  // namespace
 
 extern "C" {
@@ -280,16 +296,19 @@ ferry_status ferry_trainer_wait_end(ferry_trainer* t, int64_t timeout_ms) {
 }
 
 ferry_status ferry_trainer_publish(ferry_trainer* t, uint64_t version) {
+  return publish_with(t, version, "ferry_trainer_publish: NULL handle",
+                      [&](uint64_t v, ferry::trainer::update* u) { return t->object.publish(v, u); });
+}
+
+ferry_status ferry_trainer_publish_written(ferry_trainer* t, uint64_t version) {
+  return publish_with(t, version, "ferry_trainer_publish_written: NULL handle",
+                      [&](uint64_t v, ferry::trainer::update* u) { return t->object.publish_written(v, u); });
+}
+
+ferry_status ferry_trainer_write(ferry_trainer* t, const char* name, const void* data, int64_t timeout_ms) {
   return guarded([&] {
-    if (!t) return refuse("ferry_trainer_publish: NULL handle");
-    ferry::trainer::update u(nullptr);
-    if (auto s = t->object.publish(version, &u); !s) return to_status(s);
-    const int fd = t->events;
-    u.on_offloaded([fd](const ferry::status&) { signal_fd(fd); });
-    u.on_delivered([fd](const ferry::status&) { signal_fd(fd); });
-    std::lock_guard lock(t->mutex);
-    t->updates.insert_or_assign(version, u);
-    return FERRY_OK;
+    if (!t || !name || !data) return refuse("ferry_trainer_write: NULL handle, name or data");
+    return to_status(t->object.write(name, data, ms(timeout_ms)));
   });
 }
 

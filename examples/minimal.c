@@ -1,6 +1,7 @@
 /* The C ABI in one process: a coordinator, a trainer, a rollout worker holding the tensor, and an
- * instance of two row-sharded workers holding half of its rows each, over tcp; two versions of one
- * tensor, each checked byte for byte on the rollout side. */
+ * instance of two row-sharded workers holding half of its rows each, over tcp; three versions of
+ * one tensor (two copied from the registered one, one written into ferry's copy), each checked
+ * byte for byte on the rollout side. */
 #include <ferry/ferry.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,7 +16,7 @@
   } while (0)
 
 enum { N = 100000 };
-static float sent[N], received[N], halves[2][N / 2];
+static float sent[N], next[N], received[N], halves[2][N / 2];
 
 int main(void) {
   const char* secret = "minimal-example-secret-32-bytes!";
@@ -53,14 +54,22 @@ int main(void) {
   for (int r = 0; r < 2; ++r) CHECK(ferry_rollout_join(sharded[r]));
   CHECK(ferry_trainer_wait_ready(trainer, 30000));
 
-  for (uint64_t v = ferry_trainer_next_version(trainer); v <= 2; ++v) {
-    for (int i = 0; i < N; ++i) sent[i] = (float)v + (float)i * 0.5f;
-    CHECK(ferry_trainer_publish(trainer, v));
+  for (uint64_t v = ferry_trainer_next_version(trainer); v <= 3; ++v) {
+    /* Version 3 is written straight into ferry's copy from `next` (each chunk leaves once
+       written); the others are copied from the registered `sent`. */
+    float* from = v == 3 ? next : sent;
+    for (int i = 0; i < N; ++i) from[i] = (float)v + (float)i * 0.5f;
+    if (v == 3) {
+      CHECK(ferry_trainer_publish_written(trainer, v));
+      CHECK(ferry_trainer_write(trainer, "w", next, 30000));
+    } else {
+      CHECK(ferry_trainer_publish(trainer, v));
+    }
     CHECK(ferry_trainer_wait_delivered(trainer, v, 30000));
     CHECK(ferry_rollout_wait_version(rollout, v, 30000));
     for (int r = 0; r < 2; ++r) CHECK(ferry_rollout_wait_version(sharded[r], v, 30000));
-    if (memcmp(sent, received, sizeof sent) != 0 || memcmp(sent, halves[0], sizeof halves[0]) != 0 ||
-        memcmp(sent + N / 2, halves[1], sizeof halves[1]) != 0) {
+    if (memcmp(from, received, sizeof sent) != 0 || memcmp(from, halves[0], sizeof halves[0]) != 0 ||
+        memcmp(from + N / 2, halves[1], sizeof halves[1]) != 0) {
       fprintf(stderr, "version %llu differs\n", (unsigned long long)v);
       return 1;
     }

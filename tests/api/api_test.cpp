@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <thread>
 #include <map>
@@ -119,6 +120,58 @@ TEST(api, a_trainer_and_two_rollouts_receive_every_version_byte_for_byte) {
   std::lock_guard lock(m);
   EXPECT_EQ(per_tensor["layer.weight"], 3 * sent.weight.size() * 4);
   EXPECT_EQ(per_tensor["layer.bias"], 3 * sent.bias.size() * 2);
+}
+
+// The registered tensors only name the table: what leaves is what `write` was given, and a chunk
+// leaves once its tensors are written, before the rest of the version is.
+TEST(api, a_written_publish_sends_what_was_written_each_chunk_once_whole) {
+  status ok;
+  coordinator coord(job({1}), ok);
+  ASSERT_TRUE(ok) << ok.message;
+  table registered, sent, got;
+  trainer t({{.coordinator = coord.address(), .secret = secret}});
+  for (const auto& x : registered.tensors()) ASSERT_TRUE(t.register_tensor(x));
+  rollout w(rollout::options{{.coordinator = coord.address(), .secret = secret}, 0, 0});
+  for (const auto& x : got.tensors()) ASSERT_TRUE(w.register_tensor(x));
+  std::mutex m;
+  std::condition_variable arrived;
+  std::map<std::string, std::uint64_t> bytes_of;  // this version's, by tensor
+  w.on_tensor([&](std::uint64_t, const tensor& x, std::span<const std::byte> bytes) {
+    std::lock_guard lock(m);
+    bytes_of[x.name] += bytes.size();
+    arrived.notify_all();
+  });
+  EXPECT_EQ(t.write("layer.bias", sent.bias.data(), 1s).code, make_error_code(api_errc::invalid_argument));
+  ASSERT_TRUE(t.join());
+  ASSERT_TRUE(w.join());
+
+  for (const std::uint64_t v : {1, 2, 3}) {
+    registered.fill(1000 + v);  // never sent: the written bytes are
+    sent.fill(v);
+    {
+      std::lock_guard lock(m);
+      bytes_of.clear();
+    }
+    trainer::update u(nullptr);
+    ASSERT_TRUE(t.publish_written(v, &u));
+    EXPECT_EQ(t.publish(v + 10).code, make_error_code(api_errc::busy));
+    EXPECT_EQ(t.write("layer.none", sent.bias.data(), 1s).code, make_error_code(api_errc::invalid_argument));
+    ASSERT_TRUE(t.write("layer.weight", sent.weight.data(), 30s));
+    {
+      std::unique_lock lock(m);
+      EXPECT_TRUE(arrived.wait_for(lock, 30s, [&] { return bytes_of["layer.weight"] == sent.weight.size() * 4; }))
+          << "version " << v << ": the weight did not arrive before the bias was written";
+      EXPECT_EQ(bytes_of["layer.bias"], 0u);
+    }
+    EXPECT_EQ(t.write("layer.weight", sent.weight.data(), 1s).code, make_error_code(api_errc::invalid_argument));
+    ASSERT_TRUE(t.write("layer.bias", sent.bias.data(), 30s));
+    ASSERT_TRUE(u.wait_offloaded(30s));
+    auto d = u.wait_delivered(30s);
+    ASSERT_TRUE(d) << d.message;
+    ASSERT_TRUE(w.wait_version(v, 30s));
+    EXPECT_TRUE(got == sent) << "version " << v;
+  }
+  EXPECT_EQ(t.write("layer.bias", sent.bias.data(), 1s).code, make_error_code(api_errc::invalid_argument));
 }
 
 TEST(api, bad_input_is_refused_with_a_message_naming_it) {

@@ -188,6 +188,15 @@ class FERRY_API trainer {
   /// Publishes `version` (newer than every version before) of the registered tensors; waits for
   /// the job to be ready first. Refused while the previous version is still offloading.
   status publish(std::uint64_t version, update* out = nullptr);
+  /// Publishes `version` from bytes given to `write` instead of the registered tensors (which then
+  /// only name the table): each chunk leaves as soon as every tensor in it is written, so the
+  /// caller's one copy of each byte overlaps the sends of the chunks before. Tensors in host
+  /// memory; the update is offloaded once every tensor is written and hashed.
+  status publish_written(std::uint64_t version, update* out = nullptr);
+  /// Copies tensor `name`'s bytes (its registered size) from `data` into the version
+  /// `publish_written` publishes, once ferry's copy of it may be written; on timeout nothing was
+  /// written. Each tensor once per version, from one thread, not beside `close`.
+  status write(const std::string& name, const void* data, std::chrono::milliseconds timeout);
   /// Until the coordinator ends the job (success), the job fails, or the timeout.
   status wait_end(std::chrono::milliseconds timeout) const;
   /// Leaves the job (idempotent); `reason` is what the coordinator logs and regroups for.
