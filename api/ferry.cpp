@@ -681,7 +681,7 @@ status trainer::impl::publish(std::uint64_t version, bool written, trainer::upda
   return {};
 }
 
-status trainer::write(const std::string& name, const void* data, std::chrono::milliseconds timeout) {
+status trainer::write(const std::string& name, std::span<const std::byte> bytes, std::chrono::milliseconds timeout) {
   auto* self = impl_.get();
   std::shared_ptr<copy_writes> target;
   std::size_t index = 0;
@@ -692,6 +692,10 @@ status trainer::write(const std::string& name, const void* data, std::chrono::mi
     if (!self->writing) return failed(api_errc::invalid_argument, "trainer: write without publish_written");
     if (it == self->index_of.end())
       return failed(api_errc::invalid_argument, fmt::format("trainer: write: no tensor '{}' registered", name));
+    if (const auto want = self->tensors[it->second].spec.nbytes; bytes.size() != want) {
+      return failed(api_errc::invalid_argument,
+                    fmt::format("trainer: write: tensor '{}' is {} bytes, given {}", name, want, bytes.size()));
+    }
     if (!self->changed.wait_for(lock, timeout, [&] { return self->writes || !self->writing || self->closed; })) {
       return failed(api_errc::timed_out, fmt::format("trainer: version {}: its copy not free to write within {} ms",
                                                      self->writing, timeout.count()));
@@ -704,7 +708,7 @@ status trainer::write(const std::string& name, const void* data, std::chrono::mi
   }
   if (target->written(index))
     return failed(api_errc::invalid_argument, fmt::format("trainer: tensor '{}' written twice in version {}", name, version));
-  auto whole = target->write(index, static_cast<const std::byte*>(data));
+  auto whole = target->write(index, bytes.data());
   if (!whole.empty()) {
     self->thread.post([self, version, whole = std::move(whole)] {
       if (self->shard) self->shard->chunks_written(version, whole);

@@ -305,10 +305,11 @@ ferry_status ferry_trainer_publish_written(ferry_trainer* t, uint64_t version) {
                       [&](uint64_t v, ferry::trainer::update* u) { return t->object.publish_written(v, u); });
 }
 
-ferry_status ferry_trainer_write(ferry_trainer* t, const char* name, const void* data, int64_t timeout_ms) {
+ferry_status ferry_trainer_write(ferry_trainer* t, const char* name, const void* data, size_t bytes,
+                                int64_t timeout_ms) {
   return guarded([&] {
     if (!t || !name || !data) return refuse("ferry_trainer_write: NULL handle, name or data");
-    return to_status(t->object.write(name, data, ms(timeout_ms)));
+    return to_status(t->object.write(name, {static_cast<const std::byte*>(data), bytes}, ms(timeout_ms)));
   });
 }
 

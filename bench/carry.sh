@@ -9,7 +9,7 @@ build=${1:-build}
 out=${2:-.device-build/carry}
 rm -rf "$out"
 mkdir -p "$out"
-for b in cli/ferry bench/ferry_gpu_bench tests/gpu/cuda_copy_engine_test tests/gpu/nccl_broadcast_test; do
+for b in cli/ferry bench/ferry_gpu_bench bench/ferry_api_bench tests/gpu/cuda_copy_engine_test tests/gpu/nccl_broadcast_test; do
   strip -o "$out/$(basename "$b")" "$build/$b"
 done
 strip -o "$out/libferry.so.0" "$build/api/libferry.so.0"

@@ -61,7 +61,7 @@ int main(void) {
     for (int i = 0; i < N; ++i) from[i] = (float)v + (float)i * 0.5f;
     if (v == 3) {
       CHECK(ferry_trainer_publish_written(trainer, v));
-      CHECK(ferry_trainer_write(trainer, "w", next, 30000));
+      CHECK(ferry_trainer_write(trainer, "w", next, sizeof next, 30000));
     } else {
       CHECK(ferry_trainer_publish(trainer, v));
     }

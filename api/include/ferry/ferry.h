@@ -111,10 +111,11 @@ FERRY_C_API ferry_status ferry_trainer_publish(ferry_trainer* t, uint64_t versio
 /* Publishes `version` from bytes given to ferry_trainer_write instead of the registered tensors
    (host memory): each chunk leaves once every tensor in it is written. */
 FERRY_C_API ferry_status ferry_trainer_publish_written(ferry_trainer* t, uint64_t version);
-/* Copies tensor `name`'s bytes (its registered size) from `data` into the version being published
-   written, once ferry's copy may be written; FERRY_TIMED_OUT: nothing written. Each tensor once. */
+/* Copies tensor `name`'s bytes (`bytes`, its registered size) from `data` into the version being
+   published written, once ferry's copy may be written; FERRY_TIMED_OUT: nothing written. Each
+   tensor once. */
 FERRY_C_API ferry_status ferry_trainer_write(ferry_trainer* t, const char* name, const void* data,
-                                             int64_t timeout_ms);
+                                             size_t bytes, int64_t timeout_ms);
 /* Until `version` is offloaded (its tensors may be written again) or delivered, or the timeout. */
 FERRY_C_API ferry_status ferry_trainer_wait_offloaded(ferry_trainer* t, uint64_t version, int64_t timeout_ms);
 FERRY_C_API ferry_status ferry_trainer_wait_delivered(ferry_trainer* t, uint64_t version, int64_t timeout_ms);
