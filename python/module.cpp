@@ -344,12 +344,30 @@ class trainer : public member<ferry::trainer> {
  public:
   explicit trainer(ferry::trainer::options o)
       : member(std::make_unique<ferry::trainer>(std::move(o)), "Trainer") {}
-  update publish(std::uint64_t version) {
+  update publish(std::uint64_t version, bool written) {
     guard_.check(what_);
     ferry::trainer::update u(nullptr);
     // Without the GIL: publish waits for the job to be ready.
-    check(without_gil([&] { return impl_->publish(version, &u); }));
+    check(without_gil([&] {
+      return written ? impl_->publish_written(version, &u) : impl_->publish(version, &u);
+    }));
     return {std::move(u), guard_};
+  }
+  /// `obj`'s bytes (host memory) into the version published written, as tensor `name`.
+  void write(const std::string& name, py::object obj, std::optional<double> timeout) {
+    guard_.check(what_);
+    const held_tensor h = import_dlpack(name, std::move(obj));
+    if (h.view.device >= 0) {
+      raise({make_error_code(ferry::api_errc::invalid_argument),
+             "Trainer.write: tensor '" + name + "' is on CUDA device " +
+                 std::to_string(h.view.device) + "; a written publish takes host memory"});
+    }
+    const DLTensor& t = h.managed->dl_tensor;
+    std::size_t nbytes = t.dtype.bits / 8;
+    for (int d = 0; d < t.ndim; ++d) nbytes *= static_cast<std::size_t>(t.shape[d]);
+    const std::span bytes(static_cast<const std::byte*>(h.view.data), nbytes);
+    check(wait_interruptibly(timeout, "Trainer.write: tensor '" + name + "'",
+                             [&](auto slice) { return impl_->write(name, bytes, slice); }));
   }
 };
 
@@ -556,7 +574,9 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("nbytes"), py::arg("dtype") = "u8", py::arg("shape") = py::none(),
            py::arg("owner") = py::none())
       .def("join", &trainer::join)
-      .def("publish", &trainer::publish, py::arg("version"))
+      .def("publish", &trainer::publish, py::arg("version"), py::arg("written") = false)
+      .def("write", &trainer::write, py::arg("name"), py::arg("tensor"),
+           py::arg("timeout") = py::none())
       .def("close", &trainer::close);
 
   py::class_<rollout>(m, "Rollout")

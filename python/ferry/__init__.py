@@ -186,12 +186,21 @@ class Trainer(_Member):
     def __init__(self, coordinator: str, shard: int = 0, secret: str = "", **options: Any):
         super().__init__(_ferry.Trainer(coordinator=coordinator, shard=shard, secret=secret, **options))
 
-    def publish(self, version: int) -> Update:
+    def publish(self, version: int, written: bool = False) -> Update:
         """Publishes `version`, once the current torch stream of each GPU holding a registered
-        tensor has done the work queued on it."""
+        tensor has done the work queued on it.
+
+        written: the bytes come from `write`, tensor by tensor, straight into ferry's copy (the
+        registered tensors, in host memory, then only name the table): each chunk leaves as soon
+        as its tensors are written, and the version is offloaded once every tensor is."""
         for device in self._cuda_devices:
             torch.cuda.current_stream(device).synchronize()
-        return Update(self._native.publish(version))
+        return Update(self._native.publish(version, written))
+
+    def write(self, name: str, tensor: Any, timeout: float | None = None) -> None:
+        """Copies `tensor` (host memory, the registered size) into the version published with
+        `written=True`, as tensor `name`; waits first until ferry's copy of it may be written."""
+        self._native.write(name, _readable(name, tensor), timeout)
 
 
 class Rollout(_Member):

@@ -235,30 +235,39 @@ class FerryCheckpointEngine(CheckpointEngine):
     async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
                            global_steps: int | None = None) -> dict[str, Any]:
         """Copies this rank's tensors out of `weights` (draining the rest) and publishes them as
-        version `global_steps` (None: this sync's version, handed out by build_topology)."""
+        version `global_steps` (None: this sync's version, handed out by build_topology). After
+        the first sync, tensors in host memory go straight into ferry's copy, each chunk leaving
+        as soon as it is written."""
         if self.role != "trainer":
             raise ferry.NotJoined("send_weights: init_process_group did not make this a trainer rank")
         version = self._version_of_sync(global_steps)
         if version <= self._version:
             raise ferry.InvalidArgument(f"send_weights: version {version} is not newer than {self._version}")
         start = time.perf_counter()
-        copied = self._copy_owned(weights)
-        copy_done = time.perf_counter()
         loop = asyncio.get_running_loop()
-        if self._trainer is None:
-            self._trainer = ferry.Trainer(coordinator=self._coordinator_address, shard=self.rank, secret=self.secret,
-                                          connect_timeout=self.timeout)
-            # What this rank saw of the whole table travels with its tensors: rollout ranks compare.
-            self._trainer.register(f"{TABLE_DIGEST}{self.rank}", _table_digest(self._table))
-            for name, host in self._staging.items():
-                self._trainer.register(name, host)
-            await loop.run_in_executor(None, self._trainer.join)
-        update = await loop.run_in_executor(None, self._trainer.publish, version)
+        if self._trainer is not None and all(not t.is_cuda for t in self._staging.values()):
+            update = await loop.run_in_executor(None, lambda: self._trainer.publish(version, written=True))
+            copied = self._write_owned(weights)
+        else:
+            copied = self._copy_owned(weights)
+            if self._trainer is None:
+                await self._join_trainer()
+            update = await loop.run_in_executor(None, self._trainer.publish, version)
+        copy_done = time.perf_counter()
         self._version, self._pending = version, update
         await update.offloaded(self.timeout)
         end = time.perf_counter()
         return {"version": version, "tensors": len(self._staging), "bytes": copied,
                 "copy_seconds": copy_done - start, "offload_seconds": end - copy_done, "total_seconds": end - start}
+
+    async def _join_trainer(self) -> None:
+        self._trainer = ferry.Trainer(coordinator=self._coordinator_address, shard=self.rank, secret=self.secret,
+                                      connect_timeout=self.timeout)
+        # What this rank saw of the whole table travels with its tensors: rollout ranks compare.
+        self._trainer.register(f"{TABLE_DIGEST}{self.rank}", _table_digest(self._table))
+        for name, host in self._staging.items():
+            self._trainer.register(name, host)
+        await asyncio.get_running_loop().run_in_executor(None, self._trainer.join)
 
     def _version_of_sync(self, global_steps: int | None) -> int:
         if global_steps is not None:
@@ -269,9 +278,41 @@ class FerryCheckpointEngine(CheckpointEngine):
         return self._sync_version
 
     def _copy_owned(self, weights: Generator[tuple[str, torch.Tensor], None, None]) -> int:
-        """Walks the whole generator; copies what this rank owns into its host tensors."""
+        """Copies what this rank owns into its staging tensors (made by the first sync, on the
+        generator's device), where ferry sends from."""
+        copied = 0
+        for name, tensor in self._owned(weights):
+            if name not in self._staging:
+                self._staging[name] = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            self._staging[name].copy_(tensor, non_blocking=True)
+            copied += tensor.numel() * tensor.element_size()
+        if not self._staging:
+            raise ferry.InvalidArgument(f"send_weights: trainer rank {self.rank} of {self.world_size} owns no "
+                                        f"tensor ({len(self._table)} in the table)")
+        return copied
+
+    def _write_owned(self, weights: Generator[tuple[str, torch.Tensor], None, None]) -> int:
+        """Writes what this rank owns straight into ferry's copy of the version published written.
+        A rank that cannot finish it leaves the job (the version fails for every rank) and joins
+        again at the next sync."""
+        written = 0
+        try:
+            for name, tensor in self._owned(weights):
+                self._trainer.write(name, tensor.contiguous(), self.timeout)
+                written += tensor.numel() * tensor.element_size()
+            self._trainer.write(f"{TABLE_DIGEST}{self.rank}", _table_digest(self._table), self.timeout)
+        except BaseException as e:
+            self._trainer.close(f"trainer rank {self.rank} could not write version {self._sync_version}: {e}")
+            self._trainer = None
+            raise
+        return written
+
+    def _owned(self, weights: Generator[tuple[str, torch.Tensor], None, None]) -> Generator[
+            tuple[str, torch.Tensor], None, None]:
+        """Walks the whole generator, checking it against the first sync's table (which the first
+        sync records, with each tensor's owner); yields the tensors this rank owns."""
         first = self._table is None
-        table, load, copied, count = [], [0] * self.world_size, 0, 0
+        table, load, count = [], [0] * self.world_size, 0
         for index, (name, tensor) in enumerate(weights):
             count = index + 1
             tensor = tensor.detach()
@@ -287,22 +328,15 @@ class FerryCheckpointEngine(CheckpointEngine):
                                             f"trainer rank {self.rank} differs from the first sync's table ({had})")
             if self._owners[index] != self.rank:
                 continue
-            if first:  # where ferry sends from: on the generator's device
-                self._staging[name] = torch.empty(meta[2], dtype=meta[1], device=tensor.device)
-            elif self._staging[name].device != tensor.device:
+            if not first and self._staging[name].device != tensor.device:
                 raise ferry.InvalidArgument(f"send_weights: tensor '{name}' is on {tensor.device}, the first sync's "
                                             f"on {self._staging[name].device}")
-            self._staging[name].copy_(tensor, non_blocking=True)
-            copied += tensor.numel() * tensor.element_size()
+            yield name, tensor
         if not first and count != len(self._table):
             raise ferry.InvalidArgument(f"send_weights: trainer rank {self.rank} got {count} tensors, the first "
                                         f"sync had {len(self._table)}")
         if first:
-            if not self._staging:
-                raise ferry.InvalidArgument(f"send_weights: trainer rank {self.rank} of {self.world_size} owns no "
-                                            f"tensor ({len(table)} in the table)")
             self._table = table
-        return copied
 
     def _start_coordinator(self, trainers: int, instance_sizes: list[int]) -> None:
         shape = (trainers, tuple(instance_sizes))

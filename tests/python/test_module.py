@@ -242,6 +242,35 @@ def test_a_streaming_rollout_with_views_yields_ferry_s_own_memory(coordinator):
         m.close()
 
 
+def test_a_written_publish_sends_what_write_was_given_in_any_order(coordinator):
+    table = model(0)  # registered: names the table, never read
+    trainer = ferry.Trainer(coordinator=coordinator.address, secret=SECRET)
+    for name, t in table.items():
+        trainer.register(name, t)
+    rollouts = [ferry.Rollout(coordinator=coordinator.address, instance=0, rank=r, secret=SECRET) for r in (0, 1)]
+    with pytest.raises(ferry.InvalidArgument, match="without publish_written"):
+        trainer.write("embed", table["embed"])
+    trainer.join()
+    for r in rollouts:
+        r.join()
+    for version in (1, 2):
+        update = trainer.publish(version, written=True)
+        weights = model(version)
+        with pytest.raises(ferry.InvalidArgument, match="'layer.bias' is 258 bytes, given 8000"):
+            trainer.write("layer.bias", weights["steps"])
+        for name in reversed(list(weights)):
+            trainer.write(name, weights[name].numpy() if name == "steps" else weights[name], timeout=30)
+        with pytest.raises(ferry.InvalidArgument, match="written twice"):
+            trainer.write("embed", weights["embed"])
+        update.wait_offloaded(30)
+        received = dict(rollouts[0].receive(version, timeout=30))
+        rollouts[1].wait_version(version, timeout=30)
+        for name, t in weights.items():
+            assert received[name].dtype == t.dtype and torch.equal(received[name], t), (version, name)
+    for m in (trainer, *rollouts):
+        m.close()
+
+
 def test_a_rollout_device_is_only_for_one_that_registers_nothing(coordinator):
     rollout = ferry.Rollout(coordinator=coordinator.address, secret=SECRET, device="cuda:0")
     rollout.register("embed", torch.zeros(300, 64))
