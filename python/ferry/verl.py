@@ -140,6 +140,7 @@ class FerryCheckpointEngine(CheckpointEngine):
         self._table: list[tuple[str, torch.dtype, tuple[int, ...]]] | None = None
         self._owners: list[int] = []
         self._staging: dict[str, torch.Tensor] = {}
+        self._digest: torch.Tensor | None = None  # of the table, sent with the tensors
         self._version = 0
         self._sync_version: int | None = None  # this sync's version without global_steps
         self._pending: ferry.Update | None = None
@@ -237,7 +238,10 @@ class FerryCheckpointEngine(CheckpointEngine):
         """Copies this rank's tensors out of `weights` (draining the rest) and publishes them as
         version `global_steps` (None: this sync's version, handed out by build_topology). After
         the first sync, tensors in host memory go straight into ferry's copy, each chunk leaving
-        as soon as it is written."""
+        as soon as it is written: such a sync that fails midway (a tensor unlike the first sync's,
+        the generator raising) fails its version for every rank, and this rank joins the job again
+        at the next sync, whose version must be newer. A first sync, or one on GPUs, that fails
+        publishes nothing."""
         if self.role != "trainer":
             raise ferry.NotJoined("send_weights: init_process_group did not make this a trainer rank")
         version = self._version_of_sync(global_steps)
@@ -247,6 +251,7 @@ class FerryCheckpointEngine(CheckpointEngine):
         loop = asyncio.get_running_loop()
         if self._trainer is not None and all(not t.is_cuda for t in self._staging.values()):
             update = await loop.run_in_executor(None, lambda: self._trainer.publish(version, written=True))
+            self._version = version  # even if the writes fail midway: the version is out
             copied = self._write_owned(weights)
         else:
             copied = self._copy_owned(weights)
@@ -263,8 +268,11 @@ class FerryCheckpointEngine(CheckpointEngine):
     async def _join_trainer(self) -> None:
         self._trainer = ferry.Trainer(coordinator=self._coordinator_address, shard=self.rank, secret=self.secret,
                                       connect_timeout=self.timeout)
-        # What this rank saw of the whole table travels with its tensors: rollout ranks compare.
-        self._trainer.register(f"{TABLE_DIGEST}{self.rank}", _table_digest(self._table))
+        # What this rank saw of the whole table travels with its tensors (on their device, as a
+        # member's tensors share one): rollout ranks compare.
+        device = next(iter(self._staging.values())).device
+        self._digest = _table_digest(self._table).to(device)
+        self._trainer.register(f"{TABLE_DIGEST}{self.rank}", self._digest)
         for name, host in self._staging.items():
             self._trainer.register(name, host)
         await asyncio.get_running_loop().run_in_executor(None, self._trainer.join)
@@ -300,9 +308,9 @@ class FerryCheckpointEngine(CheckpointEngine):
             for name, tensor in self._owned(weights):
                 self._trainer.write(name, tensor.contiguous(), self.timeout)
                 written += tensor.numel() * tensor.element_size()
-            self._trainer.write(f"{TABLE_DIGEST}{self.rank}", _table_digest(self._table), self.timeout)
-        except BaseException as e:
-            self._trainer.close(f"trainer rank {self.rank} could not write version {self._sync_version}: {e}")
+            self._trainer.write(f"{TABLE_DIGEST}{self.rank}", self._digest, self.timeout)
+        except BaseException:
+            self._trainer.close()
             self._trainer = None
             raise
         return written
