@@ -4,9 +4,14 @@
 
 namespace ferry {
 
-copy_writes::copy_writes(const plan& job, const tensor_placement& placement, std::span<const std::uint32_t> chunks,
-                         std::span<std::byte> copy, std::size_t tensors)
-    : copy_(copy), pieces_(tensors), pieces_left_(job.chunks.size(), 0), written_(tensors, false), unwritten_(tensors) {
+copy_writes::copy_writes(const plan& job, const tensor_placement& placement,
+                         std::span<const std::uint32_t> chunks, std::span<std::byte> copy,
+                         std::size_t tensors)
+    : copy_(copy),
+      pieces_(tensors),
+      pieces_left_(job.chunks.size(), 0),
+      written_(tensors, false),
+      unwritten_(tensors) {
   for (const auto id : chunks) {
     const auto& c = job.chunks[id];
     for (const auto& p : c.pieces) {

@@ -16,8 +16,9 @@ class copy_writes {
  public:
   /// `copy`: the version's host copy, which `job` packs with the chunks `chunks` of the shard
   /// whose `tensors` tensors `placement` places.
-  copy_writes(const plan& job, const tensor_placement& placement, std::span<const std::uint32_t> chunks,
-              std::span<std::byte> copy, std::size_t tensors);
+  copy_writes(const plan& job, const tensor_placement& placement,
+              std::span<const std::uint32_t> chunks, std::span<std::byte> copy,
+              std::size_t tensors);
 
   /// Copies the bytes of the shard's tensor `index` (its place in the shard's table) from `data`
   /// into the copy; returns the chunks this write made whole. Each tensor once.

@@ -631,7 +631,8 @@ status trainer::join() {
   if (!s) return s;
   std::lock_guard lock(self->mutex);
   self->joined = true;
-  for (std::size_t i = 0; i < self->tensors.size(); ++i) self->index_of[self->tensors[i].spec.name] = i;
+  for (std::size_t i = 0; i < self->tensors.size(); ++i)
+    self->index_of[self->tensors[i].spec.name] = i;
   return {};
 }
 
@@ -663,9 +664,11 @@ status trainer::impl::publish(std::uint64_t version, bool written, trainer::upda
           api_errc::invalid_argument,
           fmt::format("trainer: version {} is not newer than {}", version, last_published));
     }
-    if (written && std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.device >= 0; })) {
-      return failed(api_errc::invalid_argument,
-                    "trainer: publish_written takes tensors in host memory; publish those on a GPU");
+    if (written &&
+        std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.device >= 0; })) {
+      return failed(
+          api_errc::invalid_argument,
+          "trainer: publish_written takes tensors in host memory; publish those on a GPU");
     }
     last_published = version;
     offloading = version;
@@ -681,7 +684,8 @@ status trainer::impl::publish(std::uint64_t version, bool written, trainer::upda
   return {};
 }
 
-status trainer::write(const std::string& name, std::span<const std::byte> bytes, std::chrono::milliseconds timeout) {
+status trainer::write(const std::string& name, std::span<const std::byte> bytes,
+                      std::chrono::milliseconds timeout) {
   auto* self = impl_.get();
   std::shared_ptr<copy_writes> target;
   std::size_t index = 0;
@@ -689,25 +693,33 @@ status trainer::write(const std::string& name, std::span<const std::byte> bytes,
   {
     std::unique_lock lock(self->mutex);
     const auto it = self->index_of.find(name);
-    if (!self->writing) return failed(api_errc::invalid_argument, "trainer: write without publish_written");
+    if (!self->writing)
+      return failed(api_errc::invalid_argument, "trainer: write without publish_written");
     if (it == self->index_of.end())
-      return failed(api_errc::invalid_argument, fmt::format("trainer: write: no tensor '{}' registered", name));
+      return failed(api_errc::invalid_argument,
+                    fmt::format("trainer: write: no tensor '{}' registered", name));
     if (const auto want = self->tensors[it->second].spec.nbytes; bytes.size() != want) {
       return failed(api_errc::invalid_argument,
-                    fmt::format("trainer: write: tensor '{}' is {} bytes, given {}", name, want, bytes.size()));
+                    fmt::format("trainer: write: tensor '{}' is {} bytes, given {}", name, want,
+                                bytes.size()));
     }
-    if (!self->changed.wait_for(lock, timeout, [&] { return self->writes || !self->writing || self->closed; })) {
-      return failed(api_errc::timed_out, fmt::format("trainer: version {}: its copy not free to write within {} ms",
-                                                     self->writing, timeout.count()));
+    if (!self->changed.wait_for(lock, timeout,
+                                [&] { return self->writes || !self->writing || self->closed; })) {
+      return failed(api_errc::timed_out,
+                    fmt::format("trainer: version {}: its copy not free to write within {} ms",
+                                self->writing, timeout.count()));
     }
     if (self->closed) return failed(api_errc::closed, "trainer: closed");
-    if (!self->writes) return failed(api_errc::update_failed, "trainer: write: the version stopped before its copy was free");
+    if (!self->writes)
+      return failed(api_errc::update_failed,
+                    "trainer: write: the version stopped before its copy was free");
     target = self->writes;
     index = it->second;
     version = self->writing;
   }
   if (target->written(index))
-    return failed(api_errc::invalid_argument, fmt::format("trainer: tensor '{}' written twice in version {}", name, version));
+    return failed(api_errc::invalid_argument,
+                  fmt::format("trainer: tensor '{}' written twice in version {}", name, version));
   auto whole = target->write(index, bytes.data());
   if (!whole.empty()) {
     self->thread.post([self, version, whole = std::move(whole)] {

@@ -133,7 +133,8 @@ ferry_status register_tensor_of(Handle* handle, const char* what, const char* na
 
 /// Publishes through `publish` (the trainer's publish or publish_written) and keeps the update.
 template <class Publish>
-ferry_status publish_with(ferry_trainer* t, uint64_t version, const char* null_handle, Publish publish) {
+ferry_status publish_with(ferry_trainer* t, uint64_t version, const char* null_handle,
+                          Publish publish) {
   return guarded([&] {
     if (!t) return refuse(null_handle);
     ferry::trainer::update u(nullptr);
@@ -296,20 +297,23 @@ ferry_status ferry_trainer_wait_end(ferry_trainer* t, int64_t timeout_ms) {
 }
 
 ferry_status ferry_trainer_publish(ferry_trainer* t, uint64_t version) {
-  return publish_with(t, version, "ferry_trainer_publish: NULL handle",
-                      [&](uint64_t v, ferry::trainer::update* u) { return t->object.publish(v, u); });
+  return publish_with(
+      t, version, "ferry_trainer_publish: NULL handle",
+      [&](uint64_t v, ferry::trainer::update* u) { return t->object.publish(v, u); });
 }
 
 ferry_status ferry_trainer_publish_written(ferry_trainer* t, uint64_t version) {
-  return publish_with(t, version, "ferry_trainer_publish_written: NULL handle",
-                      [&](uint64_t v, ferry::trainer::update* u) { return t->object.publish_written(v, u); });
+  return publish_with(
+      t, version, "ferry_trainer_publish_written: NULL handle",
+      [&](uint64_t v, ferry::trainer::update* u) { return t->object.publish_written(v, u); });
 }
 
 ferry_status ferry_trainer_write(ferry_trainer* t, const char* name, const void* data, size_t bytes,
-                                int64_t timeout_ms) {
+                                 int64_t timeout_ms) {
   return guarded([&] {
     if (!t || !name || !data) return refuse("ferry_trainer_write: NULL handle, name or data");
-    return to_status(t->object.write(name, {static_cast<const std::byte*>(data), bytes}, ms(timeout_ms)));
+    return to_status(
+        t->object.write(name, {static_cast<const std::byte*>(data), bytes}, ms(timeout_ms)));
   });
 }
 

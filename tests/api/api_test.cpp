@@ -7,9 +7,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <thread>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "ferry/ferry.h"
 #include "ferry/ferry.hpp"

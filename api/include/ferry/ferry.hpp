@@ -196,7 +196,8 @@ class FERRY_API trainer {
   /// Copies tensor `name`'s bytes (`bytes`, its registered size) into the version
   /// `publish_written` publishes, once ferry's copy of it may be written; on timeout nothing was
   /// written. Each tensor once per version, from one thread, not beside `close`.
-  status write(const std::string& name, std::span<const std::byte> bytes, std::chrono::milliseconds timeout);
+  status write(const std::string& name, std::span<const std::byte> bytes,
+               std::chrono::milliseconds timeout);
   /// Until the coordinator ends the job (success), the job fails, or the timeout.
   status wait_end(std::chrono::milliseconds timeout) const;
   /// Leaves the job (idempotent); `reason` is what the coordinator logs and regroups for.
