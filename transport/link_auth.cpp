@@ -27,6 +27,7 @@ constexpr std::string_view label(link_role role) {
     case link_role::client: return "ferry-link-1 client";
     case link_role::server: return "ferry-link-1 server";
     case link_role::session: return "ferry-link-1 session";
+    case link_role::watch: return "ferry-link-1 watch";
   }
   return "";
 }

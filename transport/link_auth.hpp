@@ -29,8 +29,9 @@ using link_nonce = std::array<std::byte, 32>;
 using link_proof = std::array<std::byte, 32>;
 
 /// Which side of a link a proof speaks for; the labels keep one side's proof from being replayed
-/// as the other's. `session` derives a link's message key (fabric) instead of a proof.
-enum class link_role : std::uint8_t { client, server, session };
+/// as the other's. `session` derives a link's message key (fabric) instead of a proof; `watch`
+/// greets a peer's liveness watch (transport/peer_watch.hpp).
+enum class link_role : std::uint8_t { client, server, session, watch };
 
 /// 32 random bytes from libsodium's CSPRNG.
 link_nonce make_link_nonce();

@@ -27,6 +27,7 @@
 
 #include "runtime/log.hpp"
 #include "transport/errc.hpp"
+#include "transport/peer_watch.hpp"
 
 namespace ferry {
 namespace {
@@ -264,6 +265,8 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   std::uint64_t max_piece = 0;
   std::string name_hex;
   std::vector<std::byte> name;  ///< our endpoint's fi_getname blob
+  /// Sees a peer's process end at once: the endpoint has no connection whose end would say so.
+  std::shared_ptr<peer_watch> watch;
   std::string provider_name;
   /// shm completes an operation that needs its target's response (a send above inject_size, a
   /// write with CQ data) through one in-order queue per endpoint: one to a dead peer blocks the
@@ -451,10 +454,34 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     return {};
   }
 
+  /// Opens the peer watch beside the endpoint; without one (no tcp on `options.node`), deaths
+  /// are found by the heartbeat's timeout and the stall detector.
+  void open_watch() {
+    if (!options.watch_peers) return;
+    watch = peer_watch::make(loop.io(), self, options.secret, [weak = weak_from_this()](node_id peer) {
+      if (auto self_ = weak.lock()) self_->peer_ended(peer);
+    });
+    const std::string host = provider_name == "shm" ? "127.0.0.1" : options.node;
+    if (auto ec = watch->listen(host)) {
+      log::warn("fabric: node {} cannot watch its peers over tcp on '{}' ({}): a death is found at the heartbeat's "
+                "timeout", self, host, ec.message());
+      watch.reset();
+    }
+  }
+
+  /// The watch saw `peer`'s process end: it is lost, as a tcp link's end says.
+  void peer_ended(node_id peer) {
+    if (closed || !peers.contains(peer)) return;
+    log::debug("fabric: node {}: the process of node {} ended", self, peer);
+    abandon(peer, transport_errc::connection_lost);
+    report_peer_lost(peer, transport_errc::connection_lost);
+  }
+
   void shutdown() {
     if (closed) return;
     closed = true;
     running = false;
+    if (watch) watch->close();
     timer.cancel();
     if (wait_fd) {
       boost::system::error_code ignored;
@@ -1427,6 +1454,7 @@ result<std::shared_ptr<fabric_transport>> fabric_transport::make(event_loop& loo
     return fail(errc::invalid_argument);
   auto state = std::make_shared<impl>(loop, self, std::move(options));
   if (auto ec = state->open()) return fail(ec);
+  state->open_watch();
   return std::shared_ptr<fabric_transport>(new fabric_transport(std::move(state)));
 }
 
@@ -1437,7 +1465,7 @@ fabric_transport::~fabric_transport() {
 }
 
 std::string fabric_transport::local_address() const {
-  return impl_->name_hex;
+  return impl_->watch ? impl_->name_hex + "@" + impl_->watch->address() : impl_->name_hex;
 }
 std::string fabric_transport::provider() const {
   return impl_->provider_name;
@@ -1480,7 +1508,8 @@ void fabric_transport::close() {
 std::error_code fabric_transport::add_peer(node_id peer, std::string_view address) {
   auto& s = *impl_;
   if (s.closed) return errc::stopped;
-  auto blob = hex_decode(address);
+  const auto at = address.find('@');  // the endpoint's name, then its watch's host:port
+  auto blob = hex_decode(address.substr(0, at));
   if (!blob) return blob.error();
   if (auto it = s.peers.find(peer); it != s.peers.end()) {
     fi_av_remove(s.av, &it->second, 1, 0);
@@ -1497,6 +1526,7 @@ std::error_code fabric_transport::add_peer(node_id peer, std::string_view addres
   }
   s.peers[peer] = addr;
   s.peer_names[peer] = std::move(*blob);
+  if (s.watch && at != std::string_view::npos) s.watch->watch(peer, address.substr(at + 1));
   return {};
 }
 
@@ -1517,6 +1547,7 @@ void fabric_transport::remove_peer(node_id peer) {
   fi_av_remove(s.av, &it->second, 1, 0);
   s.peers.erase(it);
   s.peer_names.erase(peer);
+  if (s.watch) s.watch->forget(peer);
 }
 
 void fabric_transport::async_send(node_id to, frame f, completion done) {

@@ -41,6 +41,9 @@ struct fabric_options {
   /// given up on: its operations fail and it is reported lost. A dead shm peer otherwise refuses
   /// (-FI_EAGAIN) forever, and its writes never complete.
   std::chrono::milliseconds stall_timeout{10000};
+  /// Watch each peer's process over a tcp connection on `node` (transport/peer_watch.hpp), so that
+  /// a death is seen at once; the address then carries the watch's host:port after an '@'.
+  bool watch_peers = true;
 };
 
 /// Counters of what the transport refused or saw fail; owning loop only.
