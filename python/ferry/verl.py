@@ -252,7 +252,8 @@ class FerryCheckpointEngine(CheckpointEngine):
         if self._trainer is not None and all(not t.is_cuda for t in self._staging.values()):
             update = await loop.run_in_executor(None, lambda: self._trainer.publish(version, written=True))
             self._version = version  # even if the writes fail midway: the version is out
-            copied = self._write_owned(weights)
+            # Off the event loop: ranks of this process (a colocated rollout) go on meanwhile.
+            copied = await loop.run_in_executor(None, self._write_owned, weights)
         else:
             copied = self._copy_owned(weights)
             if self._trainer is None:
