@@ -7,11 +7,7 @@ namespace ferry {
 copy_writes::copy_writes(const plan& job, const tensor_placement& placement,
                          std::span<const std::uint32_t> chunks, std::span<std::byte> copy,
                          std::size_t tensors)
-    : copy_(copy),
-      pieces_(tensors),
-      pieces_left_(job.chunks.size(), 0),
-      written_(tensors, false),
-      unwritten_(tensors) {
+    : copy_(copy), pieces_(tensors), pieces_left_(job.chunks.size(), 0), written_(tensors, false) {
   for (const auto id : chunks) {
     const auto& c = job.chunks[id];
     for (const auto& p : c.pieces) {
@@ -26,11 +22,11 @@ copy_writes::copy_writes(const plan& job, const tensor_placement& placement,
   }
 }
 
-std::vector<std::uint32_t> copy_writes::write(std::size_t index, const std::byte* data) {
-  std::vector<std::uint32_t> whole;
-  if (written_.at(index)) return whole;
+std::optional<std::vector<std::uint32_t>> copy_writes::write(std::size_t index,
+                                                             const std::byte* data) {
+  if (written_.at(index)) return std::nullopt;
   written_[index] = true;
-  --unwritten_;
+  std::vector<std::uint32_t> whole;
   for (const auto& p : pieces_[index]) {
     std::memcpy(copy_.data() + p.copy_offset, data + p.tensor_offset, p.bytes);
     if (--pieces_left_[p.chunk] == 0) whole.push_back(p.chunk);

@@ -4,6 +4,7 @@
 /// bytes go, and which chunks each write completes, so that a chunk leaves as soon as it is whole
 /// and every byte is copied once. Made on the shard's loop; then used by the writing thread alone.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -21,11 +22,9 @@ class copy_writes {
               std::size_t tensors);
 
   /// Copies the bytes of the shard's tensor `index` (its place in the shard's table) from `data`
-  /// into the copy; returns the chunks this write made whole. Each tensor once.
-  std::vector<std::uint32_t> write(std::size_t index, const std::byte* data);
-  bool written(std::size_t index) const { return written_.at(index); }
-  /// Every tensor is written.
-  bool complete() const { return unwritten_ == 0; }
+  /// into the copy; returns the chunks this write made whole, or nothing (no byte copied) when
+  /// the tensor was written already.
+  std::optional<std::vector<std::uint32_t>> write(std::size_t index, const std::byte* data);
 
  private:
   struct piece {
@@ -38,7 +37,6 @@ class copy_writes {
   std::vector<std::vector<piece>> pieces_;  ///< per tensor of the shard
   std::vector<std::uint32_t> pieces_left_;  ///< per plan chunk: its pieces not yet written
   std::vector<bool> written_;               ///< per tensor of the shard
-  std::size_t unwritten_ = 0;
 };
 
 }  // namespace ferry

@@ -717,12 +717,12 @@ status trainer::write(const std::string& name, std::span<const std::byte> bytes,
     index = it->second;
     version = self->writing;
   }
-  if (target->written(index))
+  auto whole = target->write(index, bytes.data());
+  if (!whole)
     return failed(api_errc::invalid_argument,
                   fmt::format("trainer: tensor '{}' written twice in version {}", name, version));
-  auto whole = target->write(index, bytes.data());
-  if (!whole.empty()) {
-    self->thread.post([self, version, whole = std::move(whole)] {
+  if (!whole->empty()) {
+    self->thread.post([self, version, whole = std::move(*whole)] {
       if (self->shard) self->shard->chunks_written(version, whole);
     });
   }
