@@ -1200,6 +1200,14 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
   /// contexts until they complete, if ever, and no longer keep progress hot meanwhile.
   void abandon(node_id peer, std::error_code why) {
     clients.erase(peer);  // the next frame starts a new handshake
+    // Its handshake messages the provider has not taken go too: they wait in one queue for every
+    // peer, and one the provider keeps refusing holds up the handshakes to live peers behind it.
+    std::erase_if(handshakes_waiting, [&](std::uint64_t id) {
+      const auto h = handshakes.find(id);
+      if (h == handshakes.end() || h->second.peer != peer) return false;
+      handshakes.erase(h);
+      return true;
+    });
     if (auto t = traffic.find(peer); t != traffic.end()) {
       waiting_ops -= t->second.waiting.size();
       abandoned_in_flight += t->second.in_flight;
