@@ -23,6 +23,8 @@ using greeting = std::array<std::byte, greeting_bytes>;
 constexpr auto greeting_deadline = std::chrono::seconds(1);
 /// The one byte a listener ever sends: the greeting did not prove the secret.
 constexpr std::byte refused{0x52};
+/// Connections held per greeter id: its own, and a re-greeting whose earlier end is not yet read.
+constexpr std::size_t max_held_per_peer = 4;
 /// Accepted connections not yet greeted; more are closed at once.
 constexpr std::size_t max_greeting = 64;
 
@@ -206,16 +208,19 @@ void peer_watch::accept() {
 }
 
 void peer_watch::greeted(const std::shared_ptr<held>& h) {
-  error_code ec;
+  // A greeting that fails, or one more of an id that holds its share already (a replay, since a
+  // live greeter's own earlier connection is closed before it greets again), is refused: told,
+  // so that the greeter does not take the close for this node's death. Closing an earlier one
+  // instead would let a replayed greeting make a live peer see this node die.
   const auto from = greeter(h->hello, secret_, self_);
-  if (!from) {  // told, so that the greeter does not take the close for this node's death
+  if (!from || held_.count(*from) >= max_held_per_peer) {
     asio::async_write(h->socket, asio::buffer(&refused, 1), [h](const error_code&, std::size_t) {
       error_code ignored;
       h->socket.close(ignored);
     });
     return;
   }
-  if (auto old = std::exchange(held_[*from], h)) old->socket.close(ec);
+  held_.emplace(*from, h);
   hold(*from, h);
 }
 
@@ -226,8 +231,13 @@ void peer_watch::hold(node_id from, const std::shared_ptr<held>& h) {
     if (!ec) return self->hold(from, h);
     error_code ignored;
     h->socket.close(ignored);
-    if (auto it = self->held_.find(from); it != self->held_.end() && it->second == h)
-      self->held_.erase(it);
+    const auto [first, last] = self->held_.equal_range(from);
+    for (auto it = first; it != last; ++it) {
+      if (it->second == h) {
+        self->held_.erase(it);
+        break;
+      }
+    }
   });
 }
 

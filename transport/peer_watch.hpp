@@ -8,9 +8,9 @@
 ///
 /// Only the connecting side acts on an end (it chose the address it reached); the listening side
 /// merely holds what it accepted, so a forged or replayed greeting can hold a socket open, never
-/// report a death. Greetings must arrive within a second, one held connection per peer id; one
-/// that fails is answered with a refusal byte before the close, which the greeter does not take
-/// for a death.
+/// report a death, nor close a connection held before it. Greetings must arrive within a second,
+/// a few held connections per peer id; one that fails or is over that share is answered with a
+/// refusal byte before the close, which the greeter does not take for a death.
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <functional>
@@ -62,8 +62,8 @@ class peer_watch : public std::enable_shared_from_this<peer_watch> {
   std::function<void(node_id)> on_gone_;
   asio::ip::tcp::acceptor acceptor_;
   std::map<node_id, std::shared_ptr<watched>> watched_;
-  std::map<node_id, std::shared_ptr<held>> held_;  ///< accepted and greeted, by the greeter's id
-  std::size_t greeting_ = 0;                       ///< accepted, not yet greeted
+  std::multimap<node_id, std::shared_ptr<held>> held_;  ///< accepted and greeted, by greeter id
+  std::size_t greeting_ = 0;                            ///< accepted, not yet greeted
   bool closed_ = false;
 };
 

@@ -126,5 +126,26 @@ TEST(peer_watch,
   for (auto* w : {listener.get(), holder.get(), stranger.get()}) w->close();
 }
 
+// A greeting replayed under a live peer's id must not close that peer's connection: it would see
+// this node die. Five greeters of one id: the first ones are held, the one past the share is
+// refused, and none sees an end.
+TEST(peer_watch, a_greeting_again_under_a_held_id_never_ends_the_held_connection) {
+  asio::io_context io;
+  auto listener = peer_watch::make(io, 1, secret_of('s'), [](node_id) {});
+  ASSERT_FALSE(listener->listen("127.0.0.1"));
+  std::multiset<node_id> gone;
+  std::vector<std::shared_ptr<peer_watch>> greeters;
+  for (int i = 0; i < 5; ++i) {
+    greeters.push_back(
+        peer_watch::make(io, 2, secret_of('s'), [&](node_id peer) { gone.insert(peer); }));
+    greeters.back()->watch(1, listener->address());
+    io.run_for(50ms);
+  }
+  io.run_for(300ms);
+  EXPECT_TRUE(gone.empty()) << gone.size() << " greeter(s) of node 2 saw node 1, alive, end";
+  for (auto& g : greeters) g->close();
+  listener->close();
+}
+
 }  // namespace
 }  // namespace ferry
