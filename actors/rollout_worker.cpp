@@ -260,17 +260,11 @@ std::vector<address> rollout_worker::collective_ranks(const instance_plan& inst)
 }
 
 std::optional<std::string> rollout_worker::prepare_staging() {
-  // A leader has `depth` receive slots per trainer shard; every member has `depth` broadcast
-  // slots, on the device when there is one (a host leader broadcasts straight from its receive
-  // slots, a host follower's are where a leader's receive slots would be). After them, a worker
-  // that hears chunks its instance does not hear whole has `direct_slots()` for those, which it
-  // grants to any trainer. Receive slots are on the GPU where trainers can write there.
-  const auto& job = *plan_->job;
-  const std::size_t receive_slots = job.shards.size() * job.depth;
-  direct_slot_ = static_cast<std::uint32_t>(leader_ ? receive_slots : (on_device() ? 0 : job.depth));
-  const bool slots_on_device = on_device() && place().rdma && job.p2p != p2p_mode::host;
-  return staging_.prepare(direct_slot_ + (plan_->direct ? direct_slots() : 0), on_device() ? job.depth : 0,
-                          job.chunk_bytes, slots_on_device);
+  // Receive slots are on the GPU where trainers can write there; a worker that hears chunks its
+  // instance does not hear whole has direct slots for those, which it grants to any trainer.
+  const auto slots = worker_slots::of(*plan_->job, leader_, on_device(), place().rdma, plan_->direct);
+  direct_slot_ = slots.first_direct;
+  return staging_.prepare(slots.receive(), slots.broadcast, plan_->job->chunk_bytes, slots.receive_on_device);
 }
 
 device_place rollout_worker::place() const {

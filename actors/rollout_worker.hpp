@@ -12,6 +12,7 @@
 
 #include "actors/in_place_sources.hpp"
 #include "actors/job_member.hpp"
+#include "actors/member_memory.hpp"
 #include "actors/messages.hpp"
 #include "actors/segment_hasher.hpp"
 #include "actors/stages.hpp"
@@ -182,7 +183,7 @@ class rollout_worker final : public job_member {
   bool is_direct(std::uint32_t slot) const;
   /// How many direct slots a worker grants at once: enough to keep its link busy while it
   /// applies, and no more however many trainers send to it.
-  std::uint32_t direct_slots() const { return 4 * plan_->job->depth; }
+  std::uint32_t direct_slots() const { return worker_slots::direct_count(plan_->job->depth); }
   /// A trainer asks for a direct slot for a chunk: checked against the plan, then queued.
   void on_slot_request(const envelope_header& h, const slot_request& m);
   /// Grants free direct slots to the requests waiting: the one from `next_shard`, or the shard

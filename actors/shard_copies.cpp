@@ -1,5 +1,7 @@
 #include "actors/shard_copies.hpp"
 
+#include "actors/member_memory.hpp"
+
 namespace ferry {
 
 shard_copies::~shard_copies() {
@@ -32,6 +34,7 @@ std::optional<std::string> shard_copies::prepare(std::uint64_t bytes, plan::shar
   const bool host_fits = host_.size() > 0 && (host_.shared_ref().pid != 0) == shareable;
   if (kept.host && !host_fits && bytes > 0) {
     release_host();
+    if (auto why = beyond_host(env_.platform(), 2 * bytes, "the host copies")) return *why;
     host_ = env_.platform().host_memory(2 * bytes, shareable);
     if (memory_) {
       if (auto ec = memory_->pin(host_.span())) return "cannot pin the host copies: " + ec.message();

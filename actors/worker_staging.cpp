@@ -1,5 +1,6 @@
 #include "actors/worker_staging.hpp"
 
+#include "actors/member_memory.hpp"
 #include "runtime/log.hpp"
 
 namespace ferry {
@@ -63,6 +64,7 @@ std::optional<std::string> worker_staging::allocate(std::size_t bytes, bool on_d
     device_ = *slots;
     region = wire_.register_device_region({device_, bytes}, memory_->device(), why);
   } else {
+    if (auto refused = beyond_host(env_.platform(), bytes, "the receive slots")) return *refused;
     host_ = env_.platform().host_memory(bytes);
     region = wire_.register_region(host_.span());
     if (region && memory_) {

@@ -2,12 +2,14 @@
 #include <cstdio>
 #include <memory>
 
+#include "actors/synthetic_model.hpp"
 #include "cli/commands.hpp"
 #include "cli/gpu.hpp"
 #include "cli/interrupt.hpp"
 #include "cli/job.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
+#include "jobs/job_memory.hpp"
 #include "runtime/log.hpp"
 
 namespace ferry::cli {
@@ -54,6 +56,10 @@ void add_demo(CLI::App& app, command_table& commands) {
     if (*gpu) return run_gpu_demo(*demo, *config, *json);
     if (auto error = check_job_options(*config); !error.empty()) {
       std::fprintf(stderr, "ferry demo: %s\n", error.c_str());
+      return 2;
+    }
+    if (auto error = refuse_beyond_host(synthetic_transformer(config->model_bytes), *config, {})) {
+      std::fprintf(stderr, "ferry demo: %s\n", error->c_str());
       return 2;
     }
     log::info("demo: {} trainers, {} instances x {} workers, {} MiB model, {} MiB chunks, depth {}, {} versions over {}",

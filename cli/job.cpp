@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "actors/coordinator.hpp"
+#include "actors/synthetic_model.hpp"
 #include "cli/commands.hpp"
 #include "cli/gpu.hpp"
 #include "cli/interrupt.hpp"
@@ -24,6 +25,8 @@
 #include "cli/launch.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
+#include "jobs/job_memory.hpp"
+#include "jobs/model_presets.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
 #include "platform/real_environment.hpp"
@@ -230,6 +233,9 @@ int run_local(const process_flags& f) {
   if (auto error = place_on_gpus(f, devices)) return std::fprintf(stderr, "ferry local: %s\n", error->c_str()), 2;
   const bool gpus = !devices.empty();
   if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp, cma or fabric\n"), 2;
+  const auto model = f.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(f.job.model_bytes);
+  const member_places places{.trainers_on_gpus = gpus && !f.host_trainers, .workers_on_gpus = gpus};
+  if (auto error = refuse_beyond_host(model, f.job, places)) return std::fprintf(stderr, "ferry local: %s\n", error->c_str()), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = make_job_directory("local");
   const auto address_file = (dir / "coordinator").string();

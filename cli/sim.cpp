@@ -61,6 +61,14 @@ double steady_events_per_second(const sim_result& r) {
   return r.steady_wall_seconds > 0 ? r.steady_events / r.steady_wall_seconds : 0;
 }
 
+double gib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); }
+
+/// Per role, the most one member holds in host and device memory.
+nlohmann::json memory_json(const job_memory& m) {
+  const auto of = [](const member_memory& x) { return nlohmann::json{{"host", gib(x.host)}, {"device", gib(x.device)}}; };
+  return {{"trainer", of(m.trainer)}, {"leader", of(m.leader)}, {"follower", of(m.follower)}};
+}
+
 nlohmann::json to_json(const sim_result& r) {
   nlohmann::json resources = nlohmann::json::array();
   for (const auto& u : r.resources) {
@@ -86,6 +94,8 @@ nlohmann::json to_json(const sim_result& r) {
             {"broadcast", r.stage_busy.broadcast},
             {"apply", r.stage_busy.apply}}},
           {"resources", resources},
+          {"memory_gib", memory_json(r.memory)},
+          {"memory_short", r.memory_short},
           {"wall_seconds", r.wall_seconds},
           {"actors", r.actors},
           {"transfers", r.transfers},
@@ -117,6 +127,12 @@ void print_report(const sim_config& c, const sim_result& r) {
       r.predicted_seconds, r.stall, r.bound_seconds,
       r.predicted_seconds > 0 ? 100 * r.bound_seconds / r.predicted_seconds : 0);
   fmt::print("bottleneck: {}\n", r.bottleneck);
+  const auto& m = r.memory;
+  fmt::print("memory per member, host + GPU: trainer shard {:.1f} + {:.1f} GiB, leader {:.1f} + {:.1f} GiB, "
+             "follower {:.1f} + {:.1f} GiB\n",
+             gib(m.trainer.host), gib(m.trainer.device), gib(m.leader.host), gib(m.leader.device),
+             gib(m.follower.host), gib(m.follower.device));
+  if (!r.memory_short.empty()) fmt::print("DOES NOT FIT: {}\n", r.memory_short);
   fmt::print(
       "stage busy (busiest participant, last version): offload {:.4f} s  send {:.4f} s  upload "
       "{:.4f} s  "

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "actors/coordinator.hpp"
+#include "actors/member_memory.hpp"
 #include "actors/rollout_worker.hpp"
 #include "actors/synthetic_model.hpp"
 #include "actors/trainer_shard.hpp"
@@ -241,6 +242,9 @@ class sim_job {
                                               std::uint32_t epoch);
   void schedule(const sim_event& e);
   bool settled() const;
+  /// Records what the members of `p` hold, and where a node's members need more host memory, or a
+  /// GPU's more device memory, than the hardware has.
+  void account_memory(const plan& p);
 
   sim_config config_;
   sim_result result_;
@@ -440,6 +444,27 @@ void sim_job::schedule(const sim_event& e) {
   });
 }
 
+void sim_job::account_memory(const plan& p) {
+  std::map<unsigned, std::uint64_t> host_of_node, device_of_gpu;
+  result_.memory = memory_of(p, [&](const address& who, const member_memory& m) {
+    const auto gpu = gpu_of_.at(who.node);
+    host_of_node[cluster_.node_of(gpu)] += m.host;
+    device_of_gpu[gpu] += m.device;
+  });
+  const auto gib = [](std::uint64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); };
+  const auto& hw = config_.hardware;
+  for (const auto& [n, bytes] : host_of_node) {
+    if (bytes > hw.host_memory && result_.memory_short.empty())
+      result_.memory_short = fmt::format("hardware.host_memory_gib: the members on node {} hold {:.1f} GiB, more than {:.0f} GiB",
+                             n, gib(bytes), gib(hw.host_memory));
+  }
+  for (const auto& [g, bytes] : device_of_gpu) {
+    if (bytes > hw.gpu_memory && result_.memory_short.empty())
+      result_.memory_short = fmt::format("hardware.gpu_memory_gib: the members on GPU {} hold {:.1f} GiB, more than {:.0f} GiB", g,
+                             gib(bytes), gib(hw.gpu_memory));
+  }
+}
+
 bool sim_job::settled() const {
   if (delivered_ < config_.versions || pending_events_ > 0 || !coordinator_->idle()) return false;
   for (const auto& m : members_)
@@ -464,6 +489,7 @@ sim_result sim_job::run() {
           // Virtual time has no hung processes; a loss is told by the link at once.
           .heartbeat_timeout = std::chrono::hours(24)});
   coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
+  coordinator_->on_ready = [this](const plan& p) { account_memory(p); };
   coordinator_->on_delivered = [this](const version_report& r) {
     result_.update_seconds.push_back(r.seconds);
     result_.stall_seconds.push_back(r.offloaded_seconds);

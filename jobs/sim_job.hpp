@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/member_memory.hpp"
 #include "actors/messages.hpp"
 #include "actors/rollout_sharding.hpp"
 #include "sim/cluster.hpp"
@@ -76,6 +77,10 @@ struct sim_result {
   double bound_seconds = 0;  ///< the busiest resource's bytes / rate, per version
   std::string bottleneck;
   stage_times stage_busy;                   ///< the last version's, per stage, busiest participant
+  job_memory memory;                        ///< what the members of the first plan hold
+  /// Where they hold more than the hardware has (the first such node or GPU); empty when it fits.
+  /// The run goes on: a scenario may stand for what no cluster holds, to measure the simulator.
+  std::string memory_short;
   std::vector<sim_resource_use> resources;  ///< the busiest first
   std::uint32_t actors = 0, regroups = 0, kills = 0;
   std::uint64_t transfers = 0, trace_events = 0;

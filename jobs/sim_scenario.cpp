@@ -181,8 +181,8 @@ void fill(const toml::table& root, sim_config& c) {
   h.nic_latency = us("nic_latency_us", h.nic_latency);
   h.nvlink_latency = us("nvlink_latency_us", h.nvlink_latency);
   h.copy_latency = us("copy_latency_us", h.copy_latency);
-  const double gpu_memory = hw.positive("gpu_memory_gib", 80) * (1ull << 30);
-  const double host_memory = hw.positive("host_memory_gib", 2048) * (1ull << 30);
+  h.gpu_memory = static_cast<std::uint64_t>(hw.positive("gpu_memory_gib", 80) * (1ull << 30));
+  h.host_memory = static_cast<std::uint64_t>(hw.positive("host_memory_gib", 2048) * (1ull << 30));
 
   const reader model(root["model"].as_table(), "model");
   const auto type = model.text("dtype").value_or("bf16");
@@ -266,19 +266,6 @@ void fill(const toml::table& root, sim_config& c) {
   }
 
   if (auto why = validate(c); !why.empty()) throw failure{why};
-  // What must fit: a replica in each instance's GPUs, two host copies of each shard on its node.
-  std::uint64_t model_bytes = 0;
-  for (const auto& t : c.model) model_bytes += t.nbytes;
-  if (c.shard_rollout == rollout_sharding::none && static_cast<double>(model_bytes) / c.instance_size > gpu_memory)
-    throw failure{fmt::format(
-        "hardware.gpu_memory_gib: a replica of {:.1f} GiB over {} GPUs does not fit in {} GiB each",
-        model_bytes / double(1ull << 30), c.instance_size, gpu_memory / (1ull << 30))};
-  const double per_node = 2.0 * model_bytes / c.trainers * std::min(c.trainers, h.gpus_per_node);
-  if (per_node > host_memory)
-    throw failure{fmt::format(
-        "hardware.host_memory_gib: the trainers' host copies need {:.1f} GiB per node, more "
-        "than {} GiB",
-        per_node / (1ull << 30), host_memory / (1ull << 30))};
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 
+#include "platform/available_memory.hpp"
 #include "runtime/host_buffer.hpp"
 
 namespace ferry {
@@ -27,6 +28,10 @@ bool real_environment::os_platform::process_alive(std::int32_t pid) {
 result<host_buffer> real_environment::os_platform::map_shared(const shared_memory_ref& ref,
                                                               std::string& why) {
   return host_buffer::map_shared(ref, why);
+}
+
+std::optional<std::uint64_t> real_environment::os_platform::available_host_memory() {
+  return ferry::available_host_memory();
 }
 
 void real_environment::os_platform::async_blocking(std::function<std::error_code()> work,

@@ -54,6 +54,7 @@ class real_environment final : public environment {
     ~os_platform() override;
     bool process_alive(std::int32_t pid) override;
     result<host_buffer> map_shared(const shared_memory_ref& ref, std::string& why) override;
+    std::optional<std::uint64_t> available_host_memory() override;
     void async_blocking(std::function<std::error_code()> work,
                         std::function<void(std::error_code)> done) override;
 

@@ -4,6 +4,7 @@
 /// in its own process, inside a user's program and on virtual time.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -50,6 +51,9 @@ class platform {
   /// Host memory for host copies, staging slots and tensors (`shareable`: in a memfd that
   /// `map_shared` opens). A simulation hands out sizes whose bytes never exist.
   virtual host_buffer host_memory(std::size_t bytes, bool shareable = false);
+  /// Bytes of host memory this process may still take before the kernel swaps or kills; none
+  /// where that is not known (a simulation, whose host memory holds no bytes).
+  virtual std::optional<std::uint64_t> available_host_memory() { return std::nullopt; }
 };
 
 /// Owning loop only. Outlives every node and actor that uses it.

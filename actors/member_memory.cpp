@@ -1,0 +1,105 @@
+#include "actors/member_memory.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace ferry {
+
+namespace {
+
+/// Per audience, the bytes of its chunks (0: it has none).
+std::vector<std::uint64_t> audience_bytes(const plan& job) {
+  std::vector<std::uint64_t> bytes(job.audiences.size(), 0);
+  for (const auto& c : job.chunks) bytes[c.audience] += c.bytes;
+  return bytes;
+}
+
+const device_place& place_of(const instance_plan& inst, std::size_t rank) {
+  static const device_place host;
+  return inst.places.empty() ? host : inst.places[rank];
+}
+
+member_memory worker_memory(const plan& job, const instance_plan& inst, std::size_t rank,
+                            const std::vector<std::uint64_t>& by_audience) {
+  const auto& worker = inst.workers[rank];
+  std::uint64_t received = 0;
+  bool hears_directly = false;
+  for (std::uint32_t a = 0; a < by_audience.size(); ++a) {
+    if (by_audience[a] == 0 || !job.hears(a, worker)) continue;
+    received += by_audience[a];
+    hears_directly = hears_directly || !job.whole_instance(inst, a);
+  }
+  const auto& place = place_of(inst, rank);
+  const bool leader = std::find(inst.leaders.begin(), inst.leaders.end(), rank) != inst.leaders.end();
+  const auto slots = worker_slots::of(job, leader, !place.gpu.empty(), place.rdma, hears_directly);
+  member_memory m;
+  (place.gpu.empty() ? m.host : m.device) += received;
+  (slots.receive_on_device ? m.device : m.host) += std::uint64_t{slots.receive()} * job.chunk_bytes;
+  m.device += std::uint64_t{slots.broadcast} * job.chunk_bytes;
+  return m;
+}
+
+}  // namespace
+
+worker_slots worker_slots::of(const plan& job, bool leader, bool on_device, bool rdma, bool hears_directly) {
+  worker_slots s;
+  s.first_direct = leader ? static_cast<std::uint32_t>(job.shards.size()) * job.depth : (on_device ? 0 : job.depth);
+  s.direct = hears_directly ? direct_count(job.depth) : 0;
+  s.broadcast = on_device ? job.depth : 0;
+  s.receive_on_device = on_device && rdma && job.p2p != p2p_mode::host;
+  return s;
+}
+
+member_memory shard_memory(const plan& job, std::uint32_t shard) {
+  member_memory m;
+  std::uint64_t tensors = 0;
+  for (std::size_t i = 0; i < job.tensors.size(); ++i) {
+    if (job.owner[i] == shard) tensors += job.tensors[i].nbytes;
+  }
+  const bool on_device = shard < job.shard_places.size() && !job.shard_places[shard].gpu.empty();
+  (on_device ? m.device : m.host) += tensors;
+  // Two copies, one per version parity (shard_copies).
+  const auto kept = job.copies_of(shard);
+  if (kept.host) m.host += 2 * job.shard_bytes[shard];
+  if (kept.device) m.device += 2 * job.shard_bytes[shard];
+  return m;
+}
+
+member_memory worker_memory(const plan& job, const instance_plan& inst, std::size_t rank) {
+  return worker_memory(job, inst, rank, audience_bytes(job));
+}
+
+std::optional<std::string> beyond_host(platform& host, std::uint64_t bytes, std::string_view what) {
+  const auto available = host.available_host_memory();
+  if (!available || bytes <= *available) return std::nullopt;
+  return fmt::format("{} need {:.2f} GiB of host memory, and this host has {:.2f} GiB available", what,
+                     static_cast<double>(bytes) / (1ull << 30), static_cast<double>(*available) / (1ull << 30));
+}
+
+job_memory memory_of(const plan& job, const std::function<void(const address&, const member_memory&)>& each) {
+  const auto most = [](member_memory& into, const member_memory& m) {
+    into.host = std::max(into.host, m.host);
+    into.device = std::max(into.device, m.device);
+  };
+  job_memory j;
+  for (std::uint32_t s = 0; s < job.shards.size(); ++s) {
+    const auto m = shard_memory(job, s);
+    most(j.trainer, m);
+    j.all += m;
+    if (each) each(job.shards[s], m);
+  }
+  const auto by_audience = audience_bytes(job);
+  for (const auto& inst : job.instances) {
+    for (std::size_t r = 0; r < inst.workers.size(); ++r) {
+      const auto m = worker_memory(job, inst, r, by_audience);
+      const bool leader = std::find(inst.leaders.begin(), inst.leaders.end(), r) != inst.leaders.end();
+      most(leader ? j.leader : j.follower, m);
+      j.all += m;
+      if (each) each(inst.workers[r], m);
+    }
+  }
+  return j;
+}
+
+}  // namespace ferry
