@@ -84,6 +84,7 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : act
     w.ready = true;
     w.slots = m.slots.length > 0 ? std::optional(m.slots) : std::nullopt;
     w.direct_slot = m.direct_slot;
+    w.slot_bytes = m.slot_bytes;
     w.complete_version = std::max(w.complete_version, m.complete_version);
     w.partial_version = m.partial_version;
     w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
@@ -416,7 +417,12 @@ std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const in
                " offered no receive slots");
       return std::nullopt;
     }
-    routes.push_back({.instance = inst.id, .leader = leader, .slots = *w->slots, .stripe = s, .stripes = stripes});
+    routes.push_back({.instance = inst.id,
+                      .leader = leader,
+                      .slots = *w->slots,
+                      .stripe = s,
+                      .stripes = stripes,
+                      .slot_bytes = w->slot_bytes});
   }
   return routes;
 }
@@ -429,7 +435,12 @@ std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance
     return std::nullopt;
   }
   return leader_route{
-      .instance = instance, .leader = worker, .slots = *w->slots, .first_slot = w->direct_slot, .direct = true};
+      .instance = instance,
+      .leader = worker,
+      .slots = *w->slots,
+      .first_slot = w->direct_slot,
+      .direct = true,
+      .slot_bytes = w->slot_bytes};
 }
 
 void job_coordinator::send_plan(plan_ready message) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "collectives/broadcast.hpp"
+
 namespace ferry {
 
 namespace {
@@ -31,23 +33,31 @@ member_memory worker_memory(const plan& job, const instance_plan& inst, std::siz
     hears_directly = hears_directly || !job.whole_instance(inst, a);
   }
   const auto& place = place_of(inst, rank);
-  const bool leader = std::find(inst.leaders.begin(), inst.leaders.end(), rank) != inst.leaders.end();
-  const auto slots = worker_slots::of(job, leader, !place.gpu.empty(), place.rdma, hears_directly);
+  const auto slots = worker_slots::of(
+      job, {.leader = std::find(inst.leaders.begin(), inst.leaders.end(), rank) != inst.leaders.end(),
+            .stripes = static_cast<std::uint32_t>(std::max<std::size_t>(inst.leaders.size(), 1)),
+            .on_device = !place.gpu.empty(),
+            .rdma = place.rdma,
+            .hears_directly = hears_directly});
   member_memory m;
   (place.gpu.empty() ? m.host : m.device) += received;
-  (slots.receive_on_device ? m.device : m.host) += std::uint64_t{slots.receive()} * job.chunk_bytes;
+  (slots.receive_on_device ? m.device : m.host) += slots.receive_bytes(job.chunk_bytes);
   m.device += std::uint64_t{slots.broadcast} * job.chunk_bytes;
   return m;
 }
 
 }  // namespace
 
-worker_slots worker_slots::of(const plan& job, bool leader, bool on_device, bool rdma, bool hears_directly) {
+worker_slots worker_slots::of(const plan& job, const worker_role& role) {
   worker_slots s;
-  s.first_direct = leader ? static_cast<std::uint32_t>(job.shards.size()) * job.depth : (on_device ? 0 : job.depth);
-  s.direct = hears_directly ? direct_count(job.depth) : 0;
-  s.broadcast = on_device ? job.depth : 0;
-  s.receive_on_device = on_device && rdma && job.p2p != p2p_mode::host;
+  s.first_direct =
+      role.leader ? static_cast<std::uint32_t>(job.shards.size()) * job.depth : (role.on_device ? 0 : job.depth);
+  s.direct = role.hears_directly ? direct_count(job.depth) : 0;
+  s.broadcast = role.on_device ? job.depth : 0;
+  s.receive_on_device = role.on_device && role.rdma && job.p2p != p2p_mode::host;
+  // A leader on a GPU with host receive slots uploads its stripe; the collective runs on the GPU.
+  const bool uploads_stripe = role.leader && role.on_device && !s.receive_on_device && role.stripes > 1;
+  s.slot_bytes = uploads_stripe ? stripe_of(job.chunk_bytes, role.stripes, 0).bytes : job.chunk_bytes;
   return s;
 }
 

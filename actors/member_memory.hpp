@@ -24,22 +24,45 @@ struct member_memory {
   }
 };
 
-/// A rollout worker's staging slots for one plan, each of the plan's chunk size.
+/// What a rollout worker is in a plan, as far as its staging goes.
+struct worker_role {
+  bool leader = false;
+  std::uint32_t stripes = 1;  ///< its instance's leaders
+  bool on_device = false;     ///< its tensors are on a GPU
+  bool rdma = false;          ///< the transport writes into its GPU (GPUDirect RDMA)
+  bool hears_directly = false;  ///< it hears chunks its instance does not hear whole
+};
+
+/// A rollout worker's receive slots for one plan, in one region: the slots below `first_direct`
+/// of `slot_bytes` each, then the direct ones of the plan's chunk size; and its broadcast slots.
 struct worker_slots {
   /// Receive slots before the direct ones: a leader's `depth` per trainer shard, a host
   /// follower's broadcast slots (a follower on a GPU has its broadcast slots there).
   std::uint32_t first_direct = 0;
+  /// Bytes of each of those: a chunk's, or where a leader on a GPU receives in host memory and
+  /// uploads its stripe, just the largest stripe (at the slot's start: `stripe_only`).
+  std::uint64_t slot_bytes = 0;
   /// Slots granted to any trainer for chunks the worker's instance does not hear whole.
   std::uint32_t direct = 0;
-  std::uint32_t broadcast = 0;  ///< on the GPU
+  std::uint32_t broadcast = 0;  ///< on the GPU, of a chunk each
   bool receive_on_device = false;  ///< trainers write into the GPU (GPUDirect RDMA)
-  std::uint32_t receive() const { return first_direct + direct; }
 
-  /// The slots of a worker that leads or follows, holds its tensors on a GPU or in host memory
-  /// (`on_device`), is reached there by the transport (`rdma`), and hears chunks directly or not.
-  static worker_slots of(const plan& job, bool leader, bool on_device, bool rdma, bool hears_directly);
+  std::uint32_t receive() const { return first_direct + direct; }
+  std::uint64_t receive_bytes(std::uint64_t chunk_bytes) const {
+    return first_direct * slot_bytes + std::uint64_t{direct} * chunk_bytes;
+  }
+
+  static worker_slots of(const plan& job, const worker_role& role);
   /// Direct slots per worker that has any: enough to keep every trainer's writes going.
   static std::uint32_t direct_count(std::uint32_t depth) { return 4 * depth; }
+  /// Where receive slot `slot` starts in a region laid out as above.
+  static std::uint64_t offset_of(std::uint32_t slot, std::uint32_t first_direct, std::uint64_t slot_bytes,
+                                 std::uint64_t chunk_bytes) {
+    if (slot < first_direct) return slot * slot_bytes;
+    return first_direct * slot_bytes + std::uint64_t{slot - first_direct} * chunk_bytes;
+  }
+  /// Whether slots of `slot_bytes` hold a stripe at their start rather than the chunk's layout.
+  static bool stripe_only(std::uint64_t slot_bytes, std::uint64_t chunk_bytes) { return slot_bytes < chunk_bytes; }
 };
 
 /// What trainer shard `shard` holds: its tensors and the copies the plan has it keep.

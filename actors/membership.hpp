@@ -41,6 +41,7 @@ class job_membership {
     bool ready = false;
     std::optional<region_desc> slots;
     std::uint32_t direct_slot = 0;  ///< the first of the slots for chunks sent to it alone
+    std::uint64_t slot_bytes = 0;   ///< of each slot below `direct_slot`
     std::uint64_t complete_version = 0;
     std::uint64_t partial_version = 0;
     std::set<std::uint32_t> partial_chunks;

@@ -89,15 +89,19 @@ struct worker_ready {
   static constexpr msg_kind kind{19};
   std::uint32_t instance = 0;
   std::uint32_t rank = 0;
-  /// Slots of chunk_bytes: a leader's `shards * depth` receive slots from slot 0, and the
-  /// `direct_slots` of chunks its instance does not hear whole from `direct_slot` (granted to
-  /// trainers one chunk at a time, slot_grant); empty if neither.
+  /// A leader's `shards * depth` receive slots from slot 0, of `slot_bytes` each, and the
+  /// `direct_slots` of chunks its instance does not hear whole from `direct_slot`, of chunk_bytes
+  /// each (granted to trainers one chunk at a time, slot_grant); empty if neither
+  /// (worker_slots::offset_of).
   region_desc slots;
   std::uint32_t direct_slot = 0;
+  /// Of each slot below `direct_slot`: chunk_bytes, or less where each holds just the leader's
+  /// stripe, at its start (worker_slots::stripe_only).
+  std::uint64_t slot_bytes = 0;
   std::uint64_t complete_version = 0;  ///< the newest version fully applied here
   std::uint64_t partial_version = 0;   ///< a newer version partly applied here, or 0
   std::vector<std::uint32_t> partial_chunks;  ///< the chunks of partial_version applied here
-  FERRY_DEFINE_MAP(instance, rank, slots, direct_slot, complete_version, partial_version, partial_chunks)
+  FERRY_DEFINE_MAP(instance, rank, slots, direct_slot, slot_bytes, complete_version, partial_version, partial_chunks)
 };
 
 /// Where a trainer shard writes the chunks for one instance leader: stripe `stripe` of `stripes`
@@ -112,7 +116,9 @@ struct leader_route {
   std::uint32_t stripes = 1;
   std::uint32_t first_slot = 0;  ///< shard s uses slots first_slot + s * depth ... + depth - 1
   bool direct = false;
-  FERRY_DEFINE_MAP(instance, leader, slots, stripe, stripes, first_slot, direct)
+  /// The worker's (worker_ready::slot_bytes): a direct route's slots start at first_slot.
+  std::uint64_t slot_bytes = 0;
+  FERRY_DEFINE_MAP(instance, leader, slots, stripe, stripes, first_slot, direct, slot_bytes)
 };
 
 /// Coordinator -> trainers: the plan of this epoch is in force; publishing may go on from
@@ -163,7 +169,8 @@ struct relay_hop {
   address worker;
   region_desc slots;
   std::uint32_t slot = 0;
-  FERRY_DEFINE_MAP(worker, slots, slot)
+  std::uint64_t offset = 0;  ///< where `slot` starts in `slots`
+  FERRY_DEFINE_MAP(worker, slots, slot, offset)
 };
 
 /// Trainer -> leader: chunk `chunk` of `version` (the leader's stripe of it) is in receive slot

@@ -191,7 +191,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     if (w != self()) others_.push_back(w);
   }
 
-  if (auto why = prepare_staging()) return fail(*why);
+  if (auto why = prepare_staging(static_cast<std::uint32_t>(inst.leaders.size()))) return fail(*why);
   start_generation(members, stripe, static_cast<std::uint32_t>(inst.leaders.size()));
 }
 
@@ -243,6 +243,7 @@ void rollout_worker::start_generation(const std::vector<address>& members, std::
       auto ready = holdings();
       if (leader_ || plan_->direct) ready.slots = *staging_.region();
       ready.direct_slot = direct_slot_;
+      ready.slot_bytes = staging_.slot_bytes();
       send(coordinator_, ready);
     }
     --fibers_;
@@ -259,12 +260,16 @@ std::vector<address> rollout_worker::collective_ranks(const instance_plan& inst)
   return members;
 }
 
-std::optional<std::string> rollout_worker::prepare_staging() {
+std::optional<std::string> rollout_worker::prepare_staging(std::uint32_t stripes) {
   // Receive slots are on the GPU where trainers can write there; a worker that hears chunks its
   // instance does not hear whole has direct slots for those, which it grants to any trainer.
-  const auto slots = worker_slots::of(*plan_->job, leader_, on_device(), place().rdma, plan_->direct);
+  const auto slots = worker_slots::of(*plan_->job, {.leader = leader_,
+                                                    .stripes = stripes,
+                                                    .on_device = on_device(),
+                                                    .rdma = place().rdma,
+                                                    .hears_directly = plan_->direct});
   direct_slot_ = slots.first_direct;
-  return staging_.prepare(slots.receive(), slots.broadcast, plan_->job->chunk_bytes, slots.receive_on_device);
+  return staging_.prepare(slots, plan_->job->chunk_bytes);
 }
 
 device_place rollout_worker::place() const {
@@ -480,11 +485,14 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
     g->credits->acquire();
     if (!current(g)) return;
     const auto& c = plan->job->chunks.at(w->chunk);
-    std::span<std::byte> slot;  // a leader's receive slot, in the chunk's layout
+    std::span<const std::byte> stripe;  // a leader's stripe of the chunk, where it lies
     if (w->mine) {
       // A leader verifies the stripe it received before anything reads it.
-      slot = staging_.receive_slot(w->mine->slot, c.bytes).bytes;
       const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
+      const auto slot = staging_.receive_slot(w->mine->slot, c.bytes).bytes;
+      stripe = worker_slots::stripe_only(staging_.slot_bytes(), plan->job->chunk_bytes)
+                   ? slot.first(part.bytes)
+                   : slot.subspan(part.offset, part.bytes);
       bool device_bytes = staging_.on_device();  // written into the GPU, or read GPU to GPU: no host byte to hash
       if (const auto& m = w->mine->meta; m.in_place()) {  // the chunk lies in the trainer's copy
         std::string why;
@@ -495,7 +503,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
         if (!current(g)) return;
         device_bytes = in_place->on_device;
         if (on_device()) {  // uploaded straight from there
-          slot = in_place->bytes;
+          stripe = in_place->bytes.subspan(part.offset, part.bytes);
           w->source = std::move(in_place->copy);
         } else {  // the host chain broadcasts from registered memory: the receive slot
           host().env().cpu().run(part.bytes, [&] {
@@ -504,7 +512,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
           if (!current(g)) return;
         }
       }
-      if (!device_bytes && !checksum_ok(slot.subspan(part.offset, part.bytes), w->mine->meta.checksum)) {
+      if (!device_bytes && !checksum_ok(stripe, w->mine->meta.checksum)) {
         if (!current(g)) return;  // the new epoch may already be writing this slot
         return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
                          ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
@@ -518,7 +526,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
       for (const auto& m : others_) send(m, announce, nullptr);
     }
     ++in_flight_;
-    deliver(g, plan, std::move(*w), slot);
+    deliver(g, plan, std::move(*w), stripe);
   }
 }
 
@@ -579,7 +587,7 @@ void rollout_worker::relay(const std::shared_ptr<generation>& g, const chunk_sen
   ++in_flight_;
   const auto began = broadcast_meter_.begin();
   host().transport().async_write(
-      bytes, next.slots, std::uint64_t{next.slot} * plan_->job->chunk_bytes,
+      bytes, next.slots, next.offset,
       make_imm(leader_slot_tag, epoch_imm_value(epoch(), next.slot)),
       [this, g, onward = std::move(onward), to = next.worker, began, done = std::move(done),
        n = bytes.size()](std::error_code ec) {
@@ -598,7 +606,7 @@ void rollout_worker::relay(const std::shared_ptr<generation>& g, const chunk_sen
 }
 
 void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
-                             work w, std::span<std::byte> slot) {
+                             work w, std::span<const std::byte> stripe) {
   const auto& c = plan->job->chunks.at(w.chunk);
   auto d = std::make_shared<delivery>(delivery{.g = g, .w = std::move(w), .shard = plan->job->shards.at(c.shard)});
   // Where the instance's collective runs: a leader's receive slot where it lies where the
@@ -618,7 +626,7 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
   // UPLOAD: the leader's stripe onto the device; its receive slot is free once the bytes are there.
   const auto part = stripe_of(c.bytes, g->stripes, *g->stripe);
   d->began = upload_meter_.begin();
-  host().env().copies().async_copy({{d->target.bytes.data() + part.offset, slot.data() + part.offset, part.bytes}},
+  host().env().copies().async_copy({{d->target.bytes.data() + part.offset, stripe.data(), part.bytes}},
                                    [this, d, bytes = part.bytes](std::error_code ec) mutable {
                                      upload_meter_.end(d->began, d->w.version, d->w.chunk, bytes);
                                      free_receive_slot(*d);

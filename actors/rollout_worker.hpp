@@ -157,9 +157,9 @@ class rollout_worker final : public job_member {
   /// The ranks of `inst`'s collective: its leaders in stripe order (rank s owns stripe s), then
   /// the others.
   static std::vector<address> collective_ranks(const instance_plan& inst);
-  /// Sizes the staging for the current plan (kept across epochs while it fits); what failed, or
-  /// nothing.
-  std::optional<std::string> prepare_staging();
+  /// Sizes the staging for the current plan, in an instance of `stripes` leaders (kept across
+  /// epochs while it fits); what failed, or nothing.
+  std::optional<std::string> prepare_staging(std::uint32_t stripes);
   /// A new generation of staging work over `members`' collective: the fibers that serve it.
   void start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe, std::uint32_t stripes);
   void on_slot_landed(write_imm imm);
@@ -203,9 +203,10 @@ class rollout_worker final : public job_member {
     int pending = 0;                     ///< the only leader: its broadcast and apply, both
     std::uint64_t actual = 0;            ///< the collected bytes' checksum
   };
-  /// Uploads a device leader's stripe, then collects the chunk; `slot`: a leader's receive slot.
+  /// Uploads a device leader's stripe, then collects the chunk; `stripe`: a leader's stripe, where
+  /// it lies (its receive slot, or the trainer's copy read in place).
   void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, work w,
-               std::span<std::byte> slot);
+               std::span<const std::byte> stripe);
   /// Broadcast or all-gather of the target in the instance, verify, apply, then `end_delivery`.
   void collect(std::shared_ptr<delivery> d);
   /// A leader's receive slot is free again: its trainer may send the next chunk there.

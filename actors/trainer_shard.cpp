@@ -461,7 +461,10 @@ bool trainer_shard::take_slot(route& r, std::uint32_t chunk) {
   r.slot = grant->second;
   r.grants.erase(grant);
   if (along) {
-    if (place > 0) along->hops[place - 1].slot = *r.slot;
+    if (place > 0) {
+      along->hops[place - 1].slot = *r.slot;
+      along->hops[place - 1].offset = r.slot_offset(*r.slot, r.plan->job->chunk_bytes);
+    }
     // The next member's turn; once every member has its slot, the first one's to write.
     ++along->granted;
     advance(*along->routes[along->granted < along->routes.size() ? along->granted : 0]);
@@ -542,8 +545,10 @@ void trainer_shard::advance_chunks(route& r) {
     next_chunk(r);
     ++r.in_flight;
     ++works_in_flight_;
-    // The stripe lands at its offset in the slot, so the leader's slot keeps the chunk's layout.
-    send_.write(std::span<const std::byte>(bytes, part.bytes), r.slots, std::uint64_t{slot} * job.chunk_bytes + part.offset,
+    // The stripe lands at its offset in the slot, so that the leader's slot keeps the chunk's
+    // layout, or at its start in a slot that holds the stripe alone.
+    const auto at = r.slot_offset(slot, job.chunk_bytes) + (r.stripe_only(job.chunk_bytes) ? 0 : part.offset);
+    send_.write(std::span<const std::byte>(bytes, part.bytes), r.slots, at,
                 make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)), r.version, id,
                 [this, r = r.shared_from_this(), sent](std::error_code ec) {
                   --works_in_flight_;

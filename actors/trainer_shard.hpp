@@ -16,6 +16,7 @@
 
 #include "actors/copy_writes.hpp"
 #include "actors/job_member.hpp"
+#include "actors/member_memory.hpp"
 #include "actors/messages.hpp"
 #include "actors/segment_hasher.hpp"
 #include "actors/shard_copies.hpp"
@@ -106,6 +107,7 @@ class trainer_shard final : public job_member {
     std::uint32_t first_slot = 0;  ///< the route's slots at the leader: every shard's `depth`
     std::uint32_t slot_count = 0;
     bool direct = false;  ///< the worker grants a slot per chunk (`grants`) instead of `free`
+    std::uint64_t slot_bytes = 0;  ///< of the leader's slots (leader_route); 0: chunk_bytes
     chunk_path path = chunk_path::host_copy;
     std::uint64_t version = 0;  ///< the update's
     std::uint64_t generation = 0;  ///< the send generation it belongs to; a newer one stops it
@@ -135,7 +137,18 @@ class trainer_shard final : public job_member {
           stripes(std::max(r.stripes, 1u)),
           first_slot(r.first_slot),
           slot_count(shards * depth),
-          direct(r.direct) {}
+          direct(r.direct),
+          slot_bytes(r.slot_bytes) {}
+    /// Where slot `id` starts in the worker's `slots`.
+    std::uint64_t slot_offset(std::uint32_t id, std::uint64_t chunk_bytes) const {
+      const auto leaders_slot = slot_bytes ? slot_bytes : chunk_bytes;
+      if (!direct) return id * leaders_slot;
+      return worker_slots::offset_of(id, first_slot, leaders_slot, chunk_bytes);
+    }
+    /// Whether the leader's slots hold the stripe alone, at their start.
+    bool stripe_only(std::uint64_t chunk_bytes) const {
+      return !direct && slot_bytes && worker_slots::stripe_only(slot_bytes, chunk_bytes);
+    }
   };
   void adopt_plan(const plan_ready& m);
   void start_sending(const update_go& go);

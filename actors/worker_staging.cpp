@@ -1,5 +1,7 @@
 #include "actors/worker_staging.hpp"
 
+#include <algorithm>
+
 #include "actors/member_memory.hpp"
 #include "runtime/log.hpp"
 
@@ -27,18 +29,21 @@ void worker_staging::release() {
   bytes_ = 0;
 }
 
-std::optional<std::string> worker_staging::prepare(std::size_t receive, std::size_t broadcast, std::uint64_t chunk_bytes,
-                                                   bool on_device) {
+std::optional<std::string> worker_staging::prepare(const worker_slots& slots, std::uint64_t chunk_bytes) {
+  const std::size_t broadcast = slots.broadcast;
+  bool on_device = slots.receive_on_device;
   chunk_bytes_ = chunk_bytes;
+  first_direct_ = slots.first_direct;
+  slot_bytes_ = slots.slot_bytes;
   // The broadcast slots first: the receive slots can do without the GPU, they cannot.
   if (broadcast * chunk_bytes > broadcast_bytes_) {
     if (broadcast_) retired_device_.push_back(broadcast_);
-    auto slots = memory_->allocate(broadcast * chunk_bytes);
-    if (!slots) return "cannot allocate device broadcast slots: " + slots.error().message();
-    broadcast_ = *slots;
+    auto taken = memory_->allocate(broadcast * chunk_bytes);
+    if (!taken) return "cannot allocate device broadcast slots: " + taken.error().message();
+    broadcast_ = *taken;
     broadcast_bytes_ = broadcast * chunk_bytes;
   }
-  const std::size_t bytes = receive * chunk_bytes;
+  const std::size_t bytes = slots.receive_bytes(chunk_bytes);
   on_device = on_device && !device_refused_;
   if (bytes > bytes_ || (bytes > 0 && on_device != this->on_device())) {
     auto why = allocate(bytes, on_device);
@@ -88,8 +93,9 @@ void worker_staging::rekey() {
 }
 
 buffer_ref worker_staging::receive_slot(std::uint32_t slot, std::uint64_t bytes) const {
-  const std::uint64_t offset = std::uint64_t{slot} * chunk_bytes_;
+  const std::uint64_t offset = worker_slots::offset_of(slot, first_direct_, slot_bytes_, chunk_bytes_);
   std::byte* base = device_ ? device_ : host_.data();
+  bytes = std::min(bytes, slot < first_direct_ ? slot_bytes_ : chunk_bytes_);
   return {.bytes = {base + offset, bytes}, .region = *region_, .offset = offset,
           .device = device_ ? memory_->device() : -1};
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/member_memory.hpp"
 #include "collectives/broadcast.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/environment.hpp"
@@ -33,17 +34,20 @@ class worker_staging {
   worker_staging(const worker_staging&) = delete;
   worker_staging& operator=(const worker_staging&) = delete;
 
-  /// At least `receive` receive slots of `chunk_bytes` (on the GPU when `on_device` and they fit
-  /// there, else in host memory), and `broadcast` broadcast slots on the GPU. Says what failed,
-  /// or nothing.
-  std::optional<std::string> prepare(std::size_t receive, std::size_t broadcast, std::uint64_t chunk_bytes, bool on_device);
+  /// At least `slots`' receive slots (on the GPU when `slots.receive_on_device` and they fit
+  /// there, else in host memory) and its broadcast slots on the GPU, for chunks of up to
+  /// `chunk_bytes`. Says what failed, or nothing.
+  std::optional<std::string> prepare(const worker_slots& slots, std::uint64_t chunk_bytes);
   /// The receive slots' region, as trainers write into it; none before `prepare`.
   const std::optional<region_desc>& region() const { return region_; }
+  /// Bytes of each receive slot below the direct ones (worker_slots::slot_bytes).
+  std::uint64_t slot_bytes() const { return slot_bytes_; }
   /// Whether the receive slots are on the GPU (no host byte to hash, no upload).
   bool on_device() const { return device_ != nullptr; }
   /// Whether every write an older key let in has ended.
   bool settled() const { return settled_; }
-  /// `bytes` of receive slot `slot`, as a collective sees it (region and offset, or device).
+  /// `bytes` of receive slot `slot` (at most the slot's), as a collective sees it (region and
+  /// offset, or device).
   buffer_ref receive_slot(std::uint32_t slot, std::uint64_t bytes) const;
   /// `bytes` of broadcast slot `slot` on the GPU.
   buffer_ref broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const;
@@ -60,6 +64,8 @@ class worker_staging {
   device_memory* memory_;
   std::function<void()> on_settled_;
   std::uint64_t chunk_bytes_ = 0;
+  std::uint32_t first_direct_ = 0;  ///< receive slots below it are `slot_bytes_` (worker_slots)
+  std::uint64_t slot_bytes_ = 0;
   host_buffer host_;                 ///< receive slots in host memory
   std::byte* device_ = nullptr;      ///< receive slots on the GPU
   std::size_t bytes_ = 0;            ///< of the receive slots

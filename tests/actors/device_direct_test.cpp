@@ -14,9 +14,9 @@
 #include "actors/coordinator.hpp"
 #include "actors/rollout_worker.hpp"
 #include "actors/trainer_shard.hpp"
-#include "collectives/host/chain_broadcast.hpp"
 #include "runtime/node.hpp"
 #include "runtime/virtual_environment.hpp"
+#include "tests/actors/memory_collective.hpp"
 #include "tests/actors/virtual_device.hpp"
 #include "transport/inproc/inproc_transport.hpp"
 
@@ -88,7 +88,7 @@ class device_direct : public ::testing::Test {
                        reads_trainer ? std::vector{trainer_gpu} : std::vector<std::string>{}, elsewhere ? 8 : 7);
     workers.push_back(std::make_unique<rollout_worker>(
         host, 1, address{0, 1}, instance, rank, std::vector<tensor_ref>{t},
-        worker_options{.memory = &device, .make_broadcast = host_chain(chain_tag)}));
+        worker_options{.memory = &device, .make_broadcast = collectives}));
     workers.back()->join();
     return *workers.back();
   }
@@ -125,6 +125,7 @@ class device_direct : public ::testing::Test {
   std::unique_ptr<trainer_shard> trainer;
   node_id trainer_node = 0;
   std::vector<std::unique_ptr<std::vector<std::byte>>> held;
+  broadcast_factory collectives = testing::memory_collectives();
   std::vector<std::unique_ptr<rollout_worker>> workers;
   std::vector<version_report> reports;
   std::string failure;
@@ -282,6 +283,22 @@ TEST_F(device_direct, without_gpudirect_a_worker_on_another_host_gets_the_host_c
   EXPECT_GT(reports.back().busy.upload, 0);
   EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 0u);
   EXPECT_EQ(devices.back()->allocated, broadcast_slots) << "receive slots on a GPU no write reaches";
+  coordinator->stop_job();
+}
+
+/// Every member of an instance on GPUs leads a stripe; written into host memory (no GPUDirect), each
+/// leader's receive slots hold its stripe alone, which it uploads into the chunk's place.
+TEST_F(device_direct, gpu_leaders_receiving_in_host_memory_hold_and_upload_their_stripe_alone) {
+  start({3});
+  add_trainer();
+  for (std::uint32_t r = 0; r < 3; ++r) add_worker(0, r, false, 0, 1024, true);
+
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    ASSERT_TRUE(deliver(v)) << failure;
+    EXPECT_TRUE(reports.back().verified);
+    for (std::size_t w = 0; w < 3; ++w) EXPECT_TRUE(holds_published(w)) << "worker " << w << ", version " << v;
+  }
+  EXPECT_EQ(coordinator->current_plan()->instances[0].leaders.size(), 3u);
   coordinator->stop_job();
 }
 

@@ -69,10 +69,25 @@ TEST(member_memory, workers_on_gpus_hold_their_tensors_and_broadcast_slots_there
 
 TEST(member_memory, a_worker_with_rdma_receives_on_its_gpu) {
   const auto p = plan_of(synthetic_transformer(4 << 20), true);
-  const auto slots = worker_slots::of(p, true, true, true, false);
+  const auto slots = worker_slots::of(p, {.leader = true, .stripes = 3, .on_device = true, .rdma = true});
   EXPECT_TRUE(slots.receive_on_device);
   EXPECT_EQ(slots.receive(), 2u * 3);
-  EXPECT_EQ(worker_slots::of(p, false, false, false, true).receive(), 3u + worker_slots::direct_count(3));
+  EXPECT_EQ(slots.slot_bytes, chunk) << "the instance gathers in the receive slots: whole chunks";
+  const auto follower = worker_slots::of(p, {.hears_directly = true});
+  EXPECT_EQ(follower.receive(), 3u + worker_slots::direct_count(3));
+  EXPECT_EQ(follower.receive_bytes(chunk), follower.receive() * chunk);
+}
+
+TEST(member_memory, a_gpu_leader_receiving_in_host_memory_keeps_just_its_stripe_per_slot) {
+  const auto p = plan_of(synthetic_transformer(4 << 20), true);
+  const auto slots = worker_slots::of(p, {.leader = true, .stripes = 4, .on_device = true, .hears_directly = true});
+  EXPECT_FALSE(slots.receive_on_device);
+  EXPECT_EQ(slots.slot_bytes, chunk / 4);
+  EXPECT_TRUE(worker_slots::stripe_only(slots.slot_bytes, chunk));
+  EXPECT_EQ(slots.receive_bytes(chunk), 2 * 3 * (chunk / 4) + worker_slots::direct_count(3) * chunk);
+  // The direct slots, of whole chunks, follow the stripe slots.
+  EXPECT_EQ(worker_slots::offset_of(5, slots.first_direct, slots.slot_bytes, chunk), 5 * (chunk / 4));
+  EXPECT_EQ(worker_slots::offset_of(7, slots.first_direct, slots.slot_bytes, chunk), 6 * (chunk / 4) + chunk);
 }
 
 }  // namespace
