@@ -55,8 +55,9 @@ worker_slots worker_slots::of(const plan& job, const worker_role& role) {
   s.direct = role.hears_directly ? direct_count(job.depth) : 0;
   s.broadcast = role.on_device ? job.depth : 0;
   s.receive_on_device = role.on_device && role.rdma && job.p2p != p2p_mode::host;
-  // A leader on a GPU with host receive slots uploads its stripe; the collective runs on the GPU.
-  const bool uploads_stripe = role.leader && role.on_device && !s.receive_on_device && role.stripes > 1;
+  // A leader of several on a GPU copies its stripe into a broadcast slot, where the instance
+  // gathers the chunk: its receive slots (in host memory, or on the GPU) need hold no more.
+  const bool uploads_stripe = role.leader && role.on_device && role.stripes > 1;
   s.slot_bytes = uploads_stripe ? stripe_of(job.chunk_bytes, role.stripes, 0).bytes : job.chunk_bytes;
   return s;
 }

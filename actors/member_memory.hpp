@@ -39,8 +39,8 @@ struct worker_slots {
   /// Receive slots before the direct ones: a leader's `depth` per trainer shard, a host
   /// follower's broadcast slots (a follower on a GPU has its broadcast slots there).
   std::uint32_t first_direct = 0;
-  /// Bytes of each of those: a chunk's, or where a leader on a GPU receives in host memory and
-  /// uploads its stripe, just the largest stripe (at the slot's start: `stripe_only`).
+  /// Bytes of each of those: a chunk's, or where one of several leaders on a GPU copies its
+  /// stripe into a broadcast slot, just the largest stripe (at the slot's start: `stripe_only`).
   std::uint64_t slot_bytes = 0;
   /// Slots granted to any trainer for chunks the worker's instance does not hear whole.
   std::uint32_t direct = 0;

@@ -610,10 +610,12 @@ void rollout_worker::deliver(const std::shared_ptr<generation>& g, const std::sh
   const auto& c = plan->job->chunks.at(w.chunk);
   auto d = std::make_shared<delivery>(delivery{.g = g, .w = std::move(w), .shard = plan->job->shards.at(c.shard)});
   // Where the instance's collective runs: a leader's receive slot where it lies where the
-  // collective runs (host memory on a host, the GPU where trainers write there), else a broadcast
-  // slot, into which a device leader uploads its stripe.
+  // collective runs and holds the whole chunk's layout (host memory on a host, the GPU where
+  // trainers write there), else a broadcast slot, into which a device leader uploads its stripe.
   const auto& mine = d->w.mine;
-  const bool upload = mine && on_device() && (d->w.source || !staging_.on_device());
+  const bool gathers_in_slot =
+      staging_.on_device() && !worker_slots::stripe_only(staging_.slot_bytes(), plan->job->chunk_bytes);
+  const bool upload = mine && on_device() && (d->w.source || !gathers_in_slot);
   if (mine && !upload) {
     d->target = staging_.receive_slot(mine->slot, c.bytes);
     d->slot_until_applied = true;

@@ -302,6 +302,25 @@ TEST_F(device_direct, gpu_leaders_receiving_in_host_memory_hold_and_upload_their
   coordinator->stop_job();
 }
 
+/// The same written into the GPUs by GPUDirect: each leader's slots there hold its stripe alone,
+/// which it copies into a broadcast slot for the gather.
+TEST_F(device_direct, gpu_leaders_written_by_gpudirect_hold_their_stripe_alone) {
+  start({3}, p2p_mode::automatic, true);
+  add_trainer();
+  for (std::uint32_t r = 0; r < 3; ++r) add_worker(0, r, false, 0, 1024, true);
+
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    ASSERT_TRUE(deliver(v)) << failure;
+    EXPECT_TRUE(reports.back().verified);
+    for (std::size_t w = 0; w < 3; ++w) EXPECT_TRUE(holds_published(w)) << "worker " << w << ", version " << v;
+  }
+  EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 3u);
+  // Each leader's GPU: its broadcast slots, and a stripe (a third of a chunk) per receive slot.
+  const std::size_t stripe_slots = 2 * stripe_of(16384, 3, 0).bytes;
+  for (std::size_t d = 1; d < devices.size(); ++d) EXPECT_EQ(devices[d]->allocated, broadcast_slots + stripe_slots);
+  coordinator->stop_job();
+}
+
 /// A GPU without room for the receive slots keeps them in host memory: written there and uploaded.
 TEST_F(device_direct, receive_slots_that_do_not_fit_the_gpu_stay_in_host_memory) {
   start({1}, p2p_mode::automatic, true);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "actors/synthetic_model.hpp"
+#include "collectives/broadcast.hpp"
 
 namespace ferry {
 namespace {
@@ -69,10 +70,12 @@ TEST(member_memory, workers_on_gpus_hold_their_tensors_and_broadcast_slots_there
 
 TEST(member_memory, a_worker_with_rdma_receives_on_its_gpu) {
   const auto p = plan_of(synthetic_transformer(4 << 20), true);
-  const auto slots = worker_slots::of(p, {.leader = true, .stripes = 3, .on_device = true, .rdma = true});
+  const auto slots = worker_slots::of(p, {.leader = true, .stripes = 1, .on_device = true, .rdma = true});
   EXPECT_TRUE(slots.receive_on_device);
   EXPECT_EQ(slots.receive(), 2u * 3);
-  EXPECT_EQ(slots.slot_bytes, chunk) << "the instance gathers in the receive slots: whole chunks";
+  EXPECT_EQ(slots.slot_bytes, chunk) << "a lone leader broadcasts from its receive slots: whole chunks";
+  const auto striped = worker_slots::of(p, {.leader = true, .stripes = 3, .on_device = true, .rdma = true});
+  EXPECT_EQ(striped.slot_bytes, stripe_of(chunk, 3, 0).bytes) << "one of three copies its stripe out to gather";
   const auto follower = worker_slots::of(p, {.hears_directly = true});
   EXPECT_EQ(follower.receive(), 3u + worker_slots::direct_count(3));
   EXPECT_EQ(follower.receive_bytes(chunk), follower.receive() * chunk);
