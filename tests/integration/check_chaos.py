@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs `ferry chaos ... --json` and checks its verdict: exit 0, verified, every version delivered,
-rollout processes really killed (leaders among them) and replaced, a regroup for each kill. Prints
-the command's output on failure."""
+rollout processes really killed (leaders among them) and replaced, a regroup for each kill, none
+waiting for a timeout. Prints the command's output on failure."""
 import sys
 
 from job_verdict import exit_on_failures, run_job
@@ -19,6 +19,10 @@ if verdict:
     # A kill is a regroup; a join is one too, unless it merged with another change.
     if verdict.get("regroups", 0) < kills:
         failures.append(f"regroups {verdict.get('regroups')} < kills {kills}")
+    # Deaths are seen when a link ends, not at the heartbeat's timeout (10 s) or a stall
+    # detector's: every regroup well within either, however loaded the machine.
+    if verdict.get("regroup_ms_max", 0) > 2000:
+        failures.append(f"a regroup took {verdict['regroup_ms_max']:.0f} ms: a death noticed by a timeout")
     if "--instance-rate" in command and (verdict.get("instance_joins", 0) < 1 or verdict.get("instance_leaves", 0) < 1):
         failures.append(f"no elastic rollout to speak of: {verdict.get('instance_joins')} instances joined, "
                         f"{verdict.get('instance_leaves')} left")

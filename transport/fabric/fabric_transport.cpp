@@ -1363,7 +1363,9 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     const int handled = drain();
     if (!running) return;
     if (handled > 0) active_until = std::chrono::steady_clock::now() + active_window;
-    if (handled > 0 || busy())
+    // Quiet turns back the polling off, work in flight or not: with a wait fd, the fd wakes us
+    // for what it covers, and the timer for what it may not (rxm's connection set-up).
+    if (handled > 0 || (busy() && !wait_fd))
       idle_streak = 0;
     else if (idle_streak < 16)
       ++idle_streak;
@@ -1387,7 +1389,7 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
             self_->pumping = false;
             return;
           }
-          if (!self_->hot()) {
+          if (!self_->hot() || self_->arm_wait_fd()) {
             self_->pumping = false;
             self_->rearm();  // back to the wait fd or the backing-off timer
             return;
@@ -1405,31 +1407,34 @@ struct fabric_transport::impl : std::enable_shared_from_this<impl> {
     });
   }
 
+  /// Sleeps on the wait fd when the provider says that is safe (fi_trywait: nothing moves until
+  /// the fd fires), work in flight or not; false when it is not, or there is no fd.
+  bool arm_wait_fd() {
+    if (!wait_fd) return false;
+    if (fd_armed) return true;
+    if (fid * fids[1] = {&cq->fid}; fi_trywait(fabric, fids, 1) != FI_SUCCESS) return false;
+    fd_armed = true;
+    wait_fd->async_wait(asio::posix::stream_descriptor::wait_read,
+                        [weak = weak_from_this()](const boost::system::error_code& ec) {
+                          auto self_ = weak.lock();
+                          if (!self_ || ec == asio::error::operation_aborted) return;
+                          self_->fd_armed = false;
+                          // Bytes are arriving: a large write streams in long before its
+                          // completion, and moves only while we poll.
+                          self_->active_until = std::chrono::steady_clock::now() + active_window;
+                          self_->kick();
+                        });
+    return true;
+  }
+
   void rearm() {
-    if (hot()) return start_pump();
-    bool fd_ok = false;
-    if (wait_fd) {
-      if (fd_armed) {
-        fd_ok = true;
-      } else if (fid * fids[1] = {&cq->fid}; fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
-        fd_armed = true;
-        fd_ok = true;
-        wait_fd->async_wait(asio::posix::stream_descriptor::wait_read,
-                            [weak = weak_from_this()](const boost::system::error_code& ec) {
-                              auto self_ = weak.lock();
-                              if (!self_ || ec == asio::error::operation_aborted) return;
-                              self_->fd_armed = false;
-                              // Bytes are arriving: a large write streams in long before its
-                              // completion, and moves only while we poll.
-                              self_->active_until =
-                                  std::chrono::steady_clock::now() + active_window;
-                              self_->kick();
-                            });
-      }
-    }
-    // Idle: sleep on the fd; without one (or while fi_trywait says events are pending), poll
-    // on a timer that backs off as the transport stays idle.
-    if (fd_ok && idle_streak > 0) return;
+    // Progress runs continuously while work is in flight, unless the provider lets us sleep on
+    // its fd: a core spinning for every busy process starves the others on a shared host.
+    const bool fd_ok = arm_wait_fd();
+    if (hot() && !fd_ok) return start_pump();
+    // Idle: sleep on the fd alone; with work in flight, or without an fd (or while fi_trywait
+    // says events are pending), also poll on a timer that backs off while nothing happens.
+    if (fd_ok && idle_streak > 0 && !busy()) return;
     arm_timer(std::min(first_idle_poll * (1u << std::min(idle_streak, 8u)), idle_interval));
   }
 
