@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "cli/commands.hpp"
+#include "cli/footprint.hpp"
 #include "cli/interrupt.hpp"
 #include "cli/job.hpp"
 #include "cli/launch.hpp"
@@ -36,6 +37,7 @@ struct chaos_flags {
   double kill_rate = 0.5;
   double instance_rate = 0;  ///< chance per update that a new instance joins or one leaves
   double update_bound_s = 30;  ///< an update, or the job's silence, longer than this is a hang
+  bool footprint = false;  ///< sample every process at a tenth of the versions and at the last
 };
 
 /// The tally of a run, and its verdict.
@@ -166,6 +168,7 @@ class process_chaos {
   std::mt19937_64 rng_;
   std::uniform_real_distribution<double> coin_{0, 1};
   chaos_tally tally_;
+  footprint_log footprints_;
   std::set<std::uint64_t> chanced_;
   std::vector<node_id> leaders_;  ///< as the coordinator's last update or regroup named them
   nlohmann::json verdict_ = nlohmann::json::object();  ///< the coordinator's summary, when it gives one
@@ -308,7 +311,15 @@ void process_chaos::follow() {
       break;
     }
     const auto kind = e.value("event", "");
-    if (kind == "delivered") tally_.slowest_update_s = std::max(tally_.slowest_update_s, e.value("seconds", 0.0));
+    if (kind == "delivered") {
+      tally_.slowest_update_s = std::max(tally_.slowest_update_s, e.value("seconds", 0.0));
+      const auto version = e.value("version", 0ull);
+      if (f_.footprint && (version == std::max<std::uint64_t>(job_.versions / 10, 1) || version == job_.versions)) {
+        auto processes = names_;
+        processes[coordinator_pid_] = "coordinator";
+        footprints_.sample(processes);
+      }
+    }
     if (kind == "regroup") {
       tally_.leader_kills_mid_update += e.value("leaders_lost_mid_update", 0u);
       const auto reason = e.value("reason", std::string{});
@@ -366,6 +377,7 @@ nlohmann::json process_chaos::finish() {
                      {"update_seconds_max", tally_.slowest_update_s},
                      {"update_bound_seconds", f_.update_bound_s},
                      {"seed", f_.seed}};
+  if (footprints_.complete()) out["footprint"] = footprints_.to_json();
   if (!tally_.crash.empty()) {
     out["error"] = tally_.crash;
   } else if (!tally_.hang.empty()) {
@@ -424,6 +436,9 @@ void add_chaos(CLI::App& app, command_table& commands) {
                     "chance per update that a new instance of --workers joins or (two or more left) one leaves")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
+  chaos->add_flag("--footprint", xf->footprint,
+                  "each process's resident memory and open files when a tenth of the versions are delivered and "
+                  "when the last is (JSON: footprint)");
   chaos->add_flag("--virtual", xf->virtual_time,
                   "the whole job in this process on virtual time, faults at seeded moments (deterministic)");
   commands[chaos] = [xf, chaos] { return xf->virtual_time ? run_virtual_chaos(*xf, *chaos) : run_chaos(*xf); };
