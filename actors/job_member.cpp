@@ -98,6 +98,11 @@ void job_member::fail(const std::string& reason) {
   if (on_failed) on_failed(reason);
 }
 
+void job_member::fail_job(const std::string& reason) {
+  send(coordinator_, participant_error{.reason = name() + ": " + reason});
+  fail(reason);
+}
+
 void job_member::beat() {
   heartbeat_timer_ = host().clock().async_wait(heartbeat_interval_, [this](std::error_code ec) {
     if (ec || stopped_ || failed_) return;

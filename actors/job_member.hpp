@@ -69,6 +69,9 @@ class job_member : public actor {
   void link_to(const std::vector<peer_entry>& peers);
   /// Fails this member once: logs, calls `failing()`, then `on_failed`.
   void fail(const std::string& reason);
+  /// Fails the job for `reason`, which no regroup mends (corrupted bytes, memory the host does
+  /// not have): the coordinator is told, then this member fails.
+  void fail_job(const std::string& reason);
   /// "trainer shard 1", "worker 0.2": the member in log lines.
   virtual std::string name() const = 0;
   /// The member's own part of stopping or failing: wake its fibers that wait on credits, so

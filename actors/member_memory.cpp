@@ -17,6 +17,14 @@ std::vector<std::uint64_t> audience_bytes(const plan& job) {
   return bytes;
 }
 
+/// `bytes` in the unit that reads best: "1.50 GiB", "12.0 MiB", "4096 bytes".
+std::string size_text(std::uint64_t bytes) {
+  const auto in = [bytes](unsigned shift) { return static_cast<double>(bytes) / static_cast<double>(1ull << shift); };
+  if (bytes >= (1ull << 30)) return fmt::format("{:.2f} GiB", in(30));
+  if (bytes >= (1ull << 20)) return fmt::format("{:.1f} MiB", in(20));
+  return fmt::format("{} bytes", bytes);
+}
+
 const device_place& place_of(const instance_plan& inst, std::size_t rank) {
   static const device_place host;
   return inst.places.empty() ? host : inst.places[rank];
@@ -84,8 +92,8 @@ member_memory worker_memory(const plan& job, const instance_plan& inst, std::siz
 std::optional<std::string> beyond_host(platform& host, std::uint64_t bytes, std::string_view what) {
   const auto available = host.available_host_memory();
   if (!available || bytes <= *available) return std::nullopt;
-  return fmt::format("{} need {:.2f} GiB of host memory, and this host has {:.2f} GiB available", what,
-                     static_cast<double>(bytes) / (1ull << 30), static_cast<double>(*available) / (1ull << 30));
+  return fmt::format("{} need {} of host memory, and this host has {} available", what, size_text(bytes),
+                     size_text(*available));
 }
 
 job_memory memory_of(const plan& job, const std::function<void(const address&, const member_memory&)>& each) {

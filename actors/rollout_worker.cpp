@@ -138,11 +138,6 @@ void rollout_worker::halting() {
   if (gen_) gen_->credits->release();
 }
 
-void rollout_worker::corrupted(const std::string& reason) {
-  send(coordinator_, participant_error{.reason = reason});
-  fail(reason);
-}
-
 void rollout_worker::adopt_plan(const plan_ready& m) {
   link_to(m.peers);
   const auto it = std::find_if(m.plan.instances.begin(), m.plan.instances.end(),
@@ -191,7 +186,7 @@ void rollout_worker::adopt_plan(const plan_ready& m) {
     if (w != self()) others_.push_back(w);
   }
 
-  if (auto why = prepare_staging(static_cast<std::uint32_t>(inst.leaders.size()))) return fail(*why);
+  if (auto why = prepare_staging(static_cast<std::uint32_t>(inst.leaders.size()))) return fail_job(*why);
   start_generation(members, stripe, static_cast<std::uint32_t>(inst.leaders.size()));
 }
 
@@ -499,7 +494,7 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
         auto in_place = sources_.chunk(m, c.bytes, why);
         // A trainer that died is the coordinator's to detect; the regroup resends what is missing.
         if (!in_place && in_place.error() == errc::stopped) return;
-        if (!in_place) return corrupted(name() + ": " + why);
+        if (!in_place) return fail_job(why);
         if (!current(g)) return;
         device_bytes = in_place->on_device;
         if (on_device()) {  // uploaded straight from there
@@ -514,10 +509,9 @@ void rollout_worker::serve(std::shared_ptr<generation> g) {
       }
       if (!device_bytes && !checksum_ok(stripe, w->mine->meta.checksum)) {
         if (!current(g)) return;  // the new epoch may already be writing this slot
-        return corrupted("leader " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                         ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
-                         std::to_string(w->version) + " from trainer shard " + std::to_string(c.shard) + " (node " +
-                         std::to_string(plan->job->shards.at(c.shard).node) + ")");
+        return fail_job("checksum mismatch in its stripe (as a leader) of chunk " + std::to_string(c.id) +
+                        " of version " + std::to_string(w->version) + " from trainer shard " +
+                        std::to_string(c.shard) + " (node " + std::to_string(plan->job->shards.at(c.shard).node) + ")");
       }
       if (!current(g)) return;
     }
@@ -544,13 +538,13 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
       std::string why;
       auto in_place = sources_.chunk(r.meta, c.bytes, why);
       if (!in_place && in_place.error() == errc::stopped) return;  // the regroup resends what is missing
-      if (!in_place) return corrupted(name() + ": " + why);
+      if (!in_place) return fail_job(why);
       if (!current(g)) return;
       source = std::move(in_place->copy);
       bytes = in_place->bytes;
       device_bytes = in_place->on_device;
       // Every member that hears a chunk read GPU to GPU reads it itself: no write carries it on.
-      if (device_bytes && !r.meta.relay.empty()) return corrupted(name() + ": a chunk read GPU to GPU came with a chain to relay it along");
+      if (device_bytes && !r.meta.relay.empty()) return fail_job("a chunk read GPU to GPU came with a chain to relay it along");
     }
     // The slot is free again once the chunk is applied here and, in a chain, relayed onward.
     auto uses = std::make_shared<int>(r.meta.relay.empty() ? 1 : 2);
@@ -564,9 +558,8 @@ void rollout_worker::serve_direct(std::shared_ptr<generation> g) {
     if (!r.meta.relay.empty()) relay(g, r.meta, bytes, release);
     if (!device_bytes && !checksum_ok(bytes, r.meta.checksum)) {
       if (!current(g)) return;  // the new epoch may already be writing this slot
-      return corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                       ": checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
-                       std::to_string(r.meta.version) + " from trainer shard " + std::to_string(c.shard));
+      return fail_job("checksum mismatch in chunk " + std::to_string(c.id) + " of version " +
+                      std::to_string(r.meta.version) + " from trainer shard " + std::to_string(c.shard));
     }
     if (!current(g)) return;
     ++in_flight_;
@@ -678,9 +671,8 @@ void rollout_worker::collect(std::shared_ptr<delivery> d) {
         [this, d, check, bytes] {
           if (!current(d->g)) return end_delivery(*d, false);  // the new epoch may already be writing this slot
           if (check && d->actual != d->w.checksum) {
-            corrupted("worker " + std::to_string(instance_) + "." + std::to_string(rank_) +
-                      ": checksum mismatch in chunk " + std::to_string(d->w.chunk) + " of version " +
-                      std::to_string(d->w.version) + " from the instance's collective");
+            fail_job("checksum mismatch in chunk " + std::to_string(d->w.chunk) + " of version " +
+                     std::to_string(d->w.version) + " from the instance's collective");
             return end_delivery(*d, false);
           }
           apply(*d->w.plan, d->w.version, d->w.chunk, bytes, [this, d] { end_delivery(*d, true); });

@@ -224,7 +224,6 @@ class rollout_worker final : public job_member {
              std::function<void()> done);
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
   bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
-  void corrupted(const std::string& reason);
   /// One of `in_flight_` ended. Only a new epoch waits on them, for none left: the fibers hear of
   /// the last one, not of each (a worker ends hundreds of thousands in a simulated update).
   void ended_in_flight() {

@@ -149,7 +149,7 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   }
   plan_ = std::move(next);
   const auto& job = *plan_->job;
-  if (auto why = copies_.prepare(job.shard_bytes[shard_], job.copies_of(shard_), job.shared_host_copies)) return fail(*why);
+  if (auto why = copies_.prepare(job.shard_bytes[shard_], job.copies_of(shard_), job.shared_host_copies)) return fail_job(*why);
   // Host copies made only now, for workers that do not read GPU to GPU: they get the versions
   // held so far from the device copies.
   for (auto* copy : copies_.missing_from_host()) {

@@ -5,6 +5,7 @@
 /// event (the trace's digest says so).
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <set>
 
 #include "runtime/clock.hpp"
@@ -43,6 +44,8 @@ class virtual_environment final : public environment {
   /// Process `pid` is gone from now on (`platform().process_alive` says so): a virtual run's
   /// stand-in for a killed process whose resources (shared memory) other members named.
   void end_process(std::int32_t pid) { platform_.ended.insert(pid); }
+  /// What `platform().available_host_memory` says from now on (nothing: unknown).
+  void limit_host_memory(std::optional<std::uint64_t> bytes) { platform_.available = bytes; }
 
  private:
   class inline_executor final : public executor {
@@ -65,8 +68,10 @@ class virtual_environment final : public environment {
     /// Refused: a virtual run must not block on a real resource.
     void async_blocking(std::function<std::error_code()>,
                         std::function<void(std::error_code)> done) override;
+    std::optional<std::uint64_t> available_host_memory() override { return available; }
 
     std::set<std::int32_t> ended;
+    std::optional<std::uint64_t> available;
 
    private:
     event_loop& loop_;

@@ -321,6 +321,17 @@ TEST_F(device_direct, gpu_leaders_written_by_gpudirect_hold_their_stripe_alone) 
   coordinator->stop_job();
 }
 
+/// A member refuses memory the host does not have, naming it, rather than being killed for it.
+TEST_F(device_direct, a_trainer_refuses_host_copies_beyond_what_the_host_has) {
+  env.limit_host_memory(model_bytes);  // less than the two host copies a worker elsewhere needs
+  start({1});
+  add_trainer();
+  add_worker(0, 0, false, 0, 1024, true);
+
+  EXPECT_FALSE(deliver(1));
+  EXPECT_NE(failure.find("the host copies need"), std::string::npos) << failure;
+}
+
 /// A GPU without room for the receive slots keeps them in host memory: written there and uploaded.
 TEST_F(device_direct, receive_slots_that_do_not_fit_the_gpu_stay_in_host_memory) {
   start({1}, p2p_mode::automatic, true);
