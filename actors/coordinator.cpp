@@ -208,6 +208,9 @@ void job_coordinator::readmit(const address& who) {
 
 void job_coordinator::lost(node_id node, const std::string& why) {
   if (stopping_ || failed_) return;
+  // A replacement comes with a node id of its own: what was kept per node would only grow.
+  regions_.forget(node);
+  members_.last_seen.erase(node);
   for (auto it = members_.trainers.begin(); it != members_.trainers.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto shard = it->first;

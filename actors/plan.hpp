@@ -214,6 +214,8 @@ class region_budget {
   /// Records `region` offered by `peer` in `epoch`; refuses, saying why, one region too many.
   result<void> offer(node_id peer, std::uint32_t epoch, const region_desc& region, const job_limits& limits,
                      std::string& why);
+  /// Drops what `peer` offered: it left the job.
+  void forget(node_id peer) { offered_.erase(peer); }
 
  private:
   struct offers {
