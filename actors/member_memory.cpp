@@ -19,7 +19,9 @@ std::vector<std::uint64_t> audience_bytes(const plan& job) {
 
 /// `bytes` in the unit that reads best: "1.50 GiB", "12.0 MiB", "4096 bytes".
 std::string size_text(std::uint64_t bytes) {
-  const auto in = [bytes](unsigned shift) { return static_cast<double>(bytes) / static_cast<double>(1ull << shift); };
+  const auto in = [bytes](unsigned shift) {
+    return static_cast<double>(bytes) / static_cast<double>(1ull << shift);
+  };
   if (bytes >= (1ull << 30)) return fmt::format("{:.2f} GiB", in(30));
   if (bytes >= (1ull << 20)) return fmt::format("{:.1f} MiB", in(20));
   return fmt::format("{} bytes", bytes);
@@ -42,11 +44,12 @@ member_memory worker_memory(const plan& job, const instance_plan& inst, std::siz
   }
   const auto& place = place_of(inst, rank);
   const auto slots = worker_slots::of(
-      job, {.leader = std::find(inst.leaders.begin(), inst.leaders.end(), rank) != inst.leaders.end(),
-            .stripes = static_cast<std::uint32_t>(std::max<std::size_t>(inst.leaders.size(), 1)),
-            .on_device = !place.gpu.empty(),
-            .rdma = place.rdma,
-            .hears_directly = hears_directly});
+      job,
+      {.leader = std::find(inst.leaders.begin(), inst.leaders.end(), rank) != inst.leaders.end(),
+       .stripes = static_cast<std::uint32_t>(std::max<std::size_t>(inst.leaders.size(), 1)),
+       .on_device = !place.gpu.empty(),
+       .rdma = place.rdma,
+       .hears_directly = hears_directly});
   member_memory m;
   (place.gpu.empty() ? m.host : m.device) += received;
   (slots.receive_on_device ? m.device : m.host) += slots.receive_bytes(job.chunk_bytes);
@@ -58,15 +61,16 @@ member_memory worker_memory(const plan& job, const instance_plan& inst, std::siz
 
 worker_slots worker_slots::of(const plan& job, const worker_role& role) {
   worker_slots s;
-  s.first_direct =
-      role.leader ? static_cast<std::uint32_t>(job.shards.size()) * job.depth : (role.on_device ? 0 : job.depth);
+  s.first_direct = role.leader ? static_cast<std::uint32_t>(job.shards.size()) * job.depth
+                               : (role.on_device ? 0 : job.depth);
   s.direct = role.hears_directly ? direct_count(job.depth) : 0;
   s.broadcast = role.on_device ? job.depth : 0;
   s.receive_on_device = role.on_device && role.rdma && job.p2p != p2p_mode::host;
   // A leader of several on a GPU copies its stripe into a broadcast slot, where the instance
   // gathers the chunk: its receive slots (in host memory, or on the GPU) need hold no more.
   const bool uploads_stripe = role.leader && role.on_device && role.stripes > 1;
-  s.slot_bytes = uploads_stripe ? stripe_of(job.chunk_bytes, role.stripes, 0).bytes : job.chunk_bytes;
+  s.slot_bytes =
+      uploads_stripe ? stripe_of(job.chunk_bytes, role.stripes, 0).bytes : job.chunk_bytes;
   return s;
 }
 
@@ -92,11 +96,12 @@ member_memory worker_memory(const plan& job, const instance_plan& inst, std::siz
 std::optional<std::string> beyond_host(platform& host, std::uint64_t bytes, std::string_view what) {
   const auto available = host.available_host_memory();
   if (!available || bytes <= *available) return std::nullopt;
-  return fmt::format("{} need {} of host memory, and this host has {} available", what, size_text(bytes),
-                     size_text(*available));
+  return fmt::format("{} need {} of host memory, and this host has {} available", what,
+                     size_text(bytes), size_text(*available));
 }
 
-job_memory memory_of(const plan& job, const std::function<void(const address&, const member_memory&)>& each) {
+job_memory memory_of(const plan& job,
+                     const std::function<void(const address&, const member_memory&)>& each) {
   const auto most = [](member_memory& into, const member_memory& m) {
     into.host = std::max(into.host, m.host);
     into.device = std::max(into.device, m.device);
@@ -112,7 +117,8 @@ job_memory memory_of(const plan& job, const std::function<void(const address&, c
   for (const auto& inst : job.instances) {
     for (std::size_t r = 0; r < inst.workers.size(); ++r) {
       const auto m = worker_memory(job, inst, r, by_audience);
-      const bool leader = std::find(inst.leaders.begin(), inst.leaders.end(), r) != inst.leaders.end();
+      const bool leader =
+          std::find(inst.leaders.begin(), inst.leaders.end(), r) != inst.leaders.end();
       most(leader ? j.leader : j.follower, m);
       j.all += m;
       if (each) each(inst.workers[r], m);

@@ -27,9 +27,9 @@ struct member_memory {
 /// What a rollout worker is in a plan, as far as its staging goes.
 struct worker_role {
   bool leader = false;
-  std::uint32_t stripes = 1;  ///< its instance's leaders
-  bool on_device = false;     ///< its tensors are on a GPU
-  bool rdma = false;          ///< the transport writes into its GPU (GPUDirect RDMA)
+  std::uint32_t stripes = 1;    ///< its instance's leaders
+  bool on_device = false;       ///< its tensors are on a GPU
+  bool rdma = false;            ///< the transport writes into its GPU (GPUDirect RDMA)
   bool hears_directly = false;  ///< it hears chunks its instance does not hear whole
 };
 
@@ -44,7 +44,7 @@ struct worker_slots {
   std::uint64_t slot_bytes = 0;
   /// Slots granted to any trainer for chunks the worker's instance does not hear whole.
   std::uint32_t direct = 0;
-  std::uint32_t broadcast = 0;  ///< on the GPU, of a chunk each
+  std::uint32_t broadcast = 0;     ///< on the GPU, of a chunk each
   bool receive_on_device = false;  ///< trainers write into the GPU (GPUDirect RDMA)
 
   std::uint32_t receive() const { return first_direct + direct; }
@@ -56,13 +56,15 @@ struct worker_slots {
   /// Direct slots per worker that has any: enough to keep every trainer's writes going.
   static std::uint32_t direct_count(std::uint32_t depth) { return 4 * depth; }
   /// Where receive slot `slot` starts in a region laid out as above.
-  static std::uint64_t offset_of(std::uint32_t slot, std::uint32_t first_direct, std::uint64_t slot_bytes,
-                                 std::uint64_t chunk_bytes) {
+  static std::uint64_t offset_of(std::uint32_t slot, std::uint32_t first_direct,
+                                 std::uint64_t slot_bytes, std::uint64_t chunk_bytes) {
     if (slot < first_direct) return slot * slot_bytes;
     return first_direct * slot_bytes + std::uint64_t{slot - first_direct} * chunk_bytes;
   }
   /// Whether slots of `slot_bytes` hold a stripe at their start rather than the chunk's layout.
-  static bool stripe_only(std::uint64_t slot_bytes, std::uint64_t chunk_bytes) { return slot_bytes < chunk_bytes; }
+  static bool stripe_only(std::uint64_t slot_bytes, std::uint64_t chunk_bytes) {
+    return slot_bytes < chunk_bytes;
+  }
 };
 
 /// What trainer shard `shard` holds: its tensors and the copies the plan has it keep.
@@ -79,7 +81,8 @@ struct job_memory {
   member_memory trainer, leader, follower, all;
 };
 /// What the members of `job` hold; `each` (when given) sees every member's.
-job_memory memory_of(const plan& job,
-                     const std::function<void(const address& member, const member_memory&)>& each = {});
+job_memory memory_of(
+    const plan& job,
+    const std::function<void(const address& member, const member_memory&)>& each = {});
 
 }  // namespace ferry

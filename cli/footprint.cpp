@@ -19,7 +19,9 @@ std::optional<footprint> footprint_of(pid_t pid) {
     status.ignore(1 << 12, '\n');
   }
   std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir / "fd", ec), end; !ec && it != end; it.increment(ec)) ++f.fds;
+  for (std::filesystem::directory_iterator it(dir / "fd", ec), end; !ec && it != end;
+       it.increment(ec))
+    ++f.fds;
   if (ec) return std::nullopt;
   return f;
 }

@@ -13,15 +13,18 @@ namespace {
 /// plan keeps host copies, the most host memory a job of these members can need).
 device_place place_on(bool gpu, std::uint32_t index) {
   if (!gpu) return {};
-  return {.host = 1, .gpu = "gpu" + std::to_string(index), .reads = {"gpu" + std::to_string(index)}};
+  return {
+      .host = 1, .gpu = "gpu" + std::to_string(index), .reads = {"gpu" + std::to_string(index)}};
 }
 
-double gib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); }
+double gib(std::uint64_t bytes) {
+  return static_cast<double>(bytes) / (1ull << 30);
+}
 
 }  // namespace
 
-result<job_memory> expected_memory(std::span<const tensor_spec> model, const job_config& config, member_places places,
-                                   std::string& why) {
+result<job_memory> expected_memory(std::span<const tensor_spec> model, const job_config& config,
+                                   member_places places, std::string& why) {
   const std::vector<tensor_spec> table(model.begin(), model.end());
   plan_inputs in{.chunk_bytes = config.chunk_bytes,
                  .depth = config.depth,
@@ -44,15 +47,18 @@ result<job_memory> expected_memory(std::span<const tensor_spec> model, const job
       if (config.shard_rollout == rollout_sharding::none) continue;
       std::vector<tensor_spec> specs;
       std::vector<byte_range> parts;
-      for (const auto& t : rollout_share(table, config.shard_rollout, r, config.workers_per_instance)) {
+      for (const auto& t :
+           rollout_share(table, config.shard_rollout, r, config.workers_per_instance)) {
         specs.push_back(t.spec);
         parts.push_back(t.held());
       }
       selection s;
-      if (!check_worker_tensors(published, specs, parts, s, why)) return fail(errc::invalid_argument);
+      if (!check_worker_tensors(published, specs, parts, s, why))
+        return fail(errc::invalid_argument);
       if (!s.empty()) in.select(who, std::move(s));
     }
-    inst.leaders = choose_leaders(inst.workers, config.stripes, places.workers_on_gpus, std::nullopt);
+    inst.leaders =
+        choose_leaders(inst.workers, config.stripes, places.workers_on_gpus, std::nullopt);
     in.instances.push_back(std::move(inst));
   }
   auto p = make_plan(in, why);
@@ -60,16 +66,18 @@ result<job_memory> expected_memory(std::span<const tensor_spec> model, const job
   return memory_of(*p);
 }
 
-std::optional<std::string> refuse_beyond_host(std::span<const tensor_spec> model, const job_config& config,
-                                              member_places places) {
+std::optional<std::string> refuse_beyond_host(std::span<const tensor_spec> model,
+                                              const job_config& config, member_places places) {
   std::string why;
   const auto need = expected_memory(model, config, places, why);
   const auto available = available_host_memory();
   if (!need || !available || need->all.host <= *available) return std::nullopt;
   return fmt::format(
-      "the job needs {:.1f} GiB of host memory (each trainer shard up to {:.1f} GiB, each leader {:.1f}, "
+      "the job needs {:.1f} GiB of host memory (each trainer shard up to {:.1f} GiB, each leader "
+      "{:.1f}, "
       "each follower {:.1f}), and this host has {:.1f} GiB available",
-      gib(need->all.host), gib(need->trainer.host), gib(need->leader.host), gib(need->follower.host), gib(*available));
+      gib(need->all.host), gib(need->trainer.host), gib(need->leader.host),
+      gib(need->follower.host), gib(*available));
 }
 
 }  // namespace ferry

@@ -18,12 +18,12 @@ struct member_places {
 
 /// What the members of `config`'s job of `model` hold, from the plan their registrations make;
 /// an error saying why no plan can be made of them.
-result<job_memory> expected_memory(std::span<const tensor_spec> model, const job_config& config, member_places places,
-                                   std::string& why);
+result<job_memory> expected_memory(std::span<const tensor_spec> model, const job_config& config,
+                                   member_places places, std::string& why);
 
 /// Why the job cannot fit in this host's available memory, with the figures; nothing when it
 /// fits, or when the host does not say what it has.
-std::optional<std::string> refuse_beyond_host(std::span<const tensor_spec> model, const job_config& config,
-                                              member_places places);
+std::optional<std::string> refuse_beyond_host(std::span<const tensor_spec> model,
+                                              const job_config& config, member_places places);
 
 }  // namespace ferry

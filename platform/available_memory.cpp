@@ -37,7 +37,8 @@ std::string cgroup_path(const std::string& controller) {
     const auto first = line.find(':'), second = line.find(':', first + 1);
     if (first == std::string::npos || second == std::string::npos) continue;
     const auto names = line.substr(first + 1, second - first - 1);
-    if (names == controller || ("," + names + ",").find("," + controller + ",") != std::string::npos) {
+    if (names == controller ||
+        ("," + names + ",").find("," + controller + ",") != std::string::npos) {
       return line.substr(second + 1);
     }
   }
@@ -46,8 +47,8 @@ std::string cgroup_path(const std::string& controller) {
 
 /// Limit less usage of the cgroup: its own files, or (inside a container, whose namespace shows
 /// its cgroup as the root) the root's.
-std::optional<std::uint64_t> cgroup_room(const std::string& base, const std::string& path, const char* limit_file,
-                                         const char* usage_file) {
+std::optional<std::uint64_t> cgroup_room(const std::string& base, const std::string& path,
+                                         const char* limit_file, const char* usage_file) {
   for (const auto& dir : {base + path, base}) {
     const auto limit = read_number(dir + "/" + limit_file);
     const auto usage = read_number(dir + "/" + usage_file);
@@ -64,7 +65,8 @@ std::optional<std::uint64_t> available_host_memory() {
     if (cap) room = room ? std::min(*room, *cap) : *cap;
   };
   lower(cgroup_room("/sys/fs/cgroup", cgroup_path(""), "memory.max", "memory.current"));
-  lower(cgroup_room("/sys/fs/cgroup/memory", cgroup_path("memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"));
+  lower(cgroup_room("/sys/fs/cgroup/memory", cgroup_path("memory"), "memory.limit_in_bytes",
+                    "memory.usage_in_bytes"));
   return room;
 }
 

@@ -35,7 +35,8 @@ plan plan_of(const std::vector<tensor_spec>& model, bool on_gpus) {
 
 std::uint64_t owned_by(const plan& p, std::uint32_t shard) {
   std::uint64_t n = 0;
-  for (std::size_t i = 0; i < p.tensors.size(); ++i) n += p.owner[i] == shard ? p.tensors[i].nbytes : 0;
+  for (std::size_t i = 0; i < p.tensors.size(); ++i)
+    n += p.owner[i] == shard ? p.tensors[i].nbytes : 0;
   return n;
 }
 
@@ -54,7 +55,8 @@ TEST(member_memory, counts_tensors_both_host_copies_and_each_role_s_slots) {
   const auto all = memory_of(p);
   EXPECT_EQ(all.leader.host, everything + 6 * chunk);
   EXPECT_EQ(all.follower.host, everything + 3 * chunk);
-  EXPECT_EQ(all.all.host, shard_memory(p, 0).host + shard_memory(p, 1).host + 3 * everything + 12 * chunk);
+  EXPECT_EQ(all.all.host,
+            shard_memory(p, 0).host + shard_memory(p, 1).host + 3 * everything + 12 * chunk);
 }
 
 TEST(member_memory, workers_on_gpus_hold_their_tensors_and_broadcast_slots_there) {
@@ -70,12 +72,16 @@ TEST(member_memory, workers_on_gpus_hold_their_tensors_and_broadcast_slots_there
 
 TEST(member_memory, a_worker_with_rdma_receives_on_its_gpu) {
   const auto p = plan_of(synthetic_transformer(4 << 20), true);
-  const auto slots = worker_slots::of(p, {.leader = true, .stripes = 1, .on_device = true, .rdma = true});
+  const auto slots =
+      worker_slots::of(p, {.leader = true, .stripes = 1, .on_device = true, .rdma = true});
   EXPECT_TRUE(slots.receive_on_device);
   EXPECT_EQ(slots.receive(), 2u * 3);
-  EXPECT_EQ(slots.slot_bytes, chunk) << "a lone leader broadcasts from its receive slots: whole chunks";
-  const auto striped = worker_slots::of(p, {.leader = true, .stripes = 3, .on_device = true, .rdma = true});
-  EXPECT_EQ(striped.slot_bytes, stripe_of(chunk, 3, 0).bytes) << "one of three copies its stripe out to gather";
+  EXPECT_EQ(slots.slot_bytes, chunk)
+      << "a lone leader broadcasts from its receive slots: whole chunks";
+  const auto striped =
+      worker_slots::of(p, {.leader = true, .stripes = 3, .on_device = true, .rdma = true});
+  EXPECT_EQ(striped.slot_bytes, stripe_of(chunk, 3, 0).bytes)
+      << "one of three copies its stripe out to gather";
   const auto follower = worker_slots::of(p, {.hears_directly = true});
   EXPECT_EQ(follower.receive(), 3u + worker_slots::direct_count(3));
   EXPECT_EQ(follower.receive_bytes(chunk), follower.receive() * chunk);
@@ -83,14 +89,18 @@ TEST(member_memory, a_worker_with_rdma_receives_on_its_gpu) {
 
 TEST(member_memory, a_gpu_leader_receiving_in_host_memory_keeps_just_its_stripe_per_slot) {
   const auto p = plan_of(synthetic_transformer(4 << 20), true);
-  const auto slots = worker_slots::of(p, {.leader = true, .stripes = 4, .on_device = true, .hears_directly = true});
+  const auto slots = worker_slots::of(
+      p, {.leader = true, .stripes = 4, .on_device = true, .hears_directly = true});
   EXPECT_FALSE(slots.receive_on_device);
   EXPECT_EQ(slots.slot_bytes, chunk / 4);
   EXPECT_TRUE(worker_slots::stripe_only(slots.slot_bytes, chunk));
-  EXPECT_EQ(slots.receive_bytes(chunk), 2 * 3 * (chunk / 4) + worker_slots::direct_count(3) * chunk);
+  EXPECT_EQ(slots.receive_bytes(chunk),
+            2 * 3 * (chunk / 4) + worker_slots::direct_count(3) * chunk);
   // The direct slots, of whole chunks, follow the stripe slots.
-  EXPECT_EQ(worker_slots::offset_of(5, slots.first_direct, slots.slot_bytes, chunk), 5 * (chunk / 4));
-  EXPECT_EQ(worker_slots::offset_of(7, slots.first_direct, slots.slot_bytes, chunk), 6 * (chunk / 4) + chunk);
+  EXPECT_EQ(worker_slots::offset_of(5, slots.first_direct, slots.slot_bytes, chunk),
+            5 * (chunk / 4));
+  EXPECT_EQ(worker_slots::offset_of(7, slots.first_direct, slots.slot_bytes, chunk),
+            6 * (chunk / 4) + chunk);
 }
 
 }  // namespace

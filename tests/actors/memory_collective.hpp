@@ -30,12 +30,15 @@ class memory_collective final : public broadcast_group {
     std::map<std::uint64_t, std::vector<std::optional<operation>>> pending;
   };
 
-  memory_collective(std::shared_ptr<shared_state> state, event_loop& loop, std::uint32_t rank, std::uint32_t size)
+  memory_collective(std::shared_ptr<shared_state> state, event_loop& loop, std::uint32_t rank,
+                    std::uint32_t size)
       : state_(std::move(state)), loop_(loop), rank_(rank), size_(size) {}
 
   std::uint32_t rank() const override { return rank_; }
   std::uint32_t size() const override { return size_; }
-  void async_broadcast(buffer_ref data, completion done) override { call({data, 0, std::move(done), &loop_}); }
+  void async_broadcast(buffer_ref data, completion done) override {
+    call({data, 0, std::move(done), &loop_});
+  }
   void async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) override {
     call({data, stripes, std::move(done), &loop_});
   }
@@ -66,7 +69,8 @@ class memory_collective final : public broadcast_group {
       const auto part = ops[0]->stripes ? stripe_of(size, stripes, s) : stripe{0, size};
       for (std::uint32_t r = 0; r < ops.size(); ++r) {
         if (r != s && part.bytes > 0)
-          std::memcpy(ops[r]->data.bytes.data() + part.offset, ops[s]->data.bytes.data() + part.offset, part.bytes);
+          std::memcpy(ops[r]->data.bytes.data() + part.offset,
+                      ops[s]->data.bytes.data() + part.offset, part.bytes);
       }
     }
   }
@@ -81,7 +85,8 @@ class memory_collective final : public broadcast_group {
   bool aborted_ = false;
 };
 
-/// A factory of memory collectives: the members that name the same ranks in the same epoch share one.
+/// A factory of memory collectives: the members that name the same ranks in the same epoch share
+/// one.
 inline broadcast_factory memory_collectives() {
   auto groups = std::make_shared<std::map<std::pair<std::uint32_t, std::vector<address>>,
                                           std::weak_ptr<memory_collective::shared_state>>>();
