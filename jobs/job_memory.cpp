@@ -73,9 +73,8 @@ std::optional<std::string> refuse_beyond_host(std::span<const tensor_spec> model
   const auto available = available_host_memory();
   if (!need || !available || need->all.host <= *available) return std::nullopt;
   return fmt::format(
-      "the job needs {:.1f} GiB of host memory (each trainer shard up to {:.1f} GiB, each leader "
-      "{:.1f}, "
-      "each follower {:.1f}), and this host has {:.1f} GiB available",
+      "the job needs {:.1f} GiB of host memory (each trainer shard up to {:.1f} GiB, "
+      "each leader {:.1f}, each follower {:.1f}), and this host has {:.1f} GiB available",
       gib(need->all.host), gib(need->trainer.host), gib(need->leader.host),
       gib(need->follower.host), gib(*available));
 }
