@@ -102,6 +102,18 @@ class device_direct : public ::testing::Test {
     return run_until([&] { return !reports.empty() && reports.back().version == version; });
   }
 
+  /// The trainer and an instance of three whole-model workers on another host (every one a
+  /// leader of a stripe); versions 1 and 2 delivered, every byte compared.
+  void deliver_to_three_gpu_leaders_elsewhere() {
+    add_trainer();
+    for (std::uint32_t r = 0; r < 3; ++r) add_worker(0, r, false, 0, 1024, true);
+    for (std::uint64_t v = 1; v <= 2; ++v) {
+      ASSERT_TRUE(deliver(v)) << failure;
+      EXPECT_TRUE(reports.back().verified);
+      for (std::size_t w = 0; w < 3; ++w) EXPECT_TRUE(holds_published(w)) << "worker " << w << ", version " << v;
+    }
+  }
+
   /// Worker `w`'s bytes equal the published rows it holds.
   bool holds_published(std::size_t w, std::uint64_t first_row = 0) {
     const auto& bytes = *held.at(w);
@@ -290,14 +302,7 @@ TEST_F(device_direct, without_gpudirect_a_worker_on_another_host_gets_the_host_c
 /// leader's receive slots hold its stripe alone, which it uploads into the chunk's place.
 TEST_F(device_direct, gpu_leaders_receiving_in_host_memory_hold_and_upload_their_stripe_alone) {
   start({3});
-  add_trainer();
-  for (std::uint32_t r = 0; r < 3; ++r) add_worker(0, r, false, 0, 1024, true);
-
-  for (std::uint64_t v = 1; v <= 2; ++v) {
-    ASSERT_TRUE(deliver(v)) << failure;
-    EXPECT_TRUE(reports.back().verified);
-    for (std::size_t w = 0; w < 3; ++w) EXPECT_TRUE(holds_published(w)) << "worker " << w << ", version " << v;
-  }
+  ASSERT_NO_FATAL_FAILURE(deliver_to_three_gpu_leaders_elsewhere());
   EXPECT_EQ(coordinator->current_plan()->instances[0].leaders.size(), 3u);
   coordinator->stop_job();
 }
@@ -306,14 +311,7 @@ TEST_F(device_direct, gpu_leaders_receiving_in_host_memory_hold_and_upload_their
 /// which it copies into a broadcast slot for the gather.
 TEST_F(device_direct, gpu_leaders_written_by_gpudirect_hold_their_stripe_alone) {
   start({3}, p2p_mode::automatic, true);
-  add_trainer();
-  for (std::uint32_t r = 0; r < 3; ++r) add_worker(0, r, false, 0, 1024, true);
-
-  for (std::uint64_t v = 1; v <= 2; ++v) {
-    ASSERT_TRUE(deliver(v)) << failure;
-    EXPECT_TRUE(reports.back().verified);
-    for (std::size_t w = 0; w < 3; ++w) EXPECT_TRUE(holds_published(w)) << "worker " << w << ", version " << v;
-  }
+  ASSERT_NO_FATAL_FAILURE(deliver_to_three_gpu_leaders_elsewhere());
   EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 3u);
   // Each leader's GPU: its broadcast slots, and a stripe (a third of a chunk) per receive slot.
   const std::size_t stripe_slots = 2 * stripe_of(16384, 3, 0).bytes;
