@@ -79,7 +79,8 @@ class fabric_transport final : public transport,
   void async_send(node_id to, frame f, completion done) override;
   result<region_desc> register_region(std::span<std::byte> memory) override;
   /// Refused, naming the provider: `reaches_device_memory()` stays false (docs/architecture.md).
-  result<region_desc> register_device_region(std::span<std::byte> memory, int device, std::string& why) override;
+  result<region_desc> register_device_region(std::span<std::byte> memory, int device,
+                                             std::string& why) override;
   void deregister_region(std::uint64_t region_id) override;
   void async_write(std::span<const std::byte> local, const region_desc& remote,
                    std::uint64_t offset, write_imm imm, completion done) override;
