@@ -11,3 +11,13 @@ ferry_test(fabric_transport_test
   TIMEOUT 180)
 target_compile_definitions(fabric_transport_test PRIVATE FERRY_FABRIC_PEER="$<TARGET_FILE:fabric_peer>")
 add_dependencies(fabric_transport_test fabric_peer)
+
+# The link layer's pieces that need no provider: message format, sessions (handshake and seals,
+# with a seeded faulty wire), fragment assembly, per-peer traffic and stalls on virtual time.
+ferry_test(fabric_link_test
+  SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/frame_assembly_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/link_sessions_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/message_format_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/peer_traffic_test.cpp
+  LABELS fabric)
