@@ -24,15 +24,21 @@ result<job_secret> checked(job_secret secret) {
 
 constexpr std::string_view label(link_role role) {
   switch (role) {
-    case link_role::client: return "ferry-link-1 client";
-    case link_role::server: return "ferry-link-1 server";
-    case link_role::session: return "ferry-link-1 session";
-    case link_role::watch: return "ferry-link-1 watch";
+    case link_role::client:
+      return "ferry-link-1 client";
+    case link_role::server:
+      return "ferry-link-1 server";
+    case link_role::session:
+      return "ferry-link-1 session";
+    case link_role::watch:
+      return "ferry-link-1 watch";
   }
   return "";
 }
 
-const unsigned char* bytes(const void* p) { return static_cast<const unsigned char*>(p); }
+const unsigned char* bytes(const void* p) {
+  return static_cast<const unsigned char*>(p);
+}
 
 }  // namespace
 
@@ -98,8 +104,8 @@ bool same_proof(const link_proof& a, const link_proof& b) {
   return sodium_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-message_tag make_message_tag(const link_proof& key, std::uint64_t sequence, std::span<const std::byte> head,
-                             std::span<const std::byte> body) {
+message_tag make_message_tag(const link_proof& key, std::uint64_t sequence,
+                             std::span<const std::byte> head, std::span<const std::byte> body) {
   ensure_sodium();
   crypto_auth_hmacsha256_state state;
   crypto_auth_hmacsha256_init(&state, bytes(key.data()), key.size());
@@ -118,6 +124,40 @@ message_tag make_message_tag(const link_proof& key, std::uint64_t sequence, std:
 
 bool same_tag(const message_tag& a, const message_tag& b) {
   return sodium_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+client_handshake::client_handshake(node_id client, node_id server)
+    : client_(client), server_(server), nonce_(make_link_nonce()) {}
+
+std::optional<link_proof> client_handshake::answer(std::span<const std::byte> secret,
+                                                   const link_nonce& server_nonce,
+                                                   const link_proof& server_proof) {
+  const auto expected =
+      make_link_proof(secret, link_role::server, nonce_, server_nonce, client_, server_);
+  if (!same_proof(server_proof, expected)) return std::nullopt;
+  server_nonce_ = server_nonce;
+  return make_link_proof(secret, link_role::client, nonce_, server_nonce, client_, server_);
+}
+
+link_proof client_handshake::session_key(std::span<const std::byte> secret) const {
+  return make_link_proof(secret, link_role::session, nonce_, server_nonce_, client_, server_);
+}
+
+server_handshake::server_handshake(node_id server, node_id client, const link_nonce& client_nonce)
+    : server_(server), client_(client), client_nonce_(client_nonce), nonce_(make_link_nonce()) {}
+
+link_proof server_handshake::proof(std::span<const std::byte> secret) const {
+  return make_link_proof(secret, link_role::server, client_nonce_, nonce_, client_, server_);
+}
+
+bool server_handshake::holds(std::span<const std::byte> secret,
+                             const link_proof& client_proof) const {
+  return same_proof(client_proof, make_link_proof(secret, link_role::client, client_nonce_, nonce_,
+                                                  client_, server_));
+}
+
+link_proof server_handshake::session_key(std::span<const std::byte> secret) const {
+  return make_link_proof(secret, link_role::session, client_nonce_, nonce_, client_, server_);
 }
 
 }  // namespace ferry

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -43,10 +44,48 @@ link_proof make_link_proof(std::span<const std::byte> secret, link_role role,
 /// Constant-time comparison.
 bool same_proof(const link_proof& a, const link_proof& b);
 
+/// The client's side of one link handshake (docs/wire-format.md), the same steps on tcp and fabric
+/// whatever frames carry them: open with `nonce()`; `answer` the server's challenge.
+class client_handshake {
+ public:
+  client_handshake(node_id client, node_id server);
+  const link_nonce& nonce() const { return nonce_; }
+  /// Our proof, where the server's over its nonce holds under `secret`; nothing where it does
+  /// not (the server does not hold the job secret).
+  std::optional<link_proof> answer(std::span<const std::byte> secret,
+                                   const link_nonce& server_nonce, const link_proof& server_proof);
+  /// The key of the link's seals, once answered.
+  link_proof session_key(std::span<const std::byte> secret) const;
+
+ private:
+  node_id client_;
+  node_id server_;
+  link_nonce nonce_;
+  link_nonce server_nonce_{};
+};
+
+/// The server's side of one link handshake, from the client's hello.
+class server_handshake {
+ public:
+  server_handshake(node_id server, node_id client, const link_nonce& client_nonce);
+  const link_nonce& nonce() const { return nonce_; }
+  /// Our proof, sent with our nonce in the challenge.
+  link_proof proof(std::span<const std::byte> secret) const;
+  /// The client's proof holds: it has the job secret.
+  bool holds(std::span<const std::byte> secret, const link_proof& client_proof) const;
+  link_proof session_key(std::span<const std::byte> secret) const;
+
+ private:
+  node_id server_;
+  node_id client_;
+  link_nonce client_nonce_;
+  link_nonce nonce_;
+};
+
 using message_tag = std::array<std::byte, 16>;
 /// HMAC-SHA256(key, be64(sequence) || head || body), its first 16 bytes.
-message_tag make_message_tag(const link_proof& key, std::uint64_t sequence, std::span<const std::byte> head,
-                             std::span<const std::byte> body);
+message_tag make_message_tag(const link_proof& key, std::uint64_t sequence,
+                             std::span<const std::byte> head, std::span<const std::byte> body);
 /// Constant-time comparison.
 bool same_tag(const message_tag& a, const message_tag& b);
 

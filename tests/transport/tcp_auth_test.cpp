@@ -122,7 +122,8 @@ TEST(tcp_admission_cap, proven_links_do_not_count_against_the_per_address_cap) {
     std::optional<std::error_code> sent;
     clients.back()->async_send(2, encode(envelope_header{.from = {id, 1}, .to = {2, 1}}, ping{}),
                                [&](std::error_code ec) { sent = ec; });
-    loop.run_until([&] { return sent.has_value() && (*sent || pings == static_cast<int>(id - 9)); });
+    loop.run_until(
+        [&] { return sent.has_value() && (*sent || pings == static_cast<int>(id - 9)); });
     EXPECT_FALSE(*sent) << "node " << id << ": " << sent->message();
   }
   EXPECT_EQ(pings, 4);
@@ -346,6 +347,27 @@ TEST(link_proofs, bind_role_nonces_and_node_ids) {
   EXPECT_FALSE(same_proof(p, make_link_proof(secret, link_role::client, n1, n2, 3, 2)));
   EXPECT_FALSE(
       same_proof(p, make_link_proof(test::test_secret('x'), link_role::client, n1, n2, 1, 2)));
+}
+
+TEST(link_handshake, both_sides_agree_on_the_key_and_each_finds_out_another_secret) {
+  const auto secret = test::test_secret();
+  client_handshake client(1, 2);
+  server_handshake server(2, 1, client.nonce());
+  const auto answer = client.answer(secret, server.nonce(), server.proof(secret));
+  ASSERT_TRUE(answer);
+  EXPECT_TRUE(server.holds(secret, *answer));
+  EXPECT_EQ(client.session_key(secret), server.session_key(secret));
+  EXPECT_NE(client.session_key(secret), *answer) << "the key is no proof that travelled";
+
+  const auto other = test::test_secret('x');
+  client_handshake stranger(1, 2);
+  server_handshake its_server(2, 1, stranger.nonce());
+  EXPECT_FALSE(stranger.answer(other, its_server.nonce(), its_server.proof(secret)));
+  EXPECT_FALSE(server.holds(
+      secret, make_link_proof(other, link_role::client, client.nonce(), server.nonce(), 1, 2)));
+  server_handshake impostor(3, 1, client.nonce());
+  EXPECT_FALSE(client_handshake(1, 2).answer(secret, impostor.nonce(), impostor.proof(secret)))
+      << "a proof for another node, or another nonce";
 }
 
 }  // namespace

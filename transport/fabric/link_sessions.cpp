@@ -28,30 +28,24 @@ bool link_sessions::ready(node_id peer) const {
 std::optional<std::vector<std::byte>> link_sessions::open(node_id peer,
                                                           std::span<const std::byte> our_name) {
   if (!sealed() || clients_.contains(peer)) return std::nullopt;
-  auto& c = clients_[peer];
-  c.nonce = make_link_nonce();
-  return encode_hello(c.nonce, our_name);
+  const auto& c =
+      clients_.emplace(peer, client{.handshake = client_handshake(self_, peer)}).first->second;
+  return encode_hello(c.handshake.nonce(), our_name);
 }
 
 link_sessions::answer link_sessions::on_challenge(node_id from,
                                                   const handshake_message& challenge) {
   auto it = clients_.find(from);
   if (it == clients_.end() || it->second.at != client::step::hello_sent ||
-      it->second.nonce != challenge.client_nonce)
+      it->second.handshake.nonce() != challenge.client_nonce)
     return {.verdict = answer::verdict::unexpected, .proof = {}};
-  const auto& client_nonce = challenge.client_nonce;
-  const auto& server_nonce = challenge.server_nonce;
-  const auto expected =
-      make_link_proof(secret_, link_role::server, client_nonce, server_nonce, self_, from);
-  if (!same_proof(challenge.proof, expected))
-    return {.verdict = answer::verdict::wrong_secret, .proof = {}};
   auto& c = it->second;
-  c.key = make_link_proof(secret_, link_role::session, client_nonce, server_nonce, self_, from);
+  const auto ours = c.handshake.answer(secret_, challenge.server_nonce, challenge.proof);
+  if (!ours) return {.verdict = answer::verdict::wrong_secret, .proof = {}};
+  c.key = c.handshake.session_key(secret_);
   c.next_seq = 0;
   c.at = client::step::proving;
-  const auto ours =
-      make_link_proof(secret_, link_role::client, client_nonce, server_nonce, self_, from);
-  return {.verdict = answer::verdict::proof, .proof = encode_proof(server_nonce, ours)};
+  return {.verdict = answer::verdict::proof, .proof = encode_proof(challenge.server_nonce, *ours)};
 }
 
 void link_sessions::proof_taken(node_id peer) {
@@ -67,24 +61,20 @@ bool link_sessions::may_answer(node_id from) const {
 }
 
 std::vector<std::byte> link_sessions::challenge(node_id from, const link_nonce& client_nonce) {
-  const link_nonce ours = make_link_nonce();
-  servers_[from].pending = std::pair{client_nonce, ours};
-  const auto proof = make_link_proof(secret_, link_role::server, client_nonce, ours, from, self_);
-  return encode_challenge(client_nonce, ours, proof);
+  const auto& handshake = servers_[from].pending.emplace(self_, from, client_nonce);
+  return encode_challenge(client_nonce, handshake.nonce(), handshake.proof(secret_));
 }
 
 link_sessions::proof_verdict link_sessions::on_proof(node_id from, const handshake_message& proof) {
   auto it = servers_.find(from);
   if (it == servers_.end() || !it->second.pending ||
-      it->second.pending->second != proof.server_nonce)
+      it->second.pending->nonce() != proof.server_nonce)
     return proof_verdict::unexpected;
   auto& session = it->second;
-  const auto [client_nonce, ours] = *session.pending;
+  const auto handshake = *session.pending;
   session.pending.reset();
-  if (!same_proof(proof.proof,
-                  make_link_proof(secret_, link_role::client, client_nonce, ours, from, self_)))
-    return proof_verdict::wrong_secret;
-  session.key = make_link_proof(secret_, link_role::session, client_nonce, ours, from, self_);
+  if (!handshake.holds(secret_, proof.proof)) return proof_verdict::wrong_secret;
+  session.key = handshake.session_key(secret_);
   session.next_seq = 0;
   return proof_verdict::proven;
 }

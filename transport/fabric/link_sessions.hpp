@@ -7,7 +7,6 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "transport/fabric/message_format.hpp"
@@ -64,16 +63,15 @@ class link_sessions {
 
  private:
   struct client {
+    client_handshake handshake;
     enum class step { hello_sent, proving, ready } at = step::hello_sent;
-    link_nonce nonce{};
     link_proof key{};  ///< seals our messages, from `proving` on
     std::uint64_t next_seq = 0;
   };
   struct server {
-    std::optional<link_proof> key;  ///< once the peer proved the secret
-    std::uint64_t next_seq = 0;     ///< lowest sequence number still accepted
-    std::optional<std::pair<link_nonce, link_nonce>>
-        pending;  ///< its nonce and ours, mid-handshake
+    std::optional<link_proof> key;            ///< once the peer proved the secret
+    std::uint64_t next_seq = 0;               ///< lowest sequence number still accepted
+    std::optional<server_handshake> pending;  ///< mid-handshake
   };
 
   job_secret secret_;

@@ -333,9 +333,9 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
       remote_ip_ = remote.address();
     }
     phase_ = phase::handshaking;
-    my_nonce_ = make_link_nonce();
+    client_.emplace(owner().self_, peer_);
     auto self = shared_from_this();
-    send_handshake(wire::encode(wire::hello{auth(), owner().self_, peer_, my_nonce_}), [self] {
+    send_handshake(wire::encode(wire::hello{auth(), owner().self_, peer_, client_->nonce()}), [self] {
       self->read_handshake([self](wire::frame_type type, std::span<const std::byte> body) {
         self->on_challenge(type, body);
       });
@@ -353,17 +353,11 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
       return refuse(transport_errc::unauthenticated,
                     fmt::format("the listener is node {}, not {}", c->from, peer_));
     }
-    their_nonce_ = c->nonce;
     link_proof mine{};
     if (auth() == wire::auth_mode::hmac_sha256) {
-      const auto& secret = owner().options_.secret;
-      const auto expected =
-          make_link_proof(secret, link_role::server, my_nonce_, their_nonce_, owner().self_, peer_);
-      if (!same_proof(c->proof, expected)) {
-        return refuse(transport_errc::unauthenticated, "the listener does not hold the job secret");
-      }
-      mine =
-          make_link_proof(secret, link_role::client, my_nonce_, their_nonce_, owner().self_, peer_);
+      const auto answer = client_->answer(owner().options_.secret, c->nonce, c->proof);
+      if (!answer) return refuse(transport_errc::unauthenticated, "the listener does not hold the job secret");
+      mine = *answer;
     }
     auto self = shared_from_this();
     send_handshake(wire::encode_proof(mine), [self] {
@@ -391,18 +385,14 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     const auto h = wire::parse_hello(body);
     if (!h) return violation("malformed HELLO");
     peer_ = h->from;
-    their_nonce_ = h->nonce;
     if (h->auth != auth())
       return refuse(transport_errc::unauthenticated, "authentication modes differ");
     if (h->to != owner().self_) {
       return refuse(transport_errc::peer_unreachable, fmt::format("HELLO is for node {}", h->to));
     }
-    my_nonce_ = make_link_nonce();
-    wire::challenge c{.auth = auth(), .from = owner().self_, .nonce = my_nonce_};
-    if (auth() == wire::auth_mode::hmac_sha256) {
-      c.proof = make_link_proof(owner().options_.secret, link_role::server, their_nonce_, my_nonce_,
-                                peer_, owner().self_);
-    }
+    const auto& handshake = server_.emplace(owner().self_, peer_, h->nonce);
+    wire::challenge c{.auth = auth(), .from = owner().self_, .nonce = handshake.nonce()};
+    if (auth() == wire::auth_mode::hmac_sha256) c.proof = handshake.proof(owner().options_.secret);
     auto self = shared_from_this();
     send_handshake(wire::encode(c), [self] {
       self->read_handshake(
@@ -415,14 +405,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     if (type != wire::frame_type::proof) return violation("expected PROOF");
     const auto p = wire::parse_proof(body);
     if (!p) return violation("malformed PROOF");
-    if (auth() == wire::auth_mode::hmac_sha256) {
-      const auto expected = make_link_proof(owner().options_.secret, link_role::client,
-                                            their_nonce_, my_nonce_, peer_, owner().self_);
-      if (!same_proof(*p, expected)) {
-        return refuse(transport_errc::unauthenticated,
-                      "wrong proof: the peer does not hold the job secret");
-      }
-    }
+    if (auth() == wire::auth_mode::hmac_sha256 && !server_->holds(owner().options_.secret, *p))
+      return refuse(transport_errc::unauthenticated, "wrong proof: the peer does not hold the job secret");
     const auto links =
         std::count_if(owner().incoming_.begin(), owner().incoming_.end(),
                       [this](const auto& l) { return l->ready() && l->peer() == peer_; });
@@ -697,8 +681,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   std::string remote_;
   ip::address remote_ip_;
   std::string detail_;
-  link_nonce my_nonce_{};
-  link_nonce their_nonce_{};
+  std::optional<client_handshake> client_;  ///< on links we open
+  std::optional<server_handshake> server_;  ///< on links we accept
   std::array<std::byte, wire::head_bytes> head_{};
   std::vector<std::byte> body_;
   std::vector<std::byte> scratch_;
