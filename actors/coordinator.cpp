@@ -19,125 +19,30 @@ double ms_between(clock::time_point from, clock::time_point to) {
 }  // namespace
 
 template <message M>
-void job_coordinator::handle(std::function<void(const envelope_header&, const M&)> fn) {
-  on<M>([this, fn = std::move(fn)](const envelope_header& h, const M& m) {
+void job_coordinator::handle(void (job_coordinator::*handler)(const envelope_header&, const M&)) {
+  on<M>([this, handler](const envelope_header& h, const M& m) {
     members_.last_seen[h.from.node] = host().clock().now();
-    if (!stopping_) fn(h, m);
+    if (!stopping_) (this->*handler)(h, m);
   });
 }
 
-job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape) : actor(host, id), shape_(std::move(shape)) {
-  handle<register_trainer>([this](const envelope_header& h, const register_trainer& m) {
-    if (m.shard >= shape_.trainers) return fail_job("trainer shard " + std::to_string(m.shard) + " is not part of the job");
-    if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
-      return fail_job("trainer shard " + std::to_string(m.shard) + " (node " + std::to_string(h.from.node) + "): " + why);
-    }
-    if (auto it = members_.trainers.find(m.shard); it != members_.trainers.end() && it->second.who == h.from) return;  // sent again
-    add_peer(h.from, m.transport_address);
-    readmit(h.from);
-    const bool replacing = members_.trainers.contains(m.shard);
-    members_.trainers[m.shard] = {.who = h.from,
-                                  .transport_address = m.transport_address,
-                                  .tensors = m.tensors,
-                                  .place = m.place,
-                                  .first_version = started_ ? updates_.next_version() : 1};
-    if (started_) {
-      regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") + " (node " +
-              std::to_string(h.from.node) + ")");
-    } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
-      regroup("job start");
-    }
-  });
-  handle<register_worker>([this](const envelope_header& h, const register_worker& m) {
-    if (m.instance >= shape_.limits.max_instance_id) {
-      return fail_job("worker " + worker_name(m.instance, m.rank) + ": instance ids are below " +
-                      std::to_string(shape_.limits.max_instance_id) + " (job_limits::max_instance_id)");
-    }
-    // A table equal to a live one passed this check when that one was registered.
-    auto [table, fresh] = members_.intern(m.tensors, m.parts);
-    if (std::string why; fresh && !check_registration(table->tensors.items(), shape_.limits, why)) {
-      return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " + std::to_string(h.from.node) + "): " + why);
-    }
-    if (auto it = members_.workers.find({m.instance, m.rank}); it != members_.workers.end() && it->second.who == h.from) return;  // sent again
-    add_peer(h.from, m.transport_address);
-    readmit(h.from);
-    members_.workers[{m.instance, m.rank}] = {.who = h.from,
-                                              .transport_address = m.transport_address,
-                                              .table = std::move(table),
-                                              .on_device = m.on_device,
-                                              .place = m.place};
-    if (started_) {
-      const bool new_instance = !instances_seen_.contains(m.instance);
-      regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " + std::to_string(h.from.node) + ")" +
-              (new_instance ? ", a new instance" : ""));
-    } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
-      regroup("job start");
-    }
-  });
-  handle<worker_ready>([this](const envelope_header& h, const worker_ready& m) {
-    auto it = members_.workers.find({m.instance, m.rank});
-    if (it == members_.workers.end() || h.epoch != epoch() || it->second.who != h.from) return;
-    if (std::string why; m.slots.length > 0 && !regions_.offer(h.from.node, h.epoch, m.slots, shape_.limits, why)) {
-      return fail_job("worker " + worker_name(m.instance, m.rank) + ": " + why);
-    }
-    auto& w = it->second;
-    w.ready = true;
-    w.slots = m.slots.length > 0 ? std::optional(m.slots) : std::nullopt;
-    w.direct_slot = m.direct_slot;
-    w.slot_bytes = m.slot_bytes;
-    w.complete_version = std::max(w.complete_version, m.complete_version);
-    w.partial_version = m.partial_version;
-    w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
-    if (members_.all_workers_ready()) plan_in_force();
-  });
-  handle<peer_unreachable>([this](const envelope_header& h, const peer_unreachable& m) {
-    suspect(m.node, "unreachable from node " + std::to_string(h.from.node) + " (" + m.why + ")");
-  });
-  handle<heartbeat>([this](const envelope_header& h, const heartbeat&) { answer_given_up(h.from.node); });
-  // A trainer shard cannot send a version it offloaded in a layout that changed since.
-  handle<update_failed>([this](const envelope_header& h, const update_failed& m) {
-    const auto shard = members_.find_trainer(h.from);
-    if (shard == members_.trainers.end() || m.version <= updates_.delivered() || !updates_.pending().contains(m.version)) return;
-    fail_version(m.version, "trainer shard " + std::to_string(shard->first) + ": " + m.reason);
-  });
-  handle<leave_job>([this](const envelope_header& h, const leave_job& m) {
-    lost(h.from.node, "left: " + m.reason);
-    members_.given_up.erase(h.from.node);
-  });
-  handle<publish_started>([this](const envelope_header& h, const publish_started& m) {
-    if (!from_shard(h, m.shard)) return;
-    verdicts_.publish_started(m.version, this->host().clock().now());
-    std::optional<std::uint32_t> publisher;  // none from a shard given up, whose frames a cut held
-    if (const auto shard = members_.find_trainer(h.from); shard != members_.trainers.end()) {
-      shard->second.last_published = std::max(shard->second.last_published, m.version);
-      publisher = shard->first;
-    }
-    updates_.published(m.version, publisher);
-    fail_skipped_versions();
-    resume();
-  });
-  handle<shard_offloaded>([this](const envelope_header& h, const shard_offloaded& m) {
-    if (from_shard(h, m.shard)) verdicts_.offloaded(m);
-  });
-  handle<shard_sent>([this](const envelope_header& h, const shard_sent& m) {
-    if (from_shard(h, m.shard)) verdicts_.sent(m);
-  });
-  handle<shard_done>([this](const envelope_header& h, const shard_done& m) {
-    if (!from_shard(h, m.shard)) return;
-    verdicts_.shard_finished(m);
-    check_complete();
-  });
-  handle<version_complete>([this](const envelope_header& h, const version_complete& m) {
-    auto it = members_.workers.find({m.instance, m.rank});
-    if (it == members_.workers.end() || it->second.who != h.from) return;
-    it->second.complete_version = std::max(it->second.complete_version, m.version);
-    verdicts_.worker_finished(m);
-    check_complete();
-  });
-  handle<participant_error>([this](const envelope_header& h, const participant_error& m) {
-    fail_job("node " + std::to_string(h.from.node) + ": " + m.reason);
-  });
-  host.on_peer_lost([this](node_id peer, std::error_code why) { lost(peer, "link lost: " + why.message()); });
+job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape)
+    : actor(host, id), shape_(std::move(shape)) {
+  handle(&job_coordinator::on_register_trainer);
+  handle(&job_coordinator::on_register_worker);
+  handle(&job_coordinator::on_worker_ready);
+  handle(&job_coordinator::on_peer_unreachable);
+  handle(&job_coordinator::on_heartbeat);
+  handle(&job_coordinator::on_shard_update_failed);
+  handle(&job_coordinator::on_leave_job);
+  handle(&job_coordinator::on_publish_started);
+  handle(&job_coordinator::on_shard_offloaded);
+  handle(&job_coordinator::on_shard_sent);
+  handle(&job_coordinator::on_shard_done);
+  handle(&job_coordinator::on_version_complete);
+  handle(&job_coordinator::on_participant_error);
+  host.on_peer_lost(
+      [this](node_id peer, std::error_code why) { lost(peer, "link lost: " + why.message()); });
   watch_heartbeats();
 }
 
@@ -149,9 +54,148 @@ job_coordinator::~job_coordinator() {
   host().on_peer_lost({});
 }
 
+// ---- what members send -------------------------------------------------------------------
+
+void job_coordinator::on_register_trainer(const envelope_header& h, const register_trainer& m) {
+  if (m.shard >= shape_.trainers)
+    return fail_job("trainer shard " + std::to_string(m.shard) + " is not part of the job");
+  if (std::string why; !check_registration(m.tensors, shape_.limits, why)) {
+    return fail_job("trainer shard " + std::to_string(m.shard) + " (node " +
+                    std::to_string(h.from.node) + "): " + why);
+  }
+  if (auto it = members_.trainers.find(m.shard);
+      it != members_.trainers.end() && it->second.who == h.from)
+    return;  // sent again
+  add_peer(h.from, m.transport_address);
+  readmit(h.from);
+  const bool replacing = members_.trainers.contains(m.shard);
+  members_.trainers[m.shard] = {.who = h.from,
+                                .transport_address = m.transport_address,
+                                .tensors = m.tensors,
+                                .place = m.place,
+                                .first_version = started_ ? updates_.next_version() : 1};
+  if (started_) {
+    regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") +
+            " (node " + std::to_string(h.from.node) + ")");
+  } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
+    regroup("job start");
+  }
+}
+
+void job_coordinator::on_register_worker(const envelope_header& h, const register_worker& m) {
+  if (m.instance >= shape_.limits.max_instance_id) {
+    return fail_job("worker " + worker_name(m.instance, m.rank) + ": instance ids are below " +
+                    std::to_string(shape_.limits.max_instance_id) +
+                    " (job_limits::max_instance_id)");
+  }
+  // A table equal to a live one passed this check when that one was registered.
+  auto [table, fresh] = members_.intern(m.tensors, m.parts);
+  if (std::string why; fresh && !check_registration(table->tensors.items(), shape_.limits, why)) {
+    return fail_job("worker " + worker_name(m.instance, m.rank) + " (node " +
+                    std::to_string(h.from.node) + "): " + why);
+  }
+  if (auto it = members_.workers.find({m.instance, m.rank});
+      it != members_.workers.end() && it->second.who == h.from)
+    return;  // sent again
+  add_peer(h.from, m.transport_address);
+  readmit(h.from);
+  members_.workers[{m.instance, m.rank}] = {.who = h.from,
+                                            .transport_address = m.transport_address,
+                                            .table = std::move(table),
+                                            .on_device = m.on_device,
+                                            .place = m.place};
+  if (started_) {
+    const bool new_instance = !instances_seen_.contains(m.instance);
+    regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " +
+            std::to_string(h.from.node) + ")" + (new_instance ? ", a new instance" : ""));
+  } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
+    regroup("job start");
+  }
+}
+
+void job_coordinator::on_worker_ready(const envelope_header& h, const worker_ready& m) {
+  auto it = members_.workers.find({m.instance, m.rank});
+  if (it == members_.workers.end() || h.epoch != epoch() || it->second.who != h.from) return;
+  if (std::string why;
+      m.slots.length > 0 && !regions_.offer(h.from.node, h.epoch, m.slots, shape_.limits, why)) {
+    return fail_job("worker " + worker_name(m.instance, m.rank) + ": " + why);
+  }
+  auto& w = it->second;
+  w.ready = true;
+  w.slots = m.slots.length > 0 ? std::optional(m.slots) : std::nullopt;
+  w.direct_slot = m.direct_slot;
+  w.slot_bytes = m.slot_bytes;
+  w.complete_version = std::max(w.complete_version, m.complete_version);
+  w.partial_version = m.partial_version;
+  w.partial_chunks = {m.partial_chunks.begin(), m.partial_chunks.end()};
+  if (members_.all_workers_ready()) plan_in_force();
+}
+
+void job_coordinator::on_peer_unreachable(const envelope_header& h, const peer_unreachable& m) {
+  suspect(m.node, "unreachable from node " + std::to_string(h.from.node) + " (" + m.why + ")");
+}
+
+void job_coordinator::on_heartbeat(const envelope_header& h, const heartbeat&) {
+  answer_given_up(h.from.node);
+}
+
+/// A trainer shard cannot send a version it offloaded in a layout that changed since.
+void job_coordinator::on_shard_update_failed(const envelope_header& h, const update_failed& m) {
+  const auto shard = members_.find_trainer(h.from);
+  if (shard == members_.trainers.end() || m.version <= updates_.delivered() ||
+      !updates_.pending().contains(m.version))
+    return;
+  fail_version(m.version, "trainer shard " + std::to_string(shard->first) + ": " + m.reason);
+}
+
+void job_coordinator::on_leave_job(const envelope_header& h, const leave_job& m) {
+  lost(h.from.node, "left: " + m.reason);
+  members_.given_up.erase(h.from.node);
+}
+
+void job_coordinator::on_publish_started(const envelope_header& h, const publish_started& m) {
+  if (!from_shard(h, m.shard)) return;
+  verdicts_.publish_started(m.version, this->host().clock().now());
+  std::optional<std::uint32_t> publisher;  // none from a shard given up, whose frames a cut held
+  if (const auto shard = members_.find_trainer(h.from); shard != members_.trainers.end()) {
+    shard->second.last_published = std::max(shard->second.last_published, m.version);
+    publisher = shard->first;
+  }
+  updates_.published(m.version, publisher);
+  fail_skipped_versions();
+  resume();
+}
+
+void job_coordinator::on_shard_offloaded(const envelope_header& h, const shard_offloaded& m) {
+  if (from_shard(h, m.shard)) verdicts_.offloaded(m);
+}
+
+void job_coordinator::on_shard_sent(const envelope_header& h, const shard_sent& m) {
+  if (from_shard(h, m.shard)) verdicts_.sent(m);
+}
+
+void job_coordinator::on_shard_done(const envelope_header& h, const shard_done& m) {
+  if (!from_shard(h, m.shard)) return;
+  verdicts_.shard_finished(m);
+  check_complete();
+}
+
+void job_coordinator::on_version_complete(const envelope_header& h, const version_complete& m) {
+  auto it = members_.workers.find({m.instance, m.rank});
+  if (it == members_.workers.end() || it->second.who != h.from) return;
+  it->second.complete_version = std::max(it->second.complete_version, m.version);
+  verdicts_.worker_finished(m);
+  check_complete();
+}
+
+void job_coordinator::on_participant_error(const envelope_header& h, const participant_error& m) {
+  fail_job("node " + std::to_string(h.from.node) + ": " + m.reason);
+}
+
 void job_coordinator::add_peer(address who, const std::string& transport_address) {
   if (auto ec = host().transport().add_peer(who.node, transport_address)) {
-    log::warn("coordinator: cannot reach node {} at '{}': {}", who.node, transport_address, ec.message());
+    log::warn("coordinator: cannot reach node {} at '{}': {}", who.node, transport_address,
+              ec.message());
   }
 }
 
@@ -161,28 +205,36 @@ void job_coordinator::broadcast_all(F make) {
 }
 
 void job_coordinator::watch_heartbeats() {
-  heartbeat_timer_ = host().clock().async_wait(shape_.heartbeat_timeout / 4, [this](std::error_code ec) {
-    if (ec || stopping_) return;
-    const auto silent = members_.silent(host().clock().now(), shape_.heartbeat_timeout);
-    for (auto n : silent) lost(n, "no heartbeat for " + std::to_string(shape_.heartbeat_timeout.count()) + " ms");
-    watch_heartbeats();
-  });
+  heartbeat_timer_ =
+      host().clock().async_wait(shape_.heartbeat_timeout / 4, [this](std::error_code ec) {
+        if (ec || stopping_) return;
+        const auto silent = members_.silent(host().clock().now(), shape_.heartbeat_timeout);
+        for (auto n : silent)
+          lost(n, "no heartbeat for " + std::to_string(shape_.heartbeat_timeout.count()) + " ms");
+        watch_heartbeats();
+      });
 }
 
 void job_coordinator::suspect(node_id node, const std::string& why, bool checked_again) {
-  if (stopping_ || failed_ || !members_.is_member(node) || (!checked_again && suspect_checks_.contains(node))) return;
+  if (stopping_ || failed_ || !members_.is_member(node) ||
+      (!checked_again && suspect_checks_.contains(node)))
+    return;
   const auto enough = std::chrono::duration_cast<clock::duration>(shape_.heartbeat_timeout / 4);
   const auto silent = host().clock().now() - members_.last_seen[node];
   if (silent >= enough) {
-    return lost(node, "reported " + why + ", and silent for " +
-                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) + " ms");
+    return lost(
+        node,
+        "reported " + why + ", and silent for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+            " ms");
   }
   if (checked_again) return;
-  suspect_checks_[node] = host().clock().async_wait(enough - silent, [this, node, why](std::error_code ec) {
-    if (ec) return;  // cancelled: this coordinator may be gone
-    suspect_checks_.erase(node);
-    suspect(node, why, true);
-  });
+  suspect_checks_[node] =
+      host().clock().async_wait(enough - silent, [this, node, why](std::error_code ec) {
+        if (ec) return;  // cancelled: this coordinator may be gone
+        suspect_checks_.erase(node);
+        suspect(node, why, true);
+      });
 }
 
 void job_coordinator::answer_given_up(node_id node) {
@@ -201,7 +253,8 @@ void job_coordinator::readmit(const address& who) {
   auto it = members_.given_up.find(who.node);
   if (it == members_.given_up.end()) return;
   for (const auto v : updates_.failed()) {
-    if (v > it->second.delivered) send(who, update_failed{.version = v, .reason = "failed while this member was cut off"});
+    if (v > it->second.delivered)
+      send(who, update_failed{.version = v, .reason = "failed while this member was cut off"});
   }
   members_.given_up.erase(it);
 }
@@ -214,11 +267,15 @@ void job_coordinator::lost(node_id node, const std::string& why) {
   for (auto it = members_.trainers.begin(); it != members_.trainers.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto shard = it->first;
-    members_.give_up(node, {.who = it->second.who, .transport_address = it->second.transport_address, .shard = shard,
-                            .worker = {}, .delivered = updates_.delivered()});
+    members_.give_up(node, {.who = it->second.who,
+                            .transport_address = it->second.transport_address,
+                            .shard = shard,
+                            .worker = {},
+                            .delivered = updates_.delivered()});
     members_.trainers.erase(it);
     host().transport().remove_peer(node);
-    const auto reason = "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
+    const auto reason =
+        "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
     if (const auto active = updates_.active()) {
       const auto v = active->version;
       log::error("coordinator: update of version {} failed: {}", v, reason);
@@ -235,8 +292,11 @@ void job_coordinator::lost(node_id node, const std::string& why) {
   for (auto it = members_.workers.begin(); it != members_.workers.end(); ++it) {
     if (it->second.who.node != node) continue;
     const auto [instance, rank] = it->first;
-    members_.give_up(node, {.who = it->second.who, .transport_address = it->second.transport_address, .shard = {},
-                            .worker = it->first, .delivered = updates_.delivered()});
+    members_.give_up(node, {.who = it->second.who,
+                            .transport_address = it->second.transport_address,
+                            .shard = {},
+                            .worker = it->first,
+                            .delivered = updates_.delivered()});
     const auto& active = updates_.active();
     if (active && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
     const bool held_active = active && it->second.complete_version >= active->version;
@@ -255,7 +315,8 @@ void job_coordinator::lost(node_id node, const std::string& why) {
       left_holding_ = held_by_departed{.version = active->version, .under = std::move(*plan_)};
       plan_.reset();
     }
-    return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) + ") " + why);
+    return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) +
+                   ") " + why);
   }
 }
 
@@ -275,10 +336,13 @@ bool job_coordinator::from_shard(const envelope_header& h, std::uint32_t shard) 
 void job_coordinator::fail_version(std::uint64_t version, const std::string& reason, bool relaid) {
   if (!updates_.fail(version)) return;
   log::error("coordinator: update of version {} failed: {}", version, reason);
-  broadcast_all([&] { return update_failed{.version = version, .reason = reason, .relaid = relaid}; });
+  broadcast_all(
+      [&] { return update_failed{.version = version, .reason = reason, .relaid = relaid}; });
   if (on_update_failed) on_update_failed(version, reason);
-  if (const auto& active = updates_.active(); active && active->version == version && !active->catch_up) {
-    // Abandoned mid-update: a new epoch keeps its writes still in flight out of the next one's slots.
+  if (const auto& active = updates_.active();
+      active && active->version == version && !active->catch_up) {
+    // Abandoned mid-update: a new epoch keeps its writes still in flight out of the next one's
+    // slots.
     abandon_active();
     regroup("version " + std::to_string(version) + " failed");
   }
@@ -300,9 +364,11 @@ std::vector<node_id> job_coordinator::leader_nodes() const {
 }
 
 bool job_coordinator::leads(const address& worker) const {
-  return std::any_of(plan_->instances.begin(), plan_->instances.end(), [&](const instance_plan& inst) {
-    return std::any_of(inst.leaders.begin(), inst.leaders.end(), [&](auto rank) { return inst.workers.at(rank) == worker; });
-  });
+  return std::any_of(
+      plan_->instances.begin(), plan_->instances.end(), [&](const instance_plan& inst) {
+        return std::any_of(inst.leaders.begin(), inst.leaders.end(),
+                           [&](auto rank) { return inst.workers.at(rank) == worker; });
+      });
 }
 
 void job_coordinator::regroup(const std::string& reason) {
@@ -315,14 +381,28 @@ void job_coordinator::regroup(const std::string& reason) {
   }
   in_force_ = false;
   set_epoch(epoch() + 1);
-  if (distribution_) distribution_->cancelled = true;  // the old plan must not go out stamped with the new epoch
+  if (distribution_)
+    distribution_->cancelled = true;  // the old plan must not go out stamped with the new epoch
   log::info("coordinator: epoch {}: {}", epoch(), reason);
   if (members_.trainers.size() < shape_.trainers) {
     log::warn("coordinator: waiting for {} trainer shard(s) to rejoin before publishing again",
               shape_.trainers - members_.trainers.size());
     return;
   }
+  auto in = plan_inputs_now();
+  if (!in) return;
+  if (in->instances.empty()) {
+    log::warn("coordinator: no rollout worker left; waiting for one to join");
+    plan_.reset();
+    return;
+  }
+  std::string why;
+  auto p = make_plan(*in, why);
+  if (!p) return fail_job("no plan: " + why);
+  adopt_plan(std::move(*p));
+}
 
+std::optional<plan_inputs> job_coordinator::plan_inputs_now() {
   // The coverage of a partial registration is checked once every declared member is in: at start.
   plan_inputs in{.epoch = epoch(),
                  .chunk_bytes = shape_.chunk_bytes,
@@ -340,32 +420,41 @@ void job_coordinator::regroup(const std::string& reason) {
   }
   const published_tensors by_name(published);
   std::string why;
-  std::map<const job_membership::worker_table*, shared_selection> checked;  // each distinct table once
+  std::map<const job_membership::worker_table*, shared_selection>
+      checked;  // each distinct table once
   for (const auto& [key, w] : members_.workers) {
     const auto [it, fresh] = checked.try_emplace(w.table.get());
     if (fresh) {
       selection s;
-      if (!check_worker_tensors(by_name, w.table->tensors.items(), w.table->parts.items(), s, why)) {
-        return fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
+      if (!check_worker_tensors(by_name, w.table->tensors.items(), w.table->parts.items(), s,
+                                why)) {
+        fail_job("worker " + worker_name(key.first, key.second) + ": " + why);
+        return std::nullopt;
       }
       if (!s.empty()) it->second = intern(selections_, std::move(s));
     }
     if (it->second) in.selected.emplace(w.who, it->second);
   }
   in.selections = selections_;
-  // Every instance some worker registered in, declared or joined since; one whose workers all
-  // left has none and drops out of the plan.
+  in.instances = instances_now();
+  return in;
+}
+
+/// Every instance some worker registered in, declared or joined since; one whose workers all left
+/// has none and drops out of the plan. An instance keeps its first leader where it can.
+std::vector<instance_plan> job_coordinator::instances_now() {
+  std::vector<instance_plan> instances;
   for (auto first = members_.workers.begin(); first != members_.workers.end();) {
     const std::uint32_t i = first->first.first;
     const auto end = members_.workers.lower_bound({i + 1, 0});
     instance_plan inst{.id = i};
+    bool on_devices = true;
     for (auto w = first; w != end; ++w) {
       inst.workers.push_back(w->second.who);
       inst.places.push_back(w->second.place);
+      on_devices = on_devices && w->second.on_device;
     }
     first = end;
-    const bool on_devices = std::all_of(members_.workers.begin(), members_.workers.end(),
-                                        [&](const auto& e) { return e.first.first != i || e.second.on_device; });
     std::optional<address> first_leader;
     for (std::size_t o = 0; plan_ && o < plan_->instances.size(); ++o) {
       const auto& old = plan_->instances[o];
@@ -373,39 +462,46 @@ void job_coordinator::regroup(const std::string& reason) {
     }
     inst.leaders = choose_leaders(inst.workers, shape_.stripes, on_devices, first_leader);
     instances_seen_.insert(i);
-    in.instances.push_back(std::move(inst));
+    instances.push_back(std::move(inst));
   }
-  if (in.instances.empty()) {
-    log::warn("coordinator: no rollout worker left; waiting for one to join");
-    plan_.reset();
-    return;
-  }
-  auto p = make_plan(in, why);
-  if (!p) return fail_job("no plan: " + why);
-  if (layout_ && *layout_ != p->layout) {
+  return instances;
+}
+
+/// The new plan goes out to every member; where its chunk layout differs from the last, the
+/// versions laid out for the old one fail.
+void job_coordinator::adopt_plan(plan p) {
+  if (layout_ && *layout_ != p.layout) {
     // Chunk ids now mean other bytes: what is in flight, and the trainers' host copies, were laid
     // out for the old ones. Those versions fail; late joiners wait for the next version.
-    const std::string relaid = "the chunk layout changed (a trainer's table, or a part no worker had registered)";
+    const std::string relaid =
+        "the chunk layout changed (a trainer's table, or a part no worker had registered)";
     log::warn("coordinator: epoch {}: {}", epoch(), relaid);
     abandon_active();
-    for (const auto v : std::vector(updates_.pending().begin(), updates_.pending().end())) fail_version(v, relaid, true);
-    for (auto& [shard, t] : members_.trainers) t.first_version = std::max(t.first_version, updates_.next_version());
+    for (const auto v : std::vector(updates_.pending().begin(), updates_.pending().end()))
+      fail_version(v, relaid, true);
+    for (auto& [shard, t] : members_.trainers)
+      t.first_version = std::max(t.first_version, updates_.next_version());
   }
-  layout_ = p->layout;
-  plan_ = std::move(*p);
+  layout_ = p.layout;
+  plan_ = std::move(p);
   started_ = true;
   std::vector<peer_entry> peers;
-  for (const auto& [rank, t] : members_.trainers) peers.push_back({t.who.node, t.transport_address});
+  for (const auto& [rank, t] : members_.trainers)
+    peers.push_back({t.who.node, t.transport_address});
   for (auto& [key, w] : members_.workers) {
     peers.push_back({w.who.node, w.transport_address});
     w.ready = false;
   }
   const auto pairs = plan_->paths();
-  log::info("coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} instance(s), {} worker(s), "
-            "{} leader(s) in instance {}; of {} trainer-worker pairs, {} GPU to GPU on one host, {} GPUDirect (p2p {})",
-            epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes, plan_->total_bytes(),
-            plan_->instances.size(), members_.workers.size(), plan_->instances.front().leaders.size(), plan_->instances.front().id,
-            pairs.all, pairs.device_direct, pairs.gpudirect, p2p_mode_name(plan_->p2p));
+  log::info(
+      "coordinator: plan of epoch {}: {} tensors, {} chunks of up to {} bytes, {} bytes, {} "
+      "instance(s), {} worker(s), "
+      "{} leader(s) in instance {}; of {} trainer-worker pairs, {} GPU to GPU on one host, {} "
+      "GPUDirect (p2p {})",
+      epoch(), plan_->tensors.size(), plan_->chunks.size(), plan_->chunk_bytes,
+      plan_->total_bytes(), plan_->instances.size(), members_.workers.size(),
+      plan_->instances.front().leaders.size(), plan_->instances.front().id, pairs.all,
+      pairs.device_direct, pairs.gpudirect, p2p_mode_name(plan_->p2p));
   send_plan(plan_ready{.plan = *plan_, .peers = peers});
 }
 
@@ -430,27 +526,29 @@ std::optional<std::vector<leader_route>> job_coordinator::leader_routes(const in
   return routes;
 }
 
-std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance, const address& worker) {
+std::optional<leader_route> job_coordinator::direct_route(std::uint32_t instance,
+                                                          const address& worker) {
   const auto* w = members_.find_worker(worker);
   if (!w || !w->slots) {
     fail_job("worker " + std::to_string(worker.node) + " of instance " + std::to_string(instance) +
              " offered no slots for the chunks sent to it directly");
     return std::nullopt;
   }
-  return leader_route{
-      .instance = instance,
-      .leader = worker,
-      .slots = *w->slots,
-      .first_slot = w->direct_slot,
-      .direct = true,
-      .slot_bytes = w->slot_bytes};
+  return leader_route{.instance = instance,
+                      .leader = worker,
+                      .slots = *w->slots,
+                      .first_slot = w->direct_slot,
+                      .direct = true,
+                      .slot_bytes = w->slot_bytes};
 }
 
 void job_coordinator::send_plan(plan_ready message) {
-  if (distribution_) distribution_->cancelled = true;  // the older plan's members not reached yet never will be
+  if (distribution_)
+    distribution_->cancelled = true;  // the older plan's members not reached yet never will be
   distribution_ = std::make_shared<plan_distribution>();
   distribution_->message = encode_body(std::move(message));
-  // Trainers first: each must hold the plan before its job_ready, which follows the workers' readiness.
+  // Trainers first: each must hold the plan before its job_ready, which follows the workers'
+  // readiness.
   members_.for_each([&](const address& who) { distribution_->to.push_back(who); });
   send_more_plans(distribution_);
 }
@@ -470,7 +568,9 @@ void job_coordinator::send_more_plans(const std::shared_ptr<plan_distribution>& 
 }
 
 void job_coordinator::plan_in_force() {
-  if (in_force_ || !plan_ || plan_->epoch != epoch() || (distribution_ && !distribution_->to.empty())) return;
+  if (in_force_ || !plan_ || plan_->epoch != epoch() ||
+      (distribution_ && !distribution_->to.empty()))
+    return;
   job_ready ready{.next_version = updates_.next_version()};
   for (const auto& inst : plan_->instances) {
     auto routes = leader_routes(inst);
@@ -488,13 +588,15 @@ void job_coordinator::plan_in_force() {
     regroup_since_.reset();
     if (epoch() > 1) {
       ++regroups_;
-      log::info("coordinator: regrouped into epoch {} in {:.1f} ms ({})", r.epoch, r.milliseconds, r.reason);
+      log::info("coordinator: regrouped into epoch {} in {:.1f} ms ({})", r.epoch, r.milliseconds,
+                r.reason);
       if (on_regroup) on_regroup(r);
     } else if (on_ready) {
       on_ready(*plan_);
     }
   }
-  if (const auto active = updates_.active()) return start_update(*active);  // resend what is missing
+  if (const auto active = updates_.active())
+    return start_update(*active);  // resend what is missing
   resume();
 }
 
@@ -513,7 +615,8 @@ void job_coordinator::start_update(update_scheduler::update u) {
     auto routes = leader_routes(inst);
     if (!routes) return;
     if (!sends.through_leaders.empty()) {
-      for (const auto& route : *routes) all.push_back({.route = route, .chunks = sends.through_leaders});
+      for (const auto& route : *routes)
+        all.push_back({.route = route, .chunks = sends.through_leaders});
     }
     for (std::uint32_t r = 0; r < sends.direct.size(); ++r) {
       if (sends.direct[r].empty()) continue;
@@ -523,8 +626,8 @@ void job_coordinator::start_update(update_scheduler::update u) {
     }
   }
   const auto go = update_scheduler::orders_by_shard(*plan_, u.version, all);
-  log::debug("coordinator: epoch {}: {} version {} to {} route(s)", epoch(), u.catch_up ? "catch-up of" : "update",
-             u.version, all.size());
+  log::debug("coordinator: epoch {}: {} version {} to {} route(s)", epoch(),
+             u.catch_up ? "catch-up of" : "update", u.version, all.size());
   for (const auto& [rank, t] : members_.trainers)
     if (rank < go.size()) send(t.who, go[rank]);
   if (on_update) on_update(u.version, u.catch_up, leader_nodes());
@@ -544,7 +647,8 @@ void job_coordinator::check_complete() {
 }
 
 bool job_coordinator::holds_everywhere(std::uint64_t version) const {
-  if (!updates_.active()->catch_up && !verdicts_.shards_in(version, shape_.trainers)) return false;  // digests, busy times to come
+  if (!updates_.active()->catch_up && !verdicts_.shards_in(version, shape_.trainers))
+    return false;  // digests, busy times to come
   return std::all_of(members_.workers.begin(), members_.workers.end(),
                      [&](const auto& w) { return w.second.complete_version >= version; });
 }
@@ -563,12 +667,14 @@ void job_coordinator::complete_active(const plan& p) {
   const auto done = updates_.complete();
   left_holding_.reset();
   if (done.catch_up) {
-    log::info("coordinator: late joiner(s) caught up with version {}{}", done.version, match ? ", digests match" : "");
+    log::info("coordinator: late joiner(s) caught up with version {}{}", done.version,
+              match ? ", digests match" : "");
   } else {
     const auto report =
         verdicts_.deliver(done.version, p, static_cast<std::uint32_t>(members_.workers.size()),
                           match, host().clock().now());
-    for (const auto& [rank, t] : members_.trainers) send(t.who, version_delivered{.version = done.version, .verified = match});
+    for (const auto& [rank, t] : members_.trainers)
+      send(t.who, version_delivered{.version = done.version, .verified = match});
     if (on_delivered) on_delivered(report);
   }
   resume();

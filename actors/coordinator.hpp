@@ -71,7 +71,8 @@ class job_coordinator final : public actor {
   std::function<void(const plan&)> on_ready;
   std::function<void(const regroup_report&)> on_regroup;
   /// An update starts sending: its version, whether it is a catch-up, and the leaders' nodes.
-  std::function<void(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders)> on_update;
+  std::function<void(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders)>
+      on_update;
   std::function<void(std::uint64_t version, const std::string&)> on_update_failed;
 
   /// Tells every participant to stop.
@@ -89,8 +90,23 @@ class job_coordinator final : public actor {
   using worker_key = job_membership::worker_key;
   using worker_entry = job_membership::worker_entry;
 
+  /// Takes `M` with `handler` while the coordinator runs; any message says its sender is alive.
   template <message M>
-  void handle(std::function<void(const envelope_header&, const M&)> fn);
+  void handle(void (job_coordinator::*handler)(const envelope_header&, const M&));
+  // What members send, one handler a message.
+  void on_register_trainer(const envelope_header& h, const register_trainer& m);
+  void on_register_worker(const envelope_header& h, const register_worker& m);
+  void on_worker_ready(const envelope_header& h, const worker_ready& m);
+  void on_peer_unreachable(const envelope_header& h, const peer_unreachable& m);
+  void on_heartbeat(const envelope_header& h, const heartbeat&);
+  void on_shard_update_failed(const envelope_header& h, const update_failed& m);
+  void on_leave_job(const envelope_header& h, const leave_job& m);
+  void on_publish_started(const envelope_header& h, const publish_started& m);
+  void on_shard_offloaded(const envelope_header& h, const shard_offloaded& m);
+  void on_shard_sent(const envelope_header& h, const shard_sent& m);
+  void on_shard_done(const envelope_header& h, const shard_done& m);
+  void on_version_complete(const envelope_header& h, const version_complete& m);
+  void on_participant_error(const envelope_header& h, const participant_error& m);
   void add_peer(address who, const std::string& transport_address);
   void watch_heartbeats();
   /// A member another member cannot reach: lost once it has been silent for a quarter of the
@@ -106,10 +122,15 @@ class job_coordinator final : public actor {
   bool leads(const address& worker) const;
   std::vector<node_id> leader_nodes() const;
   void regroup(const std::string& reason);
+  /// What the next plan is made of: the trainers' tables, each worker's checked selection and
+  /// the instances; nothing when a worker's registration fails the job.
+  std::optional<plan_inputs> plan_inputs_now();
+  std::vector<instance_plan> instances_now();
+  void adopt_plan(plan p);
   /// The plan on its way to every member, a few frames at a time: a Kimi-K2 plan is tens of MB per
   /// member, hundreds of members at once would be gigabytes of frames.
   struct plan_distribution {
-    encoded_body message;  ///< encoded once for every member
+    encoded_body message;    ///< encoded once for every member
     std::deque<address> to;  ///< not sent yet
     std::uint32_t in_flight = 0;
     bool cancelled = false;  ///< a newer plan replaced it, or the coordinator is gone
@@ -143,7 +164,7 @@ class job_coordinator final : public actor {
 
   job_shape shape_;
   job_membership members_;
-  std::set<std::uint32_t> instances_seen_;  ///< every instance id a plan has had
+  std::set<std::uint32_t> instances_seen_;           ///< every instance id a plan has had
   std::map<node_id, std::uint64_t> suspect_checks_;  ///< members to look at again: their timers
   void answer_given_up(node_id node);
   /// `who` registered again after it was given up: it hears of the versions that failed meanwhile
@@ -151,7 +172,8 @@ class job_coordinator final : public actor {
   void readmit(const address& who);
   std::optional<plan> plan_;
   std::shared_ptr<plan_distribution> distribution_;
-  std::optional<std::uint64_t> layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
+  std::optional<std::uint64_t>
+      layout_;  ///< the last plan's (plan_ may be gone while no worker is left)
   /// The job's last worker left holding the active update before every shard had reported: no plan
   /// comes into force until a worker joins, so the shards' reports complete it under the plan it
   /// was held under, if no worker is in the job then (one that joined and left without it takes
@@ -161,7 +183,7 @@ class job_coordinator final : public actor {
     plan under;
   };
   std::optional<held_by_departed> left_holding_;
-  selection_set selections_;             ///< every selection the job has seen: they fix the layout
+  selection_set selections_;  ///< every selection the job has seen: they fix the layout
   region_budget regions_;  ///< the regions each node offered, against limits.max_regions_per_peer
   bool started_ = false;   ///< the first plan was made
   bool in_force_ = false;  ///< every worker is ready for the current epoch
