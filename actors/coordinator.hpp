@@ -25,7 +25,7 @@ struct job_shape {
   /// `job_limits::max_instance_id`) may join at any time: elastic rollout.
   std::vector<std::uint32_t> instance_sizes{3, 3};
   std::uint64_t chunk_bytes = default_chunk_bytes;
-  std::uint32_t depth = 2;
+  std::uint32_t depth = default_depth;
   /// Leaders per instance (k), each receiving one stripe of every chunk; at most the instance's
   /// size. 0: every member leads when the workers hold their tensors on GPUs (each leader then
   /// uploads through its own PCIe link), one leader otherwise.

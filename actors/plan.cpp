@@ -2,16 +2,15 @@
 
 #include <xxhash.h>
 
-#include <unordered_map>
-
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <type_traits>
-#include <map>
 #include <set>
 #include <stdexcept>
+#include <type_traits>
+#include <unordered_map>
 
 #include "runtime/shared_per_sources.hpp"
 
@@ -40,15 +39,19 @@ std::vector<std::uint32_t> plan::chunks_of(std::uint32_t shard) const {
     const auto a = chunks[id].audience;
     at[id] = (seen[a]++ + 0.5) / per_audience[a];
   }
-  std::stable_sort(ids.begin(), ids.end(), [&](std::uint32_t x, std::uint32_t y) { return at[x] < at[y]; });
+  std::stable_sort(ids.begin(), ids.end(),
+                   [&](std::uint32_t x, std::uint32_t y) { return at[x] < at[y]; });
   return ids;
 }
 
 std::string_view p2p_mode_name(p2p_mode mode) {
   switch (mode) {
-    case p2p_mode::device: return "device";
-    case p2p_mode::host: return "host";
-    default: return "auto";
+    case p2p_mode::device:
+      return "device";
+    case p2p_mode::host:
+      return "host";
+    default:
+      return "auto";
   }
 }
 
@@ -59,10 +62,11 @@ std::optional<p2p_mode> parse_p2p_mode(std::string_view name) {
 }
 
 chunk_path path_between(p2p_mode mode, const device_place& shard, const device_place& worker) {
-  if (mode == p2p_mode::host || shard.gpu.empty() || worker.gpu.empty()) return chunk_path::host_copy;
+  if (mode == p2p_mode::host || shard.gpu.empty() || worker.gpu.empty())
+    return chunk_path::host_copy;
   const bool one_host = shard.host != 0 && shard.host == worker.host;
-  const bool reads = shard.gpu == worker.gpu ||
-                     std::find(worker.reads.begin(), worker.reads.end(), shard.gpu) != worker.reads.end();
+  const bool reads = shard.gpu == worker.gpu || std::find(worker.reads.begin(), worker.reads.end(),
+                                                          shard.gpu) != worker.reads.end();
   if (one_host && (reads || mode == p2p_mode::device)) return chunk_path::device_direct;
   return shard.rdma && worker.rdma ? chunk_path::gpudirect : chunk_path::host_copy;
 }
@@ -139,7 +143,8 @@ plan::receive_share plan::receive_shares() const {
         holds += segment_bytes[a];
       }
       share.most_bytes = std::max(share.most_bytes, receives);
-      share.worst_ratio = std::max(share.worst_ratio, static_cast<double>(receives) / std::max<std::uint64_t>(holds, 1));
+      share.worst_ratio = std::max(
+          share.worst_ratio, static_cast<double>(receives) / std::max<std::uint64_t>(holds, 1));
     }
   }
   return share;
@@ -152,18 +157,32 @@ std::shared_ptr<const plan> share_plan(const plan& p) {
   std::lock_guard lock(mutex);
   std::erase_if(shared, [](const auto& e) { return e.second.expired(); });
   auto& slot = shared[p.digest];
-  if (auto live = slot.lock(); live && live->digest == p.digest && live->epoch == p.epoch) return live;
+  if (auto live = slot.lock(); live && live->digest == p.digest && live->epoch == p.epoch)
+    return live;
   auto copy = std::make_shared<const plan>(p);
   slot = copy;
   return copy;
 }
 
+std::optional<std::string> chunk_bytes_refusal(std::uint64_t chunk_bytes) {
+  if (chunk_bytes >= tensor_alignment && chunk_bytes % tensor_alignment == 0) return std::nullopt;
+  return "must be a positive multiple of the " + std::to_string(tensor_alignment) +
+         "-byte alignment";
+}
+
+std::optional<std::string> depth_refusal(std::uint32_t depth) {
+  if (depth >= 1) return std::nullopt;
+  return "depth must be at least 1";
+}
+
 namespace {
-std::uint64_t align_up(std::uint64_t n) { return (n + tensor_alignment - 1) / tensor_alignment * tensor_alignment; }
+std::uint64_t align_up(std::uint64_t n) {
+  return (n + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+}
 
 std::string bytes_of(const tensor_segment& s, const plan& p) {
-  return "bytes [" + std::to_string(s.offset) + ", " + std::to_string(s.offset + s.bytes) + ") of tensor '" +
-         p.tensors[s.tensor].name + "'";
+  return "bytes [" + std::to_string(s.offset) + ", " + std::to_string(s.offset + s.bytes) +
+         ") of tensor '" + p.tensors[s.tensor].name + "'";
 }
 
 /// Each tensor cut where a selection's range starts or ends. A segment's key is the selections
@@ -173,13 +192,16 @@ struct segment_cut {
   std::vector<tensor_segment> segments;
   std::vector<std::uint32_t> key_of;  ///< per segment: its key, numbered by first appearance
 };
-segment_cut cut_segments(plan& p, const selection_set& selections, const std::map<address, shared_selection>& selected) {
+segment_cut cut_segments(plan& p, const selection_set& selections,
+                         const std::map<address, shared_selection>& selected) {
   const std::vector<shared_selection> known(selections.begin(), selections.end());
   std::map<const selection*, std::uint32_t> number;  // by identity: no contents compared
   for (std::uint32_t k = 0; k < known.size(); ++k) number.emplace(known[k].get(), k);
   auto number_of = [&](const shared_selection& s) {
     const auto it = number.find(s.get());
-    if (it == number.end()) throw std::logic_error("plan_inputs: a selected entry is not one of `selections` (use select)");
+    if (it == number.end())
+      throw std::logic_error(
+          "plan_inputs: a selected entry is not one of `selections` (use select)");
     return it->second;
   };
   std::vector<address> whole;                               // live workers without a selection
@@ -199,7 +221,8 @@ segment_cut cut_segments(plan& p, const selection_set& selections, const std::ma
     for (const auto& r : *known[k]) wants[r.name].emplace_back(k, r.range);
   }
   segment_cut out;
-  std::map<std::vector<std::uint32_t>, std::pair<std::uint32_t, std::uint32_t>> keys;  // -> key, audience
+  std::map<std::vector<std::uint32_t>, std::pair<std::uint32_t, std::uint32_t>>
+      keys;  // -> key, audience
   std::map<std::vector<address>, std::uint32_t> interned;
   auto audience_of = [&](std::vector<address> who) {
     std::sort(who.begin(), who.end());
@@ -207,8 +230,10 @@ segment_cut cut_segments(plan& p, const selection_set& selections, const std::ma
     if (fresh) p.audiences.push_back(std::move(who));
     return it->second;
   };
-  auto add = [&](std::uint32_t tensor, std::uint64_t offset, std::uint64_t bytes, std::vector<std::uint32_t> covering) {
-    auto [it, fresh] = keys.emplace(covering, std::pair{static_cast<std::uint32_t>(keys.size()), 0u});
+  auto add = [&](std::uint32_t tensor, std::uint64_t offset, std::uint64_t bytes,
+                 std::vector<std::uint32_t> covering) {
+    auto [it, fresh] =
+        keys.emplace(covering, std::pair{static_cast<std::uint32_t>(keys.size()), 0u});
     if (fresh) {
       if (covering.size() == known.size()) {
         it->second.second = 0;  // every selection, and the workers without one: everyone
@@ -218,7 +243,8 @@ segment_cut cut_segments(plan& p, const selection_set& selections, const std::ma
         it->second.second = audience_of(std::move(who));
       }
     }
-    out.segments.push_back({.tensor = tensor, .offset = offset, .bytes = bytes, .audience = it->second.second});
+    out.segments.push_back(
+        {.tensor = tensor, .offset = offset, .bytes = bytes, .audience = it->second.second});
     out.key_of.push_back(it->second.first);
   };
   out.segments.reserve(p.tensors.size());
@@ -321,8 +347,8 @@ std::uint64_t plan_digest(const plan& p) {
 
 /// Places `run` (segments of one shard and one key) in the shard's stream from `stream` on, each
 /// 256-byte aligned, and cuts it into chunks of at most `chunk_bytes` that no other run shares.
-void pack_run(std::span<tensor_segment> run, std::uint32_t shard, std::uint64_t chunk_bytes, std::uint64_t& stream,
-              std::vector<chunk_info>& chunks) {
+void pack_run(std::span<tensor_segment> run, std::uint32_t shard, std::uint64_t chunk_bytes,
+              std::uint64_t& stream, std::vector<chunk_info>& chunks) {
   const std::uint64_t first_byte = align_up(stream);
   for (auto& s : run) {
     s.shard_offset = stream = align_up(stream);
@@ -330,15 +356,20 @@ void pack_run(std::span<tensor_segment> run, std::uint32_t shard, std::uint64_t 
   }
   auto next = run.begin();  // the segments before it end before the current chunk
   for (std::uint64_t begin = first_byte; begin < stream; begin += chunk_bytes) {
-    chunk_info c{.shard = shard, .shard_offset = begin, .bytes = std::min(chunk_bytes, stream - begin),
+    chunk_info c{.shard = shard,
+                 .shard_offset = begin,
+                 .bytes = std::min(chunk_bytes, stream - begin),
                  .audience = run.front().audience};
     const std::uint64_t end = begin + c.bytes;
     while (next != run.end() && next->shard_offset + next->bytes <= begin) ++next;
     for (auto it = next; it != run.end() && it->shard_offset < end; ++it) {
-      const std::uint64_t from = std::max(it->shard_offset, begin), to = std::min(it->shard_offset + it->bytes, end);
+      const std::uint64_t from = std::max(it->shard_offset, begin),
+                          to = std::min(it->shard_offset + it->bytes, end);
       if (from >= to) continue;
-      c.pieces.push_back({.tensor = it->tensor, .tensor_offset = it->offset + (from - it->shard_offset),
-                          .chunk_offset = from - begin, .bytes = to - from});
+      c.pieces.push_back({.tensor = it->tensor,
+                          .tensor_offset = it->offset + (from - it->shard_offset),
+                          .chunk_offset = from - begin,
+                          .bytes = to - from});
     }
     chunks.push_back(std::move(c));
   }
@@ -350,14 +381,16 @@ result<void> check_coverage(const plan& p, const segment_cut& c, std::string& wh
     std::map<std::uint32_t, bool> heard;  // audience -> some member of `inst` hears it
     for (const auto& s : c.segments) {
       if (s.audience != 0 && p.audiences[s.audience].empty()) {
-        why = "no worker registered " + bytes_of(s, p) + " (every instance must hold the whole model)";
+        why = "no worker registered " + bytes_of(s, p) +
+              " (every instance must hold the whole model)";
         return fail(errc::invalid_argument);
       }
       auto [it, fresh] = heard.emplace(s.audience, false);
       if (fresh) it->second = !p.hearers(inst, s.audience).empty();
       if (!it->second) {
-        why = "instance " + std::to_string(inst.id) + " leaves " + bytes_of(s, p) + " unclaimed: none of its " +
-              std::to_string(inst.workers.size()) + " worker(s) registered them";
+        why = "instance " + std::to_string(inst.id) + " leaves " + bytes_of(s, p) +
+              " unclaimed: none of its " + std::to_string(inst.workers.size()) +
+              " worker(s) registered them";
         return fail(errc::invalid_argument);
       }
     }
@@ -389,8 +422,9 @@ result<void> region_budget::offer(node_id peer, std::uint32_t epoch, const regio
   auto& o = offered_[peer];
   if (o.epoch != epoch) o = {.epoch = epoch};
   if (!o.ids.contains(region.id) && o.ids.size() >= limits.max_regions_per_peer) {
-    why = "max_regions_per_peer: node " + std::to_string(peer) + " offered " + std::to_string(o.ids.size() + 1) +
-          " regions in epoch " + std::to_string(epoch) + ", the limit is " + std::to_string(limits.max_regions_per_peer);
+    why = "max_regions_per_peer: node " + std::to_string(peer) + " offered " +
+          std::to_string(o.ids.size() + 1) + " regions in epoch " + std::to_string(epoch) +
+          ", the limit is " + std::to_string(limits.max_regions_per_peer);
     return fail(errc::invalid_argument);
   }
   o.ids.insert(region.id);
@@ -408,11 +442,9 @@ std::unexpected<std::error_code> refuse(std::string& why, std::string reason) {
 /// Refuses inputs no plan can be made of, and from sizes alone (nothing is allocated yet) inputs
 /// that would break a limit.
 result<void> check_plan_inputs(const plan_inputs& in, std::string& why) {
-  if (in.chunk_bytes < tensor_alignment || in.chunk_bytes % tensor_alignment != 0) {
-    return refuse(why, "chunk size " + std::to_string(in.chunk_bytes) + " must be a positive multiple of the " +
-                  std::to_string(tensor_alignment) + "-byte alignment");
-  }
-  if (in.depth == 0) return refuse(why, "depth must be at least 1");
+  if (auto no = chunk_bytes_refusal(in.chunk_bytes))
+    return refuse(why, "chunk size " + std::to_string(in.chunk_bytes) + ": " + *no);
+  if (auto no = depth_refusal(in.depth)) return refuse(why, *no);
   if (in.shard_tensors.empty() || in.shard_tensors.size() != in.shards.size()) {
     return refuse(why, "a plan needs at least one trainer shard");
   }
@@ -421,7 +453,8 @@ result<void> check_plan_inputs(const plan_inputs& in, std::string& why) {
     return refuse(why, "a plan needs a place for every trainer shard, or none");
   for (const auto& inst : in.instances) {
     if (!inst.places.empty() && inst.places.size() != inst.workers.size())
-      return refuse(why, "instance " + std::to_string(inst.id) + " needs a place for every worker, or none");
+      return refuse(
+          why, "instance " + std::to_string(inst.id) + " needs a place for every worker, or none");
   }
 
   std::uint64_t tensor_count = 0, chunk_count = 0;
@@ -438,12 +471,13 @@ result<void> check_plan_inputs(const plan_inputs& in, std::string& why) {
     chunk_count += stream / in.chunk_bytes + (stream % in.chunk_bytes != 0);
   }
   if (tensor_count > in.limits.max_tensors) {
-    return refuse(why, "max_tensors: the plan has " + std::to_string(tensor_count) + " tensors, the limit is " +
-                  std::to_string(in.limits.max_tensors));
+    return refuse(why, "max_tensors: the plan has " + std::to_string(tensor_count) +
+                           " tensors, the limit is " + std::to_string(in.limits.max_tensors));
   }
   if (chunk_count > in.limits.max_chunks) {
     return refuse(why, "max_chunks: the plan needs " + std::to_string(chunk_count) + " chunks of " +
-                  std::to_string(in.chunk_bytes) + " bytes, the limit is " + std::to_string(in.limits.max_chunks));
+                           std::to_string(in.chunk_bytes) + " bytes, the limit is " +
+                           std::to_string(in.limits.max_chunks));
   }
 
   return {};
@@ -458,7 +492,8 @@ void pack_chunks(plan& p, const segment_cut& cut, std::size_t shards, std::uint6
   std::vector<std::uint32_t> order(cut.segments.size());  // segments in packing order
   for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return std::pair(p.owner[cut.segments[a].tensor], cut.key_of[a]) < std::pair(p.owner[cut.segments[b].tensor], cut.key_of[b]);
+    return std::pair(p.owner[cut.segments[a].tensor], cut.key_of[a]) <
+           std::pair(p.owner[cut.segments[b].tensor], cut.key_of[b]);
   });
   std::vector<tensor_segment> segments;
   std::vector<std::uint32_t> key_of;
@@ -471,13 +506,16 @@ void pack_chunks(plan& p, const segment_cut& cut, std::size_t shards, std::uint6
     const auto shard = p.owner[segments[first].tensor];
     auto run_end = [&](std::size_t i) {  // the end of the run of `i`'s shard and key
       std::size_t end = i;
-      while (end < segments.size() && p.owner[segments[end].tensor] == shard && key_of[end] == key_of[i]) ++end;
+      while (end < segments.size() && p.owner[segments[end].tensor] == shard &&
+             key_of[end] == key_of[i])
+        ++end;
       return end;
     };
     std::uint64_t stream = 0;
     std::size_t run = first;
     for (; run < segments.size() && p.owner[segments[run].tensor] == shard; run = run_end(run)) {
-      pack_run(std::span(segments).subspan(run, run_end(run) - run), shard, chunk_bytes, stream, per_shard[shard]);
+      pack_run(std::span(segments).subspan(run, run_end(run) - run), shard, chunk_bytes, stream,
+               per_shard[shard]);
     }
     p.shard_bytes[shard] = align_up(stream);
     first = run;
@@ -519,18 +557,21 @@ result<plan> make_plan(const plan_inputs& in, std::string& why) {
     if (!validate_tensor_table(table, why)) return fail(errc::invalid_argument);
     for (const auto& t : table) {
       if (auto [it, fresh] = owner_of.emplace(t.name, s); !fresh) {
-        return refuse(why, "tensor '" + t.name + "' is owned by shards " + std::to_string(it->second) + " and " +
-                      std::to_string(s));
+        return refuse(why, "tensor '" + t.name + "' is owned by shards " +
+                               std::to_string(it->second) + " and " + std::to_string(s));
       }
       p.tensors.push_back(t);
       p.owner.push_back(s);
     }
   }
   for (auto inst : in.instances) {
-    if (inst.workers.empty()) return refuse(why, "instance " + std::to_string(inst.id) + " has no workers");
+    if (inst.workers.empty())
+      return refuse(why, "instance " + std::to_string(inst.id) + " has no workers");
     if (inst.leaders.empty()) inst.leaders = {0};
     for (auto l : inst.leaders) {
-      if (l >= inst.workers.size()) return refuse(why, "instance " + std::to_string(inst.id) + " names a leader rank past its size");
+      if (l >= inst.workers.size())
+        return refuse(why,
+                      "instance " + std::to_string(inst.id) + " names a leader rank past its size");
     }
     if (std::set(inst.leaders.begin(), inst.leaders.end()).size() != inst.leaders.size())
       return refuse(why, "instance " + std::to_string(inst.id) + " names a leader twice");
@@ -556,25 +597,31 @@ const tensor_spec* published_tensors::find(std::string_view name) const {
   return it == by_name_.end() ? nullptr : it->second;
 }
 
-plan_index::plan_index(std::shared_ptr<const plan> job) : job_(std::move(job)), by_name_(job_->tensors) {
+plan_index::plan_index(std::shared_ptr<const plan> job)
+    : job_(std::move(job)), by_name_(job_->tensors) {
   const auto audiences = job_->audiences.size();
   const auto past = [&](std::string what, std::uint32_t audience) {
     if (flaw_.empty()) {
-      flaw_ = "has " + what + " in audience " + std::to_string(audience) + ", past its " + std::to_string(audiences);
+      flaw_ = "has " + what + " in audience " + std::to_string(audience) + ", past its " +
+              std::to_string(audiences);
     }
   };
   for (std::uint32_t i = 0; i < job_->chunks.size(); ++i) {
     const auto& c = job_->chunks[i];
-    if (c.id != i && flaw_.empty()) flaw_ = "has chunk " + std::to_string(c.id) + " in place " + std::to_string(i);
+    if (c.id != i && flaw_.empty())
+      flaw_ = "has chunk " + std::to_string(c.id) + " in place " + std::to_string(i);
     if (c.audience >= audiences) past("chunk " + std::to_string(i), c.audience);
   }
   first_segment_.assign(audiences + 1, 0);
   for (std::uint32_t i = 0; i < job_->segments.size(); ++i) {
     const auto a = job_->segments[i].audience;
-    if (a < audiences) ++first_segment_[a + 1];
-    else past("segment " + std::to_string(i), a);
+    if (a < audiences)
+      ++first_segment_[a + 1];
+    else
+      past("segment " + std::to_string(i), a);
   }
-  for (std::size_t a = 1; a < first_segment_.size(); ++a) first_segment_[a] += first_segment_[a - 1];
+  for (std::size_t a = 1; a < first_segment_.size(); ++a)
+    first_segment_[a] += first_segment_[a - 1];
   segments_.resize(first_segment_.back());
   auto next = first_segment_;
   for (std::uint32_t i = 0; i < job_->segments.size(); ++i) {
@@ -583,7 +630,8 @@ plan_index::plan_index(std::shared_ptr<const plan> job) : job_(std::move(job)), 
 }
 
 std::shared_ptr<const plan_index> plan_index::of(const std::shared_ptr<const plan>& job) {
-  return shared_per_sources<plan_index>([&] { return std::make_shared<const plan_index>(job); }, job);
+  return shared_per_sources<plan_index>([&] { return std::make_shared<const plan_index>(job); },
+                                        job);
 }
 
 std::int64_t plan_index::tensor_named(std::string_view name) const {
@@ -591,14 +639,16 @@ std::int64_t plan_index::tensor_named(std::string_view name) const {
   return t ? t - job_->tensors.data() : -1;
 }
 
-result<void> check_worker_tensors(const published_tensors& published, std::span<const tensor_spec> worker,
-                                  std::span<const byte_range> parts, selection& selected, std::string& why) {
+result<void> check_worker_tensors(const published_tensors& published,
+                                  std::span<const tensor_spec> worker,
+                                  std::span<const byte_range> parts, selection& selected,
+                                  std::string& why) {
   selected.clear();
   if (worker.empty()) return {};  // the worker takes the trainers' table, whatever it is
   if (!validate_tensor_table(worker, why)) return fail(errc::invalid_argument);
   if (!parts.empty() && parts.size() != worker.size()) {
-    why = "the worker registered " + std::to_string(parts.size()) + " ranges for " + std::to_string(worker.size()) +
-          " tensors";
+    why = "the worker registered " + std::to_string(parts.size()) + " ranges for " +
+          std::to_string(worker.size()) + " tensors";
     return fail(errc::invalid_argument);
   }
   bool everything = worker.size() == published.size();
@@ -611,16 +661,17 @@ result<void> check_worker_tensors(const published_tensors& published, std::span<
     }
     const auto& t = *theirs;
     if (mine.type != t.type || mine.shape != t.shape) {
-      why = "tensor '" + t.name + "' differs: trainer has " + std::string(dtype_name(t.type)) + " " +
-            std::to_string(t.nbytes) + " bytes, worker has " + std::string(dtype_name(mine.type)) + " " +
-            std::to_string(mine.nbytes) + " bytes (dtype or shape mismatch)";
+      why = "tensor '" + t.name + "' differs: trainer has " + std::string(dtype_name(t.type)) +
+            " " + std::to_string(t.nbytes) + " bytes, worker has " +
+            std::string(dtype_name(mine.type)) + " " + std::to_string(mine.nbytes) +
+            " bytes (dtype or shape mismatch)";
       return fail(errc::invalid_argument);
     }
     const auto range = parts.empty() ? byte_range{0, t.nbytes} : parts[i];
     if (range.bytes == 0 || range.offset > t.nbytes || range.bytes > t.nbytes - range.offset) {
-      why = "tensor '" + t.name + "': the worker registered bytes [" + std::to_string(range.offset) + ", " +
-            std::to_string(range.offset + range.bytes) + "), which lie outside its " + std::to_string(t.nbytes) +
-            " bytes";
+      why = "tensor '" + t.name + "': the worker registered bytes [" +
+            std::to_string(range.offset) + ", " + std::to_string(range.offset + range.bytes) +
+            "), which lie outside its " + std::to_string(t.nbytes) + " bytes";
       return fail(errc::invalid_argument);
     }
     everything = everything && range.bytes == t.nbytes;
@@ -631,7 +682,8 @@ result<void> check_worker_tensors(const published_tensors& published, std::span<
   return {};
 }
 
-std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
+std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers,
+                                          std::uint32_t stripes, bool on_devices,
                                           std::optional<address> first_leader) {
   const auto size = static_cast<std::uint32_t>(workers.size());
   const std::uint32_t k = std::clamp(stripes != 0 ? stripes : (on_devices ? size : 1u), 1u, size);

@@ -51,9 +51,9 @@ std::optional<p2p_mode> parse_p2p_mode(std::string_view name);
 
 /// How a trainer shard's chunks reach one worker.
 enum class chunk_path : std::uint8_t {
-  host_copy,      ///< from the trainer's host copy: written into the worker's slots, or read in place
+  host_copy,  ///< from the trainer's host copy: written into the worker's slots, or read in place
   device_direct,  ///< read by the worker from the trainer's device copies, GPU to GPU on one host
-  gpudirect,      ///< written from the trainer's device copies into the worker's GPU (GPUDirect RDMA)
+  gpudirect,  ///< written from the trainer's device copies into the worker's GPU (GPUDirect RDMA)
 };
 /// The path under `mode` from a trainer shard placed at `shard` to a worker placed at `worker`:
 /// device-direct where both GPUs share a host and the worker's reads the trainer's (under
@@ -62,7 +62,15 @@ enum class chunk_path : std::uint8_t {
 chunk_path path_between(p2p_mode mode, const device_place& shard, const device_place& worker);
 
 inline constexpr std::uint64_t tensor_alignment = 256;
+/// The job's defaults, for every way a job is made (CLI, API, simulation); the public API's own
+/// literals are checked against them where it is built.
 inline constexpr std::uint64_t default_chunk_bytes = 64ull << 20;
+inline constexpr std::uint32_t default_depth = 2;
+/// Why no plan can be made with chunks of `chunk_bytes` (a positive multiple of
+/// `tensor_alignment`), or nothing.
+std::optional<std::string> chunk_bytes_refusal(std::uint64_t chunk_bytes);
+/// Why no plan can be made with `depth` chunks in flight per stage (at least one), or nothing.
+std::optional<std::string> depth_refusal(std::uint32_t depth);
 
 /// The part of one tensor that lies in one chunk.
 struct tensor_piece {
@@ -132,13 +140,13 @@ struct plan {
   std::uint64_t layout = 0;  ///< a digest of the chunk layout: equal layouts, equal chunk ids
   std::uint64_t digest = 0;  ///< of the whole plan: the layout, the epoch, the members
   std::uint64_t chunk_bytes = default_chunk_bytes;
-  std::uint32_t depth = 2;
-  std::vector<tensor_spec> tensors;     ///< every tensor of the model
-  std::vector<std::uint32_t> owner;     ///< the shard that owns tensors[i]
+  std::uint32_t depth = default_depth;
+  std::vector<tensor_spec> tensors;        ///< every tensor of the model
+  std::vector<std::uint32_t> owner;        ///< the shard that owns tensors[i]
   std::vector<std::uint64_t> shard_bytes;  ///< size of each shard's packed stream (its host copy)
-  std::vector<address> shards;          ///< trainer shard actors by rank
-  std::vector<chunk_info> chunks;       ///< in send order: shards interleaved
-  std::vector<tensor_segment> segments;  ///< in stream order per shard, shards in rank order
+  std::vector<address> shards;             ///< trainer shard actors by rank
+  std::vector<chunk_info> chunks;          ///< in send order: shards interleaved
+  std::vector<tensor_segment> segments;    ///< in stream order per shard, shards in rank order
   /// Who hears each audience: workers, sorted. Audience 0 is every worker (and its list empty).
   std::vector<std::vector<address>> audiences{{}};
   std::vector<instance_plan> instances;
@@ -146,8 +154,8 @@ struct plan {
   bool shared_host_copies = false;
   p2p_mode p2p = p2p_mode::automatic;
   std::vector<device_place> shard_places;  ///< where each shard's tensors live (empty: host memory)
-  FERRY_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards, chunks, segments,
-                   audiences, instances, shared_host_copies, p2p, shard_places)
+  FERRY_DEFINE_MAP(epoch, layout, digest, chunk_bytes, depth, tensors, owner, shard_bytes, shards,
+                   chunks, segments, audiences, instances, shared_host_copies, p2p, shard_places)
 
   /// Bytes the trainers send once: every chunk's.
   std::uint64_t total_bytes() const;
@@ -196,11 +204,11 @@ std::shared_ptr<const plan> share_plan(const plan& p);
 /// names the limit and the value that broke it. Defaults are far above real models (Llama-3-405B
 /// has ~1.1k tensors; 1 TB in 64 MiB chunks is 16k chunks) and keep a registration's cost bounded.
 struct job_limits {
-  std::uint32_t max_tensors = 1u << 20;         ///< tensors in one registration and in the plan
-  std::uint32_t max_tensor_name_bytes = 1024;   ///< bytes of one tensor name
-  std::uint32_t max_chunks = 1u << 22;          ///< chunks in one plan
-  std::uint32_t max_regions_per_peer = 64;      ///< distinct regions one node may offer in an epoch
-  std::uint32_t max_instance_id = 1u << 16;     ///< rollout instance ids are below this
+  std::uint32_t max_tensors = 1u << 20;        ///< tensors in one registration and in the plan
+  std::uint32_t max_tensor_name_bytes = 1024;  ///< bytes of one tensor name
+  std::uint32_t max_chunks = 1u << 22;         ///< chunks in one plan
+  std::uint32_t max_regions_per_peer = 64;     ///< distinct regions one node may offer in an epoch
+  std::uint32_t max_instance_id = 1u << 16;    ///< rollout instance ids are below this
 };
 
 /// Checks one registration's tensor table against `limits` (count and name lengths).
@@ -212,8 +220,8 @@ result<void> check_registration(std::span<const tensor_spec> tensors, const job_
 class region_budget {
  public:
   /// Records `region` offered by `peer` in `epoch`; refuses, saying why, one region too many.
-  result<void> offer(node_id peer, std::uint32_t epoch, const region_desc& region, const job_limits& limits,
-                     std::string& why);
+  result<void> offer(node_id peer, std::uint32_t epoch, const region_desc& region,
+                     const job_limits& limits, std::string& why);
   /// Drops what `peer` offered: it left the job.
   void forget(node_id peer) { offered_.erase(peer); }
 
@@ -228,7 +236,7 @@ class region_budget {
 struct plan_inputs {
   std::uint32_t epoch = 1;
   std::uint64_t chunk_bytes = default_chunk_bytes;
-  std::uint32_t depth = 2;
+  std::uint32_t depth = default_depth;
   std::vector<address> shards;
   std::vector<std::vector<tensor_spec>> shard_tensors;  ///< per shard, in registration order
   std::vector<instance_plan> instances;                 ///< leaders may be empty: rank 0 is chosen
@@ -246,9 +254,7 @@ struct plan_inputs {
   std::vector<device_place> shard_places;  ///< parallel to `shards`; instances carry their workers'
 
   /// `who` registered `s`: it is selected, and among `selections` unless an equal one is there.
-  void select(const address& who, selection s) {
-    selected[who] = intern(selections, std::move(s));
-  }
+  void select(const address& who, selection s) { selected[who] = intern(selections, std::move(s)); }
 };
 
 /// Builds the plan, or says why it cannot: chunk size not a positive multiple of the alignment,
@@ -262,7 +268,8 @@ result<plan> make_plan(const plan_inputs& in, std::string& why);
 /// instance's size. `first_leader` (the previous plan's) keeps its role while it lives: it orders
 /// the instance's chunks. Otherwise the lowest live rank takes over; the other leaders are the
 /// lowest ranks besides it.
-std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers, std::uint32_t stripes, bool on_devices,
+std::vector<std::uint32_t> choose_leaders(const std::vector<address>& workers,
+                                          std::uint32_t stripes, bool on_devices,
                                           std::optional<address> first_leader);
 
 /// Tensors found by name, hashed once: what the trainers publish, for every distinct worker table
@@ -297,14 +304,16 @@ class plan_index {
   const std::string& flaw() const { return flaw_; }
   /// The segments of `audience`, in plan order.
   std::span<const std::uint32_t> segments_of(std::uint32_t audience) const {
-    return {segments_.data() + first_segment_[audience], segments_.data() + first_segment_[audience + 1]};
+    return {segments_.data() + first_segment_[audience],
+            segments_.data() + first_segment_[audience + 1]};
   }
 
  private:
   std::shared_ptr<const plan> job_;  ///< kept: the names below view into it
   published_tensors by_name_;
-  std::vector<std::uint32_t> segments_;       ///< grouped by audience
-  std::vector<std::uint32_t> first_segment_;  ///< per audience, its first in `segments_`; one more at the end
+  std::vector<std::uint32_t> segments_;  ///< grouped by audience
+  std::vector<std::uint32_t>
+      first_segment_;  ///< per audience, its first in `segments_`; one more at the end
   std::string flaw_;
 };
 
@@ -312,8 +321,10 @@ class plan_index {
 /// dtypes and shapes, each range inside its tensor (`parts`: parallel to `worker`, or empty for
 /// whole tensors). Its selection, when it registered less than the whole table, goes to `selected`
 /// (sorted by name).
-result<void> check_worker_tensors(const published_tensors& published, std::span<const tensor_spec> worker,
-                                  std::span<const byte_range> parts, selection& selected, std::string& why);
+result<void> check_worker_tensors(const published_tensors& published,
+                                  std::span<const tensor_spec> worker,
+                                  std::span<const byte_range> parts, selection& selected,
+                                  std::string& why);
 
 }  // namespace ferry
 

@@ -22,6 +22,10 @@
 
 namespace ferry {
 
+// The public API's defaults are the job's.
+static_assert(coordinator::options{}.chunk_bytes == default_chunk_bytes);
+static_assert(coordinator::options{}.depth == default_depth);
+
 using api::failed;
 
 namespace {
@@ -320,13 +324,9 @@ status coordinator::open(options o) {
     return failed(api_errc::invalid_argument,
                   "coordinator: at least one trainer, and instances of at least one worker");
   }
-  if (o.chunk_bytes == 0 || o.chunk_bytes % 256 != 0 || o.depth == 0) {
-    return failed(
-        api_errc::invalid_argument,
-        fmt::format(
-            "coordinator: chunk_bytes {} must be a non-zero multiple of 256, depth {} at least 1",
-            o.chunk_bytes, o.depth));
-  }
+  if (auto no = chunk_bytes_refusal(o.chunk_bytes))
+    return failed(api_errc::invalid_argument, fmt::format("coordinator: chunk_bytes {}: {}", o.chunk_bytes, *no));
+  if (auto no = depth_refusal(o.depth)) return failed(api_errc::invalid_argument, "coordinator: " + *no);
   api::link_settings settings;
   if (auto s = api::load_secret(listen->scheme, o.secret, o.allow_unauthenticated, settings); !s)
     return s;

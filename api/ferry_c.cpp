@@ -37,6 +37,11 @@ struct ferry_rollout {
   int events = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 };
 
+// The C API's defaults are the C++ API's.
+constexpr ferry_coordinator_options c_defaults = FERRY_COORDINATOR_OPTIONS_INIT;
+static_assert(c_defaults.chunk_bytes == ferry::coordinator::options{}.chunk_bytes);
+static_assert(c_defaults.depth == ferry::coordinator::options{}.depth);
+
 namespace {
 
 static_assert(FERRY_UPDATE_FAILED == static_cast<int>(ferry::api_errc::update_failed) &&
@@ -122,12 +127,14 @@ ferry_status wait_update(ferry_trainer* t, uint64_t version, const char* what, W
 
 /// Registers a tensor of `handle` (a trainer or a rollout), for the C function named `what`.
 template <class Handle>
-ferry_status register_tensor_of(Handle* handle, const char* what, const char* name, const char* dtype,
-                                const int64_t* shape, size_t ndim, void* data, int device) {
+ferry_status register_tensor_of(Handle* handle, const char* what, const char* name,
+                                const char* dtype, const int64_t* shape, size_t ndim, void* data,
+                                int device) {
   return guarded([&] {
     if (!handle || !name || !dtype || (ndim > 0 && !shape))
       return refuse((std::string(what) + ": a NULL argument").c_str());
-    return to_status(handle->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
+    return to_status(
+        handle->object.register_tensor(make_tensor(name, dtype, shape, ndim, data, device)));
   });
 }
 
@@ -215,7 +222,8 @@ ferry_status ferry_coordinator_open(const ferry_coordinator_options* o, ferry_co
         .depth = o->depth,
         .stripes = o->stripes};
     // Options set by an older ferry.h end before `p2p`.
-    if (o->struct_size >= offsetof(ferry_coordinator_options, p2p) + sizeof(o->p2p) && o->p2p) cpp.p2p = o->p2p;
+    if (o->struct_size >= offsetof(ferry_coordinator_options, p2p) + sizeof(o->p2p) && o->p2p)
+      cpp.p2p = o->p2p;
     auto handle = std::make_unique<ferry_coordinator>();
     ferry::status ok;
     handle->object.emplace(std::move(cpp), ok);
@@ -268,9 +276,11 @@ ferry_status ferry_trainer_register_tensor(ferry_trainer* t, const char* name, c
   return register_tensor_of(t, "ferry_trainer_register_tensor", name, dtype, shape, ndim, data, -1);
 }
 
-ferry_status ferry_trainer_register_device_tensor(ferry_trainer* t, const char* name, const char* dtype,
-                                                  const int64_t* shape, size_t ndim, void* data, int device) {
-  return register_tensor_of(t, "ferry_trainer_register_device_tensor", name, dtype, shape, ndim, data, device);
+ferry_status ferry_trainer_register_device_tensor(ferry_trainer* t, const char* name,
+                                                  const char* dtype, const int64_t* shape,
+                                                  size_t ndim, void* data, int device) {
+  return register_tensor_of(t, "ferry_trainer_register_device_tensor", name, dtype, shape, ndim,
+                            data, device);
 }
 
 ferry_status ferry_trainer_join(ferry_trainer* t) {
@@ -373,9 +383,11 @@ ferry_status ferry_rollout_register_rows(ferry_rollout* r, const char* name, con
   });
 }
 
-ferry_status ferry_rollout_register_device_tensor(ferry_rollout* r, const char* name, const char* dtype,
-                                                  const int64_t* shape, size_t ndim, void* data, int device) {
-  return register_tensor_of(r, "ferry_rollout_register_device_tensor", name, dtype, shape, ndim, data, device);
+ferry_status ferry_rollout_register_device_tensor(ferry_rollout* r, const char* name,
+                                                  const char* dtype, const int64_t* shape,
+                                                  size_t ndim, void* data, int device) {
+  return register_tensor_of(r, "ferry_rollout_register_device_tensor", name, dtype, shape, ndim,
+                            data, device);
 }
 
 ferry_status ferry_rollout_join(ferry_rollout* r) {

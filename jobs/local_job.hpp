@@ -18,7 +18,7 @@ struct job_config {
   std::uint32_t workers_per_instance = 3;
   std::uint64_t model_bytes = 1ull << 30;
   std::uint64_t chunk_bytes = default_chunk_bytes;
-  std::uint32_t depth = 2;
+  std::uint32_t depth = default_depth;
   std::uint32_t stripes = 0;  ///< leaders per instance; 0: job_shape's automatic choice
   bool shared_host_copies = false;  ///< leaders read trainers' host copies in place (job_shape)
   p2p_mode p2p = p2p_mode::automatic;  ///< GPU to GPU where it can (job_shape)

@@ -38,8 +38,8 @@ struct sim_config {
   /// How each instance's workers split the model (each receives and holds only its part).
   rollout_sharding shard_rollout = rollout_sharding::none;
   std::vector<tensor_spec> model;  ///< the tensor table
-  std::uint64_t chunk_bytes = 64ull << 20;
-  std::uint32_t depth = 2;
+  std::uint64_t chunk_bytes = default_chunk_bytes;
+  std::uint32_t depth = default_depth;
   std::uint32_t stripes = 1;
   /// Leaders read the trainers' host copies in place (job_shape::shared_host_copies): one node.
   bool shared_host_copies = false;

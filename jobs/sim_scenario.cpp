@@ -222,7 +222,7 @@ void fill(const toml::table& root, sim_config& c) {
   }
 
   const reader opts(root["ferry"].as_table(), "ferry");
-  c.chunk_bytes = opts.bytes("chunk").value_or(64ull << 20);
+  c.chunk_bytes = opts.bytes("chunk").value_or(default_chunk_bytes);
   c.depth = opts.count("depth", 2);
   c.stripes = opts.count("stripes", 1);
   c.shared_host_copies = opts.flag("shared_host_copies", false);

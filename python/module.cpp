@@ -540,7 +540,8 @@ PYBIND11_MODULE(_ferry, m) {
                     std::uint32_t, std::uint32_t, std::string, bool, std::string>(),
            py::kw_only(), py::arg("listen") = "tcp://127.0.0.1:0", py::arg("trainers") = 1,
            py::arg("instance_sizes") = std::vector<std::uint32_t>{1},
-           py::arg("chunk_bytes") = 64ull << 20, py::arg("depth") = 2, py::arg("stripes") = 0,
+           py::arg("chunk_bytes") = ferry::coordinator::options{}.chunk_bytes,
+           py::arg("depth") = ferry::coordinator::options{}.depth, py::arg("stripes") = 0,
            py::arg("secret") = "", py::arg("allow_unauthenticated") = false, py::arg("p2p") = "auto")
       .def_property_readonly("address", &coordinator::address)
       .def_property_readonly("delivered", &coordinator::delivered)
