@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "actors/direct_slot_grants.hpp"
 #include "actors/in_place_sources.hpp"
 #include "actors/job_member.hpp"
 #include "actors/member_memory.hpp"
@@ -17,6 +18,7 @@
 #include "actors/segment_hasher.hpp"
 #include "actors/stages.hpp"
 #include "actors/trainer_shard.hpp"
+#include "actors/worker_plan.hpp"
 #include "actors/worker_staging.hpp"
 #include "collectives/broadcast.hpp"
 #include "runtime/await.hpp"
@@ -45,12 +47,13 @@ class rollout_worker final : public job_member {
   /// first plan and keeps every tensor's bytes itself, in its GPU's memory when `options.memory`
   /// is a GPU's.
   /// Copies, CPU work and the platform go through `host`'s environment.
-  rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
-                 std::vector<tensor_ref> tensors, worker_options options);
+  rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
+                 std::uint32_t rank, std::vector<tensor_ref> tensors, worker_options options);
   /// The same with a table other workers hold too: a simulation's 128 whole-model workers of
   /// Kimi-K2 (140k tensors, 25 MB each as a table) keep one.
-  rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance, std::uint32_t rank,
-                 std::shared_ptr<const std::vector<tensor_ref>> tensors, worker_options options);
+  rollout_worker(node& host, actor_id id, address coordinator, std::uint32_t instance,
+                 std::uint32_t rank, std::shared_ptr<const std::vector<tensor_ref>> tensors,
+                 worker_options options);
   ~rollout_worker() override;
 
   /// Registers with the coordinator.
@@ -61,7 +64,8 @@ class rollout_worker final : public job_member {
   const std::vector<tensor_ref>& tensors() const { return *tensors_; }
 
   /// A tensor of `version` is complete here: its spec and bytes. Set before the worker starts.
-  std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)> on_tensor;
+  std::function<void(std::uint64_t version, const tensor_spec&, std::span<const std::byte>)>
+      on_tensor;
   /// Every tensor of `version` is applied here; called before the coordinator hears so, hence no
   /// later version lands while it runs.
   std::function<void(std::uint64_t version)> on_version;
@@ -80,32 +84,18 @@ class rollout_worker final : public job_member {
     /// The registration of `local`, one for every worker of the process that holds `local` while
     /// any of them keeps it: a simulation's 128 whole-model workers send one 140k-tensor table.
     /// Thread-safe.
-    static std::shared_ptr<const registered_table> of(const std::shared_ptr<const std::vector<tensor_ref>>& local);
+    static std::shared_ptr<const registered_table> of(
+        const std::shared_ptr<const std::vector<tensor_ref>>& local);
   };
 
-  /// The plan and where this worker's tensors sit in it. A regroup replaces it and never changes
-  /// it, so a fiber or pool task holding one across a suspension keeps a consistent view.
-  struct worker_plan {
-    std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
-    std::shared_ptr<const plan_index> index;  ///< of `job`, shared likewise while a member keeps it
-    std::shared_ptr<const tensor_placement> placement;  ///< of the plan's tensors in tensors_
-    std::vector<std::uint32_t> heard_segments;  ///< the segments this worker holds
-    std::uint32_t mine_count = 0;               ///< chunks this worker hears
-    std::vector<bool> mine;                     ///< per chunk: this worker hears it
-    std::vector<bool> heard_directly;  ///< per chunk: this worker hears it, its instance not whole
-    bool direct = false;  ///< some chunks come to it directly (its instance does not hear them whole)
-    /// Fills the above for worker `self` of `inst`; says what is wrong if the plan sends it
-    /// bytes it does not hold.
-    std::string derive(const std::shared_ptr<const std::vector<tensor_ref>>& local, const address& self,
-                       const instance_plan& inst);
-  };
   /// The next chunk this member takes part in.
   struct work {
     std::uint64_t version = 0;
     std::uint32_t chunk = 0;
-    std::uint64_t checksum = 0;         ///< the whole chunk's
+    std::uint64_t checksum = 0;    ///< the whole chunk's
     std::optional<received> mine;  ///< leaders: the slot holding their stripe
-    std::shared_ptr<const mapped_source> source;  ///< a device leader's stripe is uploaded from here
+    std::shared_ptr<const mapped_source>
+        source;                               ///< a device leader's stripe is uploaded from here
     std::shared_ptr<const worker_plan> plan;  ///< the plan `chunk` belongs to
   };
   struct version_progress {
@@ -117,30 +107,18 @@ class rollout_worker final : public job_member {
   /// one's pending work (its completions still run, but touch nothing of the new generation).
   struct generation {
     std::unique_ptr<broadcast_group> broadcast;
-    std::uint32_t stripes = 1;             ///< leaders of the instance
-    std::optional<std::uint32_t> stripe;   ///< this member's stripe, when it leads
-    std::unique_ptr<slot_counter> credits;       ///< broadcasts in flight (depth)
-    std::deque<std::uint32_t> free_slots;        ///< broadcast slots not in use
-    std::map<std::uint32_t, bool> landed;        ///< leader: slot -> bytes arrived
-    std::map<std::uint32_t, chunk_sent> sent;    ///< leader: slot -> its chunk_sent
-    std::deque<received> ready;                  ///< leader: complete slots, in arrival order
-    std::deque<received> direct;                 ///< complete slots of chunks its instance does not hear whole
-    /// Direct slots (from `direct_slot_`) granted: to which trainer, for which chunk; the free
-    /// ones; and the trainers' requests waiting for one, in the order they came.
-    struct grant {
-      address trainer;
-      std::uint64_t version = 0;
-      std::uint32_t chunk = 0;
-    };
-    std::vector<std::optional<grant>> granted;
-    std::deque<std::uint32_t> free_direct;
-    std::deque<std::pair<address, slot_request>> requests;
-    /// The trainer shard granted next, if it asked: every worker starts at another (its place
-    /// among all workers, spread over the shards) and goes round, so that no trainer is asked by
-    /// every worker at once while others idle.
-    std::uint32_t next_shard = 0;
-    std::deque<chunk_announce> announcements;    ///< all but the first leader: the instance's order
-    address orderer;                             ///< the first leader, who announces that order
+    std::uint32_t stripes = 1;                 ///< leaders of the instance
+    std::optional<std::uint32_t> stripe;       ///< this member's stripe, when it leads
+    std::unique_ptr<slot_counter> credits;     ///< broadcasts in flight (depth)
+    std::deque<std::uint32_t> free_slots;      ///< broadcast slots not in use
+    std::map<std::uint32_t, bool> landed;      ///< leader: slot -> bytes arrived
+    std::map<std::uint32_t, chunk_sent> sent;  ///< leader: slot -> its chunk_sent
+    std::deque<received> ready;                ///< leader: complete slots, in arrival order
+    std::deque<received> direct;  ///< complete slots of chunks its instance does not hear whole
+    /// Direct slots (numbered from `direct_slot_`) and the trainers' requests for them.
+    direct_slot_grants grants;
+    std::deque<chunk_announce> announcements;  ///< all but the first leader: the instance's order
+    address orderer;                           ///< the first leader, who announces that order
     /// Another leader's serve fiber while it waits for its stripe of an announced chunk: only that
     /// stripe wakes it then, and announcements only when it is not waiting so (at 384 GPUs four
     /// wakes in ten found nothing to do). `ready` only grows meanwhile: `at` is where the stripe
@@ -154,14 +132,12 @@ class rollout_worker final : public job_member {
   };
 
   void adopt_plan(const plan_ready& m);
-  /// The ranks of `inst`'s collective: its leaders in stripe order (rank s owns stripe s), then
-  /// the others.
-  static std::vector<address> collective_ranks(const instance_plan& inst);
   /// Sizes the staging for the current plan, in an instance of `stripes` leaders (kept across
   /// epochs while it fits); what failed, or nothing.
   std::optional<std::string> prepare_staging(std::uint32_t stripes);
   /// A new generation of staging work over `members`' collective: the fibers that serve it.
-  void start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe, std::uint32_t stripes);
+  void start_generation(const std::vector<address>& members, std::optional<std::uint32_t> stripe,
+                        std::uint32_t stripes);
   void on_slot_landed(write_imm imm);
   /// A leader's stripe is complete: queued for the serve fiber, woken if it may wait for it.
   void stripe_ready(generation& g, received r);
@@ -177,8 +153,8 @@ class rollout_worker final : public job_member {
   void serve_direct(std::shared_ptr<generation> g);
   /// Writes a chunk this worker received into the next worker of its chain (`m.relay`) and tells
   /// it; then `done`.
-  void relay(const std::shared_ptr<generation>& g, const chunk_sent& m, std::span<const std::byte> bytes,
-             std::function<void()> done);
+  void relay(const std::shared_ptr<generation>& g, const chunk_sent& m,
+             std::span<const std::byte> bytes, std::function<void()> done);
   /// Whether receive slot `slot` holds a chunk its instance does not hear whole (a direct slot).
   bool is_direct(std::uint32_t slot) const;
   /// How many direct slots a worker grants at once: enough to keep its link busy while it
@@ -186,9 +162,11 @@ class rollout_worker final : public job_member {
   std::uint32_t direct_slots() const { return worker_slots::direct_count(plan_->job->depth); }
   /// A trainer asks for a direct slot for a chunk: checked against the plan, then queued.
   void on_slot_request(const envelope_header& h, const slot_request& m);
-  /// Grants free direct slots to the requests waiting: the one from `next_shard`, or the shard
-  /// after it that asked.
+  /// Grants free direct slots to the requests waiting.
   void grant_slots(generation& g);
+  /// The trainer shard a worker grants a direct slot first: every worker starts at another (its
+  /// place among all workers, spread over the shards).
+  std::uint32_t first_shard() const;
   /// One chunk from `serve` to applied: what the completions of its upload, collective, check and
   /// apply need, held once for all of them rather than copied into each (a simulated update
   /// delivers hundreds of thousands).
@@ -205,8 +183,8 @@ class rollout_worker final : public job_member {
   };
   /// Uploads a device leader's stripe, then collects the chunk; `stripe`: a leader's stripe, where
   /// it lies (its receive slot, or the trainer's copy read in place).
-  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan, work w,
-               std::span<const std::byte> stripe);
+  void deliver(const std::shared_ptr<generation>& g, const std::shared_ptr<const worker_plan>& plan,
+               work w, std::span<const std::byte> stripe);
   /// Broadcast or all-gather of the target in the instance, verify, apply, then `end_delivery`.
   void collect(std::shared_ptr<delivery> d);
   /// A leader's receive slot is free again: its trainer may send the next chunk there.
@@ -218,10 +196,12 @@ class rollout_worker final : public job_member {
   bool on_device() const { return options_.memory && options_.memory->device() >= 0; }
   /// Where this worker's tensors live, and whether its transport reaches that GPU.
   device_place place() const;
-  bool current(const std::shared_ptr<generation>& g) const { return g == gen_ && !failed_ && !stopped_; }
+  bool current(const std::shared_ptr<generation>& g) const {
+    return g == gen_ && !failed_ && !stopped_;
+  }
   /// Copies chunk `chunk` of `plan` from `bytes` into this worker's tensors, then `done`.
-  void apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk, std::span<const std::byte> bytes,
-             std::function<void()> done);
+  void apply(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk,
+             std::span<const std::byte> bytes, std::function<void()> done);
   /// Suspends the fiber while the pool hashes `bytes`; true when checks are off or it matches.
   bool checksum_ok(std::span<const std::byte> bytes, std::uint64_t expected);
   /// One of `in_flight_` ended. Only a new epoch waits on them, for none left: the fibers hear of
@@ -243,7 +223,8 @@ class rollout_worker final : public job_member {
   std::uint32_t rank_;
   std::shared_ptr<const std::vector<tensor_ref>> tensors_;
   bool takes_trainers_table_ = false;  ///< registered no table: holds whatever the trainers publish
-  std::shared_ptr<const registered_table> registered_;  ///< made at the first join, kept for a rejoin
+  std::shared_ptr<const registered_table>
+      registered_;  ///< made at the first join, kept for a rejoin
   std::vector<host_buffer> owned_;
   std::vector<std::byte*> owned_on_device_;  ///< the trainers' table, kept in `options_.memory`
   worker_options options_;
@@ -254,7 +235,8 @@ class rollout_worker final : public job_member {
   /// Receive slots (leader: its receive slots; host follower: broadcast slots; then direct slots)
   /// and a device member's broadcast slots.
   worker_staging staging_;
-  std::uint32_t direct_slot_ = 0;  ///< the first direct slot: chunks its instance does not hear whole
+  std::uint32_t direct_slot_ =
+      0;  ///< the first direct slot: chunks its instance does not hear whole
   /// Trainers' copies read in place here; dropped when their trainer's process is gone.
   in_place_sources sources_;
   segment_hasher hasher_;
