@@ -22,7 +22,8 @@ std::optional<std::uint64_t> number_after(std::string_view name, std::string_vie
 /// MLP projection's layer. Shared experts and routers are on every rank.
 std::optional<std::uint64_t> expert_of(std::string_view name) {
   if (auto e = number_after(name, ".experts.")) return e;
-  for (const std::string_view projection : {".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj."}) {
+  for (const std::string_view projection :
+       {".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj."}) {
     if (name.find(projection) != std::string_view::npos) return number_after(name, "layers.");
   }
   return std::nullopt;
@@ -39,7 +40,8 @@ std::optional<tensor_ref> rows_of(const tensor_spec& t, std::uint32_t rank, std:
 
 /// pp-tp: the stage each tensor belongs to, of `stages`.
 std::uint32_t stage_of(std::string_view name, std::uint64_t layers, std::uint32_t stages) {
-  if (const auto l = number_after(name, "layers.")) return static_cast<std::uint32_t>(*l * stages / layers);
+  if (const auto l = number_after(name, "layers."))
+    return static_cast<std::uint32_t>(*l * stages / layers);
   return name.find("embed") != std::string_view::npos ? 0 : stages - 1;
 }
 
@@ -56,22 +58,29 @@ result<rollout_sharding> parse_rollout_sharding(std::string_view name) {
 
 std::string_view rollout_sharding_name(rollout_sharding s) {
   switch (s) {
-    case rollout_sharding::ep: return "ep";
-    case rollout_sharding::tp: return "tp";
-    case rollout_sharding::pp_tp: return "pp-tp";
-    case rollout_sharding::ep_tp: return "ep-tp";
-    default: return "none";
+    case rollout_sharding::ep:
+      return "ep";
+    case rollout_sharding::tp:
+      return "tp";
+    case rollout_sharding::pp_tp:
+      return "pp-tp";
+    case rollout_sharding::ep_tp:
+      return "ep-tp";
+    default:
+      return "none";
   }
 }
 
-std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding, std::uint32_t rank,
-                                      std::uint32_t size) {
+std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding,
+                                      std::uint32_t rank, std::uint32_t size) {
   std::uint64_t layers = 1;  // pp-tp only: a pass over the table's names (140k for Kimi-K2)
-  for (const auto& t : sharding == rollout_sharding::pp_tp ? table : std::span<const tensor_spec>{}) {
+  for (const auto& t :
+       sharding == rollout_sharding::pp_tp ? table : std::span<const tensor_spec>{}) {
     if (const auto l = number_after(t.name, "layers.")) layers = std::max(layers, *l + 1);
   }
   const std::uint32_t stages = std::min(size, 2u);
-  const std::uint32_t stage = rank * stages / size;  // the stage of `rank`: the inverse of `first_rank`
+  const std::uint32_t stage =
+      rank * stages / size;  // the stage of `rank`: the inverse of `first_rank`
   const auto first_rank = [&](std::uint32_t s) { return (size * s + stages - 1) / stages; };
   std::vector<tensor_ref> out;
   for (const auto& t : table) {
@@ -90,7 +99,8 @@ std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollou
       if (auto mine = rows_of(t, rank, size)) out.push_back(std::move(*mine));
     } else if (sharding == rollout_sharding::pp_tp) {
       if (stage_of(t.name, layers, stages) != stage) continue;
-      const std::uint32_t tp_rank = rank - first_rank(stage), tp = first_rank(stage + 1) - first_rank(stage);
+      const std::uint32_t tp_rank = rank - first_rank(stage),
+                          tp = first_rank(stage + 1) - first_rank(stage);
       if (t.shape.size() <= 1) {
         out.push_back({.spec = t});
       } else if (auto mine = rows_of(t, tp_rank, tp)) {
@@ -103,16 +113,18 @@ std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollou
   return out;
 }
 
-std::vector<std::vector<tensor_ref>> rollout_shares(std::span<const tensor_spec> table, rollout_sharding sharding,
-                                                    std::uint32_t size) {
+std::vector<std::vector<tensor_ref>> rollout_shares(std::span<const tensor_spec> table,
+                                                    rollout_sharding sharding, std::uint32_t size) {
   std::vector<std::vector<tensor_ref>> shares;
   if (sharding != rollout_sharding::ep && sharding != rollout_sharding::ep_tp) {
-    for (std::uint32_t rank = 0; rank < size; ++rank) shares.push_back(rollout_share(table, sharding, rank, size));
+    for (std::uint32_t rank = 0; rank < size; ++rank)
+      shares.push_back(rollout_share(table, sharding, rank, size));
     return shares;
   }
   shares.resize(size);
   for (const auto& t : table) {
-    const auto e = sharding == rollout_sharding::ep ? expert_of(t.name) : number_after(t.name, ".experts.");
+    const auto e =
+        sharding == rollout_sharding::ep ? expert_of(t.name) : number_after(t.name, ".experts.");
     if (e) {
       shares[*e % size].push_back({.spec = t});
     } else if (sharding == rollout_sharding::ep || t.shape.size() <= 1) {

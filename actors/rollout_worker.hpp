@@ -4,6 +4,9 @@
 /// slots (the whole chunk when the instance has one leader); the instance then broadcasts (one
 /// leader) or all-gathers (several) it, and every member verifies and applies it. The first
 /// leader orders the instance's chunks.
+/// Its code is in three rooms: `rollout_worker.cpp` (joining, plans and their staging, the
+/// version accounting), `rollout_inbox.cpp` (what arrives: slot writes, chunk_sent, slot
+/// requests, the instance's order) and `rollout_delivery.cpp` (from a slot to applied).
 #include <deque>
 #include <functional>
 #include <map>
@@ -211,6 +214,9 @@ class rollout_worker final : public job_member {
   }
   /// Counts chunk `chunk` of `plan` as applied, unless a plan of another layout replaced it.
   void chunk_applied(const worker_plan& plan, std::uint64_t version, std::uint32_t chunk);
+  /// Every chunk of `version` this worker hears is applied: it tells the coordinator, with its
+  /// digests unless they are off, after `on_version`.
+  void report_complete(std::uint64_t version);
   /// Fiber: the per-tensor digests of device tensors, hashed through host memory.
   void digest_through_host(version_complete& report);
   worker_ready holdings() const;
