@@ -14,7 +14,8 @@ namespace ferry::api {
 std::unique_ptr<member_gpu> open_member_gpu(event_loop& loop, int device, std::string& why) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count) {
-    why = "device " + std::to_string(device) + ": this host has " + std::to_string(count) + " CUDA devices";
+    why = "device " + std::to_string(device) + ": this host has " + std::to_string(count) +
+          " CUDA devices";
     return nullptr;
   }
   auto gpu = std::make_unique<member_gpu>();
@@ -22,7 +23,8 @@ std::unique_ptr<member_gpu> open_member_gpu(event_loop& loop, int device, std::s
   gpu->memory = std::make_unique<cuda_device_memory>(device);
   auto copies = cuda_copy_engine::make(loop, device);
   if (!copies) {
-    why = "cannot create the copy stream on GPU " + std::to_string(device) + ": " + copies.error().message();
+    why = "cannot create the copy stream on GPU " + std::to_string(device) + ": " +
+          copies.error().message();
     return nullptr;
   }
   gpu->copies = std::move(*copies);
@@ -33,7 +35,8 @@ std::unique_ptr<member_gpu> open_member_gpu(event_loop& loop, int device, std::s
 #else
 
 std::unique_ptr<member_gpu> open_member_gpu(event_loop&, int device, std::string& why) {
-  why = "device " + std::to_string(device) + ": this ferry was built without CUDA (FERRY_CUDA=OFF or no CUDA/NCCL found)";
+  why = "device " + std::to_string(device) +
+        ": this ferry was built without CUDA (FERRY_CUDA=OFF or no CUDA/NCCL found)";
   return nullptr;
 }
 

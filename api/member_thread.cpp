@@ -72,8 +72,8 @@ status load_secret(const std::string& scheme, const std::string& given, bool all
 }
 
 status member_thread::start(const std::string& scheme, node_id self, link_settings settings,
-                            std::function<status(node&)> setup,
-                            std::function<void(node&)> teardown, int device) {
+                            std::function<status(node&)> setup, std::function<void(node&)> teardown,
+                            int device) {
   std::promise<status> opened;
   auto result = opened.get_future();
   thread_ =

@@ -61,7 +61,8 @@ class member_thread {
   /// `teardown` runs there before the node goes (it unwinds the actors). Returns what opening
   /// and `setup` said.
   status start(const std::string& scheme, node_id self, link_settings settings,
-               std::function<status(node&)> setup, std::function<void(node&)> teardown, int device = -1);
+               std::function<status(node&)> setup, std::function<void(node&)> teardown,
+               int device = -1);
   /// Loop thread: the GPU `start` opened, or null.
   member_gpu* gpu() const { return gpu_; }
   /// Runs `fn` on the loop thread and waits for it; refused once stopped.
