@@ -49,7 +49,8 @@ class in_place_sources {
 
  private:
   std::shared_ptr<const mapped_source> host_copy(const shared_memory_ref& ref, std::string& why);
-  std::shared_ptr<const mapped_source> device_copies(const shared_device_ref& ref, std::string& why);
+  std::shared_ptr<const mapped_source> device_copies(const shared_device_ref& ref,
+                                                     std::string& why);
 
   environment& env_;
   device_memory* memory_;

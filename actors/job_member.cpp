@@ -10,7 +10,8 @@ namespace ferry {
 job_member::job_member(node& host, actor_id id, address coordinator,
                        std::chrono::milliseconds heartbeat_interval)
     : actor(host, id), coordinator_(coordinator), heartbeat_interval_(heartbeat_interval) {
-  on_coordinator<job_failed>([this](const envelope_header&, const job_failed& m) { fail(m.reason); });
+  on_coordinator<job_failed>(
+      [this](const envelope_header&, const job_failed& m) { fail(m.reason); });
   on_coordinator<job_stop>([this](const envelope_header&, const job_stop&) {
     const bool failed_before = failed_;
     stop_member();
@@ -24,7 +25,9 @@ job_member::job_member(node& host, actor_id id, address coordinator,
   on_coordinator<register_again>([this](const envelope_header&, const register_again& m) {
     // Heartbeats held up by the cut arrive together, each answered: register once.
     if (stopped_ || failed_ || !send_registration_ || registering_) return;
-    if (m.replaced) return fail("another process took this member's place while its link to the coordinator was cut");
+    if (m.replaced)
+      return fail(
+          "another process took this member's place while its link to the coordinator was cut");
     log::warn("{}: the coordinator had given it up (a cut link); registering again", name());
     register_now();
   });
@@ -37,8 +40,9 @@ job_member::~job_member() {
 }
 
 void job_member::dropped_not_from_coordinator(const envelope_header& h, msg_kind kind) {
-  log::warn("{}: dropped a message of kind {} from node {}: only the coordinator (node {}) sends it", name(), kind,
-            h.from.node, coordinator_.node);
+  log::warn(
+      "{}: dropped a message of kind {} from node {}: only the coordinator (node {}) sends it",
+      name(), kind, h.from.node, coordinator_.node);
   note("order not from the coordinator");
 }
 
@@ -50,11 +54,13 @@ void job_member::register_now() {
 
 void job_member::lost_coordinator(std::error_code why) {
   if (grace_timer_) return;
-  grace_timer_ = host().clock().async_wait(coordinator_grace, [this, why, before = admissions_](std::error_code ec) {
-    if (ec) return;  // cancelled: this member may be gone
-    grace_timer_ = 0;
-    if (!stopped_ && !failed_ && admissions_ == before) fail("lost the coordinator: " + why.message());
-  });
+  grace_timer_ = host().clock().async_wait(coordinator_grace,
+                                           [this, why, before = admissions_](std::error_code ec) {
+                                             if (ec) return;  // cancelled: this member may be gone
+                                             grace_timer_ = 0;
+                                             if (!stopped_ && !failed_ && admissions_ == before)
+                                               fail("lost the coordinator: " + why.message());
+                                           });
 }
 
 void job_member::link_to(const std::vector<peer_entry>& peers) {
@@ -71,7 +77,8 @@ void job_member::link_to(const std::vector<peer_entry>& peers) {
   // provider may still carry it, and end the trainer's wait for its older writes early.
   if (transport.tracks_writes()) {
     for (const auto node : linked_)
-      if (node != coordinator_.node && !std::ranges::binary_search(members, node)) transport.remove_peer(node);
+      if (node != coordinator_.node && !std::ranges::binary_search(members, node))
+        transport.remove_peer(node);
   }
   linked_ = std::move(members);
 }

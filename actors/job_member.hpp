@@ -121,8 +121,8 @@ class job_member : public actor {
 
   std::chrono::milliseconds heartbeat_interval_;
   std::uint64_t heartbeat_timer_ = 0;
-  std::uint64_t peer_watch_ = 0;  ///< our watch of the node's lost peers
-  std::uint64_t grace_timer_ = 0;  ///< while the link to the coordinator is down
+  std::uint64_t peer_watch_ = 0;             ///< our watch of the node's lost peers
+  std::uint64_t grace_timer_ = 0;            ///< while the link to the coordinator is down
   std::function<void()> send_registration_;  ///< set by join_with
   bool registering_ = false;                 ///< registered, and not admitted yet
   std::uint64_t admissions_ = 0;

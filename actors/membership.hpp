@@ -23,7 +23,8 @@ class job_membership {
     std::string transport_address;
     std::vector<tensor_spec> tensors;
     device_place place;
-    std::uint64_t first_version = 1;  ///< the oldest version its host copies can hold (it joined then)
+    std::uint64_t first_version =
+        1;  ///< the oldest version its host copies can hold (it joined then)
     std::uint64_t last_published = 0;
   };
   /// What a worker registered. Workers of one part register equal tables (Kimi-K2's 128
@@ -46,7 +47,8 @@ class job_membership {
     std::uint64_t partial_version = 0;
     std::set<std::uint32_t> partial_chunks;
     bool holds(std::uint64_t version, std::uint32_t chunk) const {
-      return complete_version >= version || (partial_version == version && partial_chunks.contains(chunk));
+      return complete_version >= version ||
+             (partial_version == version && partial_chunks.contains(chunk));
     }
   };
   /// A member declared lost (silent, or its link dropped), not left: one that heartbeats again
@@ -69,14 +71,16 @@ class job_membership {
     bool fresh = false;  ///< no live table was equal: this one is new
   };
   /// The live table equal to `tensors` and `parts`, or a new one of these two, shared from now on.
-  interned_table intern(const shared_vector<tensor_spec>& tensors, const shared_vector<byte_range>& parts);
+  interned_table intern(const shared_vector<tensor_spec>& tensors,
+                        const shared_vector<byte_range>& parts);
   /// The shard `who` registered as, or trainers.end().
   std::map<std::uint32_t, trainer_entry>::iterator find_trainer(const address& who);
   const worker_entry* find_worker(const address& who) const;
   bool is_member(node_id node) const;
   /// Whether `trainers` shards and, for each instance i below `instance_sizes.size()`, that many
   /// workers registered: what the first plan waits for.
-  bool all_declared(std::uint32_t trainer_count, const std::vector<std::uint32_t>& instance_sizes) const;
+  bool all_declared(std::uint32_t trainer_count,
+                    const std::vector<std::uint32_t>& instance_sizes) const;
   bool all_workers_ready() const;
   /// Members not heard from since `now - timeout`.
   std::vector<node_id> silent(clock::time_point now, clock::duration timeout) const;

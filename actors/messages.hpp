@@ -18,7 +18,9 @@ namespace ferry {
 /// A duration on the wire: finite, and 0 to 10^9 s. Anything else (a NaN, or 2^64 from an
 /// unsigned encoding, which msgpack-c cannot even pack back without undefined behaviour) makes
 /// the body malformed.
-inline bool wire_seconds(double s) { return s >= 0 && s <= 1e9; }
+inline bool wire_seconds(double s) {
+  return s >= 0 && s <= 1e9;
+}
 
 /// How to reach a node: its transport address.
 struct peer_entry {
@@ -31,8 +33,8 @@ struct peer_entry {
 struct stage_times {
   double offload = 0, send = 0, upload = 0, broadcast = 0, apply = 0;
   bool valid() const {
-    return wire_seconds(offload) && wire_seconds(send) && wire_seconds(upload) && wire_seconds(broadcast) &&
-           wire_seconds(apply);
+    return wire_seconds(offload) && wire_seconds(send) && wire_seconds(upload) &&
+           wire_seconds(broadcast) && wire_seconds(apply);
   }
   FERRY_DEFINE_MAP(offload, send, upload, broadcast, apply)
 };
@@ -98,10 +100,11 @@ struct worker_ready {
   /// Of each slot below `direct_slot`: chunk_bytes, or less where each holds just the leader's
   /// stripe, at its start (worker_slots::stripe_only).
   std::uint64_t slot_bytes = 0;
-  std::uint64_t complete_version = 0;  ///< the newest version fully applied here
-  std::uint64_t partial_version = 0;   ///< a newer version partly applied here, or 0
+  std::uint64_t complete_version = 0;         ///< the newest version fully applied here
+  std::uint64_t partial_version = 0;          ///< a newer version partly applied here, or 0
   std::vector<std::uint32_t> partial_chunks;  ///< the chunks of partial_version applied here
-  FERRY_DEFINE_MAP(instance, rank, slots, direct_slot, slot_bytes, complete_version, partial_version, partial_chunks)
+  FERRY_DEFINE_MAP(instance, rank, slots, direct_slot, slot_bytes, complete_version,
+                   partial_version, partial_chunks)
 };
 
 /// Where a trainer shard writes the chunks for one instance leader: stripe `stripe` of `stripes`
@@ -199,7 +202,8 @@ struct chunk_sent {
   /// tells that worker, with the rest of the chain. A relayed chunk_sent comes from the previous
   /// worker of the chain.
   std::vector<relay_hop> relay;
-  FERRY_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset, device_source, relay)
+  FERRY_DEFINE_MAP(version, chunk, slot, checksum, chunk_checksum, source, source_offset,
+                   device_source, relay)
 };
 
 /// Leader -> trainer: receive slot `slot`, which held a chunk of `version`, is free again (the
@@ -273,7 +277,8 @@ struct participant_error {
 /// Which chunks one leader still needs in an update, of those the receiving trainer sources.
 struct route_chunks {
   leader_route route;
-  std::vector<std::uint32_t> chunks;  ///< plan chunk ids (a trainer sends only its own of any given)
+  std::vector<std::uint32_t>
+      chunks;  ///< plan chunk ids (a trainer sends only its own of any given)
   FERRY_DEFINE_MAP(route, chunks)
 };
 

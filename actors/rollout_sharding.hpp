@@ -11,14 +11,16 @@
 namespace ferry {
 
 enum class rollout_sharding : std::uint8_t {
-  none,  ///< every worker holds the whole table
-  ep,    ///< experts split over the ranks, everything else on every rank
-  tp,    ///< every tensor's rows (its first dimension) split over the ranks
-  pp_tp, ///< two pipeline stages, each tensor-parallel over half of the ranks
-  ep_tp, ///< routed experts split over the ranks, every other tensor's rows too (tensor-parallel attention)
+  none,   ///< every worker holds the whole table
+  ep,     ///< experts split over the ranks, everything else on every rank
+  tp,     ///< every tensor's rows (its first dimension) split over the ranks
+  pp_tp,  ///< two pipeline stages, each tensor-parallel over half of the ranks
+  ep_tp,  ///< routed experts split over the ranks, every other tensor's rows too (tensor-parallel
+          ///< attention)
 };
 
-result<rollout_sharding> parse_rollout_sharding(std::string_view name);  ///< "none", "ep", "tp", "pp-tp" or "ep-tp"
+result<rollout_sharding> parse_rollout_sharding(
+    std::string_view name);  ///< "none", "ep", "tp", "pp-tp" or "ep-tp"
 std::string_view rollout_sharding_name(rollout_sharding s);
 
 /// What worker `rank` of an instance of `size` holds of `table` under `sharding`: specs (the
@@ -32,15 +34,16 @@ std::string_view rollout_sharding_name(rollout_sharding s);
 ///   ("layers.<l>.") belongs to stage l * 2 / layers, the embeddings to the first, every other
 ///   tensor (final norm, LM head) to the last. Within its stage a tensor's rows are split as under
 ///   tp, except a 1-dimensional one (a norm, a bias), which is whole on each of the stage's ranks,
-///   as tensor-parallel engines keep it: those are heard by some, not all, of an instance's workers.
+///   as tensor-parallel engines keep it: those are heard by some, not all, of an instance's
+///   workers.
 /// - ep-tp: a routed expert's tensor whole on rank e % size, as under ep; every other tensor's rows
 ///   split as under tp, except a 1-dimensional one, whole on every rank (engines that run attention
 ///   and dense layers tensor-parallel beside expert-parallel MoE layers).
-std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding, std::uint32_t rank,
-                                      std::uint32_t size);
+std::vector<tensor_ref> rollout_share(std::span<const tensor_spec> table, rollout_sharding sharding,
+                                      std::uint32_t rank, std::uint32_t size);
 /// Every rank's share, `rollout_share` of each: under ep in one pass over the names, where a
 /// simulation's instance of 16 parsed Kimi-K2's 140k names 16 times.
-std::vector<std::vector<tensor_ref>> rollout_shares(std::span<const tensor_spec> table, rollout_sharding sharding,
-                                                    std::uint32_t size);
+std::vector<std::vector<tensor_ref>> rollout_shares(std::span<const tensor_spec> table,
+                                                    rollout_sharding sharding, std::uint32_t size);
 
 }  // namespace ferry

@@ -23,7 +23,8 @@ void shard_copies::release_device() {
   if (device_) retired_device_.push_back(std::move(device_));
 }
 
-std::optional<std::string> shard_copies::prepare(std::uint64_t bytes, plan::shard_copies kept, bool shareable) {
+std::optional<std::string> shard_copies::prepare(std::uint64_t bytes, plan::shard_copies kept,
+                                                 bool shareable) {
   if (bytes != bytes_) {  // another layout: nothing held is sendable any more
     release_host();
     release_device();
@@ -37,18 +38,21 @@ std::optional<std::string> shard_copies::prepare(std::uint64_t bytes, plan::shar
     if (auto why = beyond_host(env_.platform(), 2 * bytes, "the host copies")) return *why;
     host_ = env_.platform().host_memory(2 * bytes, shareable);
     if (memory_) {
-      if (auto ec = memory_->pin(host_.span())) return "cannot pin the host copies: " + ec.message();
+      if (auto ec = memory_->pin(host_.span()))
+        return "cannot pin the host copies: " + ec.message();
     }
     auto region = wire_.register_region(host_.span());
     if (!region) return "cannot register the host copies: " + region.error().message();
     host_region_ = *region;
-    for (auto& c : copies_) c.in_host.assign(c.in_host.size(), false);  // new memory holds nothing yet
+    for (auto& c : copies_)
+      c.in_host.assign(c.in_host.size(), false);  // new memory holds nothing yet
   }
   if (kept.device && !device_ && bytes > 0) {
     if (!memory_) return "device copies need the shard's tensors on a GPU";
     std::string why;
     auto shared = memory_->allocate_shared(2 * bytes, why);
-    if (!shared) return "cannot allocate the device copies (" + std::to_string(2 * bytes) + " bytes): " + why;
+    if (!shared)
+      return "cannot allocate the device copies (" + std::to_string(2 * bytes) + " bytes): " + why;
     device_ = std::move(*shared);
   }
   if (kept.device_written && device_ && !device_region_) {

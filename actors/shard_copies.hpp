@@ -30,13 +30,14 @@ class shard_copies {
     std::span<std::byte> host, device;
     std::uint64_t offset = 0;  ///< of both halves in their buffers
     std::uint64_t version = 0;
-    std::uint64_t layout = 0;  ///< the plan layout `version` was packed in
+    std::uint64_t layout = 0;              ///< the plan layout `version` was packed in
     std::vector<bool> in_host, in_device;  ///< per plan chunk: its bytes of `version` are there
     std::vector<std::uint64_t> checksums;  ///< per plan chunk, of the host copy's bytes
   };
 
   /// `memory`: the shard's device (null: its tensors are in host memory).
-  shard_copies(environment& env, transport& wire, device_memory* memory) : env_(env), wire_(wire), memory_(memory) {}
+  shard_copies(environment& env, transport& wire, device_memory* memory)
+      : env_(env), wire_(wire), memory_(memory) {}
   ~shard_copies();
   shard_copies(const shard_copies&) = delete;
   shard_copies& operator=(const shard_copies&) = delete;

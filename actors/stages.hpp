@@ -18,8 +18,8 @@
 namespace ferry {
 
 /// Where one member holds the tensors of a plan: per plan tensor, its index in the member's table
-/// (-1: not held), and where each held tensor's bytes start. Made once per plan; members of a process that
-/// hold one table share it (`shared`), so a simulation's hundreds of workers keep one.
+/// (-1: not held), and where each held tensor's bytes start. Made once per plan; members of a
+/// process that hold one table share it (`shared`), so a simulation's hundreds of workers keep one.
 class tensor_placement {
  public:
   /// `owned_by`: the trainer shard whose tensors `local` holds; another shard's are not placed.
@@ -27,8 +27,9 @@ class tensor_placement {
                    std::optional<std::uint32_t> owned_by = std::nullopt);
   /// The placement of `job` in `local`, one for every caller that passes the same two while any
   /// of them keeps it. Thread-safe.
-  static std::shared_ptr<const tensor_placement> shared(const std::shared_ptr<const plan_index>& job,
-                                                        const std::shared_ptr<const std::vector<tensor_ref>>& local);
+  static std::shared_ptr<const tensor_placement> shared(
+      const std::shared_ptr<const plan_index>& job,
+      const std::shared_ptr<const std::vector<tensor_ref>>& local);
 
   /// The index of plan tensor `tensor` in the member's table, or -1.
   int local_index(std::uint32_t tensor) const { return local_of_[tensor]; }
@@ -65,7 +66,7 @@ class offload_stage {
 
   struct outcome {
     std::error_code error;
-    bool abandoned = false;     ///< `wanted` said no after a suspension: nothing more was done
+    bool abandoned = false;      ///< `wanted` said no after a suspension: nothing more was done
     std::uint64_t checksum = 0;  ///< the chunk's xxh3-64; 0 without checksums
   };
   /// Copies chunk `c` of version `version` from the tensors `from` into `stream` (a copy of the
@@ -73,16 +74,17 @@ class offload_stage {
   /// bytes are not on the host); then `done(outcome)` on the loop. Copies run in the order
   /// started, so a caller keeping several started leaves the copy engine no gap between two
   /// chunks. `wanted` is asked when the copy and the hash end.
-  void async_run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream, std::uint64_t version,
-                 std::function<bool()> wanted, bool hash, std::function<void(outcome)> done);
+  void async_run(const chunk_info& c, const tensor_placement& from, std::span<std::byte> stream,
+                 std::uint64_t version, std::function<bool()> wanted, bool hash,
+                 std::function<void(outcome)> done);
   /// Chunk `c` its owner wrote into `stream` itself (a written publish): only its checksum, on the
   /// executor; then `done(outcome)` on the loop. `wanted` is asked when the hash ends.
   void async_hash(const chunk_info& c, std::span<const std::byte> stream, std::uint64_t version,
                   std::function<bool()> wanted, std::function<void(outcome)> done);
   /// Fiber only. Copies chunk `c` the same way from `copy`, another copy of the shard laid out
   /// alike (its device copy), and waits; `wanted` is asked after each suspension.
-  outcome run(const chunk_info& c, std::span<const std::byte> copy, std::span<std::byte> stream, std::uint64_t version,
-              const std::function<bool()>& wanted, bool hash = true);
+  outcome run(const chunk_info& c, std::span<const std::byte> copy, std::span<std::byte> stream,
+              std::uint64_t version, const std::function<bool()>& wanted, bool hash = true);
 
   stage_meter& meter() { return meter_; }
 
@@ -99,11 +101,13 @@ class offload_stage {
 /// a one-sided write. Owning loop only.
 class send_stage {
  public:
-  send_stage(environment& env, node_id node, transport& wire) : wire_(wire), meter_(env, node, stage::send) {}
+  send_stage(environment& env, node_id node, transport& wire)
+      : wire_(wire), meter_(env, node, stage::send) {}
 
   /// Writes `bytes` of chunk `chunk` at `offset` of region `to`, tagged `imm`; then `done(error)`.
-  void write(std::span<const std::byte> bytes, const region_desc& to, std::uint64_t offset, write_imm imm,
-             std::uint64_t version, std::uint32_t chunk, std::function<void(std::error_code)> done);
+  void write(std::span<const std::byte> bytes, const region_desc& to, std::uint64_t offset,
+             write_imm imm, std::uint64_t version, std::uint32_t chunk,
+             std::function<void(std::error_code)> done);
 
   stage_meter& meter() { return meter_; }
 
@@ -119,8 +123,8 @@ class apply_stage {
 
   /// Scatters chunk `c` of version `version` from `bytes` into `into`; then `done(error)`. Every
   /// piece lies in what the member holds: the plan cut the segments there.
-  void run(const chunk_info& c, const tensor_placement& into, std::span<const std::byte> bytes, std::uint64_t version,
-           std::function<void(std::error_code)> done);
+  void run(const chunk_info& c, const tensor_placement& into, std::span<const std::byte> bytes,
+           std::uint64_t version, std::function<void(std::error_code)> done);
 
   stage_meter& meter() { return meter_; }
 

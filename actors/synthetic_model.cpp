@@ -36,7 +36,9 @@ std::vector<tensor_spec> transformer(const shape& s) {
 }
 
 /// Llama's FFN width: 8/3 of hidden, rounded up to a multiple of 64.
-std::int64_t ffn_of(std::int64_t h) { return (h * 8 / 3 + 63) / 64 * 64; }
+std::int64_t ffn_of(std::int64_t h) {
+  return (h * 8 / 3 + 63) / 64 * 64;
+}
 
 std::uint64_t layer_bytes(std::int64_t h) {
   const std::int64_t ffn = ffn_of(h);
@@ -49,30 +51,37 @@ std::vector<tensor_spec> synthetic_transformer(std::uint64_t target_bytes) {
   // The widest power-of-two hidden size that still leaves room for 8 layers; the vocabulary
   // shrinks for tiny models so the embeddings stay a fraction of the bytes.
   auto vocab_for = [&](std::int64_t h) {
-    return std::clamp<std::int64_t>(static_cast<std::int64_t>(target_bytes / 8 / (4 * h)), 16, 32000);
+    return std::clamp<std::int64_t>(static_cast<std::int64_t>(target_bytes / 8 / (4 * h)), 16,
+                                    32000);
   };
-  auto fits = [&](std::int64_t h) { return 4ull * vocab_for(h) * h + 8 * layer_bytes(h) <= target_bytes; };
+  auto fits = [&](std::int64_t h) {
+    return 4ull * vocab_for(h) * h + 8 * layer_bytes(h) <= target_bytes;
+  };
   std::int64_t h = 64;
   while (h < 8192 && fits(2 * h)) h *= 2;
   const std::int64_t vocab = vocab_for(h);
   const std::uint64_t embeddings = 4ull * vocab * h;
   const std::int64_t layers = std::max<std::int64_t>(
-      1, static_cast<std::int64_t>((target_bytes - std::min(target_bytes, embeddings)) / layer_bytes(h)));
-  return transformer({.vocab = vocab, .hidden = h, .kv = h / 4, .ffn = ffn_of(h), .layers = layers});
+      1, static_cast<std::int64_t>((target_bytes - std::min(target_bytes, embeddings)) /
+                                   layer_bytes(h)));
+  return transformer(
+      {.vocab = vocab, .hidden = h, .kv = h / 4, .ffn = ffn_of(h), .layers = layers});
 }
 
 std::vector<tensor_spec> llama3_8b() {
   return transformer({.vocab = 128256, .hidden = 4096, .kv = 1024, .ffn = 14336, .layers = 32});
 }
 
-std::vector<std::vector<tensor_spec>> split_over_shards(const std::vector<tensor_spec>& model, std::uint32_t shards) {
+std::vector<std::vector<tensor_spec>> split_over_shards(const std::vector<tensor_spec>& model,
+                                                        std::uint32_t shards) {
   // Contiguous ranges of the model, cut where a shard reaches its share of the bytes.
   std::uint64_t total = 0;
   for (const auto& t : model) total += t.nbytes;
   std::vector<std::vector<tensor_spec>> out(std::max(1u, shards));
   std::uint64_t so_far = 0;
   for (const auto& t : model) {
-    const auto shard = std::min<std::uint64_t>(out.size() - 1, so_far * out.size() / std::max<std::uint64_t>(total, 1));
+    const auto shard = std::min<std::uint64_t>(
+        out.size() - 1, so_far * out.size() / std::max<std::uint64_t>(total, 1));
     out[shard].push_back(t);
     so_far += t.nbytes;
   }

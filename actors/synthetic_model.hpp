@@ -17,7 +17,8 @@ std::vector<tensor_spec> synthetic_transformer(std::uint64_t target_bytes);
 std::vector<tensor_spec> llama3_8b();
 
 /// Splits `model` over `shards` trainer shards, balancing bytes; each shard keeps model order.
-std::vector<std::vector<tensor_spec>> split_over_shards(const std::vector<tensor_spec>& model, std::uint32_t shards);
+std::vector<std::vector<tensor_spec>> split_over_shards(const std::vector<tensor_spec>& model,
+                                                        std::uint32_t shards);
 
 /// Fills `bytes` with the content of tensor `name` at `version`: deterministic, different for
 /// every tensor and version. Thread-safe.

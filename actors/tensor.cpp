@@ -24,8 +24,12 @@ constexpr std::array<dtype_info, 11> dtypes{{{dtype::u8, "u8", 1},
                                              {dtype::fp8_e5m2, "fp8_e5m2", 1}}};
 }  // namespace
 
-std::size_t dtype_bytes(dtype t) { return dtypes.at(static_cast<std::size_t>(t)).bytes; }
-std::string_view dtype_name(dtype t) { return dtypes.at(static_cast<std::size_t>(t)).name; }
+std::size_t dtype_bytes(dtype t) {
+  return dtypes.at(static_cast<std::size_t>(t)).bytes;
+}
+std::string_view dtype_name(dtype t) {
+  return dtypes.at(static_cast<std::size_t>(t)).name;
+}
 
 result<dtype> parse_dtype(std::string_view name) {
   for (const auto& d : dtypes) {
@@ -74,7 +78,8 @@ result<void> validate_tensor_table(std::span<const tensor_spec> table, std::stri
       return fail(errc::invalid_argument);
     }
     if (bytes_of(t.type, t.shape) != t.nbytes) {
-      why = "tensor '" + t.name + "' has " + std::to_string(t.nbytes) + " bytes, which its dtype and shape contradict";
+      why = "tensor '" + t.name + "' has " + std::to_string(t.nbytes) +
+            " bytes, which its dtype and shape contradict";
       return fail(errc::invalid_argument);
     }
   }

@@ -34,31 +34,35 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
   on_coordinator<update_go>([this](const envelope_header& h, const update_go& m) {
     if (h.epoch == epoch()) start_sending(m);
   });
-  on<slot_free>([this](const envelope_header& h, const slot_free& m) {
-    if (h.epoch != epoch()) return;
-    for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
-      auto* r = at->second;
-      if (r->direct || m.slot - r->first_slot >= r->slot_count) continue;
-      // A slot of the update before, freed after this one began with every slot its own.
-      if (m.version != r->version) {
-        note("slot_free of an earlier update dropped");
-        continue;
-      }
-      r->free.push_back(m.slot);
-      advance(*r);
-    }
-  }, handling::never_suspends);
-  on<slot_grant>([this](const envelope_header& h, const slot_grant& m) {
-    // Grants of an earlier update of this epoch cannot come: an update completes only once every
-    // chunk it sent (so every slot asked for) has landed.
-    if (h.epoch != epoch()) return;
-    for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
-      if (auto* r = at->second; r->direct && r->version == m.version) {
-        r->grants[m.chunk] = m.slot;
-        advance(*r);
-      }
-    }
-  }, handling::never_suspends);
+  on<slot_free>(
+      [this](const envelope_header& h, const slot_free& m) {
+        if (h.epoch != epoch()) return;
+        for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
+          auto* r = at->second;
+          if (r->direct || m.slot - r->first_slot >= r->slot_count) continue;
+          // A slot of the update before, freed after this one began with every slot its own.
+          if (m.version != r->version) {
+            note("slot_free of an earlier update dropped");
+            continue;
+          }
+          r->free.push_back(m.slot);
+          advance(*r);
+        }
+      },
+      handling::never_suspends);
+  on<slot_grant>(
+      [this](const envelope_header& h, const slot_grant& m) {
+        // Grants of an earlier update of this epoch cannot come: an update completes only once
+        // every chunk it sent (so every slot asked for) has landed.
+        if (h.epoch != epoch()) return;
+        for (auto [at, end] = routes_to_.equal_range(h.from); at != end; ++at) {
+          if (auto* r = at->second; r->direct && r->version == m.version) {
+            r->grants[m.chunk] = m.slot;
+            advance(*r);
+          }
+        }
+      },
+      handling::never_suspends);
   on_coordinator<version_delivered>([this](const envelope_header&, const version_delivered& m) {
     delivered_ = std::max(delivered_, m.version);
     settled_ = std::max(settled_, m.version);
@@ -66,12 +70,14 @@ trainer_shard::trainer_shard(node& host, actor_id id, address coordinator, std::
     changed();
     if (on_delivered) on_delivered(m.version, m.verified);
   });
-  on_coordinator<update_failed>([this](const envelope_header&, const update_failed& m) { version_failed(m); });
+  on_coordinator<update_failed>(
+      [this](const envelope_header&, const update_failed& m) { version_failed(m); });
 }
 
 void trainer_shard::void_version(std::uint64_t version) {
   // The coordinator fails it for everyone (this shard too), unless it did already.
-  send(coordinator_, update_failed{.version = version, .reason = "offloaded in a chunk layout that changed since"});
+  send(coordinator_, update_failed{.version = version,
+                                   .reason = "offloaded in a chunk layout that changed since"});
 }
 
 void trainer_shard::version_failed(const update_failed& m) {
@@ -91,15 +97,16 @@ trainer_shard::~trainer_shard() {
 
 void trainer_shard::join() {
   join_with([this] {
-    register_trainer m{.shard = shard_,
-                       .transport_address = host().transport().local_address(),
-                       .place = place()};
+    register_trainer m{
+        .shard = shard_, .transport_address = host().transport().local_address(), .place = place()};
     for (const auto& t : tensors_) m.tensors.push_back(t.spec);
     return m;
   });
 }
 
-void trainer_shard::halting() { ++send_generation_; }
+void trainer_shard::halting() {
+  ++send_generation_;
+}
 
 device_place trainer_shard::place() const {
   if (!options_.memory) return {};
@@ -142,14 +149,18 @@ void trainer_shard::adopt_plan(const plan_ready& m) {
   next->placement = std::make_shared<const tensor_placement>(*next->index, tensors_, shard_);
   next->my_chunks = next->job->chunks_of(shard_);
   next->send_position.assign(next->job->chunks.size(), 0);
-  for (std::uint32_t i = 0; i < next->my_chunks.size(); ++i) next->send_position[next->my_chunks[i]] = i;
+  for (std::uint32_t i = 0; i < next->my_chunks.size(); ++i)
+    next->send_position[next->my_chunks[i]] = i;
   for (const auto& inst : next->job->instances) {
     for (std::size_t r = 0; r < inst.workers.size(); ++r)
-      if (const auto p = next->job->path(shard_, inst, r); p != chunk_path::host_copy) next->paths.emplace(inst.workers[r], p);
+      if (const auto p = next->job->path(shard_, inst, r); p != chunk_path::host_copy)
+        next->paths.emplace(inst.workers[r], p);
   }
   plan_ = std::move(next);
   const auto& job = *plan_->job;
-  if (auto why = copies_.prepare(job.shard_bytes[shard_], job.copies_of(shard_), job.shared_host_copies)) return fail_job(*why);
+  if (auto why =
+          copies_.prepare(job.shard_bytes[shard_], job.copies_of(shard_), job.shared_host_copies))
+    return fail_job(*why);
   // Host copies made only now, for workers that do not read GPU to GPU: they get the versions
   // held so far from the device copies.
   for (auto* copy : copies_.missing_from_host()) {
@@ -230,7 +241,8 @@ void trainer_shard::run_publish(std::uint64_t version, bool written) {
   // The workers that do not read GPU to GPU are sent the host copy, filled from the device copy.
   if (to_device && copies_.kept().host && !fill_host(copy, plan)) return;
 
-  shard_done done{.shard = shard_, .version = version, .busy = {.offload = offload_.meter().seconds()}};
+  shard_done done{
+      .shard = shard_, .version = version, .busy = {.offload = offload_.meter().seconds()}};
   if (options_.digests) {
     auto digests = digests_of(copy, *plan);
     if (!digests) return;
@@ -239,8 +251,8 @@ void trainer_shard::run_publish(std::uint64_t version, bool written) {
   send(coordinator_, done);
 }
 
-bool trainer_shard::offload(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan,
-                            bool to_device) {
+bool trainer_shard::offload(shard_copies::version_copy& copy,
+                            const std::shared_ptr<const shard_plan>& plan, bool to_device) {
   // `depth` chunks copying at once: the copy engine never waits for the loop between two.
   struct offloading {
     std::size_t copying = 0;
@@ -249,28 +261,35 @@ bool trainer_shard::offload(shard_copies::version_copy& copy, const std::shared_
   auto state = std::make_shared<offloading>();
   const auto version = copy.version;
   for (auto id : plan->my_chunks) {
-    if (!wait_for([&] { return state->copying < plan->job->depth || state->stopped; }) || state->stopped) break;
+    if (!wait_for([&] { return state->copying < plan->job->depth || state->stopped; }) ||
+        state->stopped)
+      break;
     ++state->copying;
     ++works_in_flight_;
     // A plan of another layout may come meanwhile: this copy is then void, and so is its version.
-    offload_.async_run(plan->job->chunks[id], *plan->placement, to_device ? copy.device : copy.host, version,
-                       [this, plan] { return plan_->job->layout == plan->job->layout; }, !to_device,
-                       [this, state, copy = &copy, version, id, to_device](const offload_stage::outcome& done) {
-                         --works_in_flight_;
-                         --state->copying;
-                         if (!state->stopped && !chunk_offloaded(*copy, version, id, done, to_device)) state->stopped = true;
-                         changed();
-                       });
+    offload_.async_run(
+        plan->job->chunks[id], *plan->placement, to_device ? copy.device : copy.host, version,
+        [this, plan] { return plan_->job->layout == plan->job->layout; }, !to_device,
+        [this, state, copy = &copy, version, id, to_device](const offload_stage::outcome& done) {
+          --works_in_flight_;
+          --state->copying;
+          if (!state->stopped && !chunk_offloaded(*copy, version, id, done, to_device))
+            state->stopped = true;
+          changed();
+        });
   }
   wait_even_if_stopped([&] { return state->copying == 0; });
   return !state->stopped && !stopped_ && !failed_;
 }
 
-bool trainer_shard::await_writes(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan) {
-  writes_ = awaited_writes{.version = copy.version, .copy = &copy, .plan = plan, .left = plan->my_chunks.size()};
+bool trainer_shard::await_writes(shard_copies::version_copy& copy,
+                                 const std::shared_ptr<const shard_plan>& plan) {
+  writes_ = awaited_writes{
+      .version = copy.version, .copy = &copy, .plan = plan, .left = plan->my_chunks.size()};
   if (on_write_target) {
-    on_write_target(copy.version, std::make_shared<copy_writes>(*plan->job, *plan->placement, plan->my_chunks,
-                                                                copy.host, tensors_.size()));
+    on_write_target(copy.version,
+                    std::make_shared<copy_writes>(*plan->job, *plan->placement, plan->my_chunks,
+                                                  copy.host, tensors_.size()));
   }
   wait_for([&] { return writes_->left == 0 || writes_->stopped; });
   wait_even_if_stopped([&] { return writes_->hashing == 0; });
@@ -286,26 +305,29 @@ void trainer_shard::chunks_written(std::uint64_t version, std::span<const std::u
     ++w.hashing;
     ++works_in_flight_;
     // A plan of another layout may come meanwhile: the copy is then void, and so is its version.
-    offload_.async_hash(w.plan->job->chunks.at(id), w.copy->host, version,
-                        [this, plan = w.plan] { return plan_->job->layout == plan->job->layout; },
-                        [this, version, id](const offload_stage::outcome& done) {
-                          --works_in_flight_;
-                          auto& awaited = *writes_;
-                          --awaited.hashing;
-                          if (!awaited.stopped && chunk_offloaded(*awaited.copy, version, id, done, false)) {
-                            --awaited.left;
-                          } else {
-                            awaited.stopped = true;
-                          }
-                          changed();
-                        });
+    offload_.async_hash(
+        w.plan->job->chunks.at(id), w.copy->host, version,
+        [this, plan = w.plan] { return plan_->job->layout == plan->job->layout; },
+        [this, version, id](const offload_stage::outcome& done) {
+          --works_in_flight_;
+          auto& awaited = *writes_;
+          --awaited.hashing;
+          if (!awaited.stopped && chunk_offloaded(*awaited.copy, version, id, done, false)) {
+            --awaited.left;
+          } else {
+            awaited.stopped = true;
+          }
+          changed();
+        });
   }
 }
 
-bool trainer_shard::chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,
-                                    const offload_stage::outcome& done, bool device) {
+bool trainer_shard::chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version,
+                                    std::uint32_t id, const offload_stage::outcome& done,
+                                    bool device) {
   if (done.abandoned) {
-    if (copy.version == version) void_version(version);  // else a newer version took the copy: it settled
+    if (copy.version == version)
+      void_version(version);  // else a newer version took the copy: it settled
     return false;
   }
   if (done.error) {
@@ -323,7 +345,8 @@ bool trainer_shard::chunk_offloaded(shard_copies::version_copy& copy, std::uint6
   return !stopped_ && !failed_;
 }
 
-bool trainer_shard::fill_host(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan) {
+bool trainer_shard::fill_host(shard_copies::version_copy& copy,
+                              const std::shared_ptr<const shard_plan>& plan) {
   const auto version = copy.version;
   for (auto id : plan->my_chunks) {
     if (!copy.in_device.at(id) || copy.in_host.at(id)) continue;
@@ -335,16 +358,20 @@ bool trainer_shard::fill_host(shard_copies::version_copy& copy, const std::share
   return true;
 }
 
-std::optional<std::vector<tensor_digest>> trainer_shard::digests_of(const shard_copies::version_copy& copy,
-                                                                    const shard_plan& plan) {
+std::optional<std::vector<tensor_digest>> trainer_shard::digests_of(
+    const shard_copies::version_copy& copy, const shard_plan& plan) {
   std::vector<std::uint32_t> owned;  // the segments of this shard's tensors
   for (std::uint32_t i = 0; i < plan.job->segments.size(); ++i) {
     const auto& s = plan.job->segments[i];
-    if (plan.placement->local_index(s.tensor) >= 0 && plan.job->owner[s.tensor] == shard_) owned.push_back(i);
+    if (plan.placement->local_index(s.tensor) >= 0 && plan.job->owner[s.tensor] == shard_)
+      owned.push_back(i);
   }
   std::vector<tensor_digest> digests;
-  auto add = [&](std::uint32_t i, XXH128_hash_t h) { digests.push_back({.segment = i, .low = h.low64, .high = h.high64}); };
-  const bool in_host = std::all_of(plan.my_chunks.begin(), plan.my_chunks.end(), [&](auto id) { return copy.in_host[id]; });
+  auto add = [&](std::uint32_t i, XXH128_hash_t h) {
+    digests.push_back({.segment = i, .low = h.low64, .high = h.high64});
+  };
+  const bool in_host = std::all_of(plan.my_chunks.begin(), plan.my_chunks.end(),
+                                   [&](auto id) { return copy.in_host[id]; });
   if (in_host) {  // one pass over the host copy
     host().env().cpu().run(plan.job->shard_bytes[shard_], [&] {
       for (const auto i : owned) {
@@ -358,8 +385,8 @@ std::optional<std::vector<tensor_digest>> trainer_shard::digests_of(const shard_
     const auto& s = plan.job->segments[i];
     const auto h = hasher_.hash(copy.device.subspan(s.shard_offset, s.bytes), true);
     if (!h) {
-      fail("cannot read the device copy of version " + std::to_string(copy.version) + " for its digests: " +
-           h.error().message());
+      fail("cannot read the device copy of version " + std::to_string(copy.version) +
+           " for its digests: " + h.error().message());
       return std::nullopt;
     }
     add(i, *h);
@@ -373,7 +400,8 @@ void trainer_shard::start_sending(const update_go& go) {
   retire_routes();
   changed();
   for (const auto& rc : go.routes) {
-    auto r = std::make_shared<route>(rc.route, plan_->job->depth, static_cast<std::uint32_t>(plan_->job->shards.size()));
+    auto r = std::make_shared<route>(rc.route, plan_->job->depth,
+                                     static_cast<std::uint32_t>(plan_->job->shards.size()));
     r->version = go.version;
     r->generation = generation;
     r->plan = plan_;
@@ -383,8 +411,9 @@ void trainer_shard::start_sending(const update_go& go) {
     }
     // In send order, which is the offload's: every route of this shard, and every chain, takes
     // its chunks in one order.
-    std::sort(r->chunks.begin(), r->chunks.end(),
-              [&](std::uint32_t a, std::uint32_t b) { return plan_->send_position[a] < plan_->send_position[b]; });
+    std::sort(r->chunks.begin(), r->chunks.end(), [&](std::uint32_t a, std::uint32_t b) {
+      return plan_->send_position[a] < plan_->send_position[b];
+    });
     // This shard's receive slots at a leader: `depth` of them, after the other shards'.
     for (std::uint32_t i = 0; !r->direct && i < plan_->job->depth; ++i)
       r->free.push_back(r->first_slot + shard_ * plan_->job->depth + i);
@@ -400,7 +429,8 @@ void trainer_shard::link_chains(const update_go& go) {
   if (plan_->job->shared_host_copies) return;  // nothing is written: every member reads in place
   const auto& job = *plan_->job;
   // (instance, chunk) -> (rank, route) of each member it goes to directly
-  std::map<std::pair<std::uint32_t, std::uint32_t>, std::vector<std::pair<std::uint32_t, route*>>> members;
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::vector<std::pair<std::uint32_t, route*>>>
+      members;
   for (std::size_t i = 0; i < routes_.size(); ++i) {
     // A member that reads GPU to GPU reads every chunk it hears itself: nothing to relay to it.
     if (!routes_[i]->direct || routes_[i]->path == chunk_path::device_direct) continue;
@@ -409,12 +439,15 @@ void trainer_shard::link_chains(const update_go& go) {
                                    [&](const instance_plan& p) { return p.id == instance; });
     if (inst == job.instances.end()) continue;
     const auto rank = static_cast<std::uint32_t>(
-        std::find(inst->workers.begin(), inst->workers.end(), routes_[i]->leader) - inst->workers.begin());
-    for (const auto id : routes_[i]->chunks) members[{instance, id}].emplace_back(rank, routes_[i].get());
+        std::find(inst->workers.begin(), inst->workers.end(), routes_[i]->leader) -
+        inst->workers.begin());
+    for (const auto id : routes_[i]->chunks)
+      members[{instance, id}].emplace_back(rank, routes_[i].get());
   }
   for (auto& [key, heard_by] : members) {
     if (heard_by.size() < 2) continue;
-    std::sort(heard_by.begin(), heard_by.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(heard_by.begin(), heard_by.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     auto link = std::make_shared<chain>();
     for (std::size_t n = 0; n < heard_by.size(); ++n) {
       auto* r = heard_by[n].second;
@@ -493,7 +526,8 @@ void trainer_shard::hash_stripe(route& r, std::span<const std::byte> stripe) {
 
 void trainer_shard::advance_chunks(route& r) {
   const auto& job = *r.plan->job;
-  // SEND: each chunk as soon as it is offloaded (or at once, from the host copy of an older version).
+  // SEND: each chunk as soon as it is offloaded (or at once, from the host copy of an older
+  // version).
   while (r.next < r.chunks.size() && current(r) && !r.hashing) {
     const auto id = r.chunks[r.next];
     // By chunk, not by place in the order: a plan of the same layout may order the chunks
@@ -506,7 +540,8 @@ void trainer_shard::advance_chunks(route& r) {
       return void_version(r.version);
     }
     // GPU to GPU where the device copy holds the chunk; else from the host copy (the worker is
-    // reached through host memory, or the version was offloaded before the shard kept a device copy).
+    // reached through host memory, or the version was offloaded before the shard kept a device
+    // copy).
     const bool device = r.path != chunk_path::host_copy && copy->in_device.at(id);
     if (!device && !copy->in_host.at(id)) return;
     if (!r.slot && !take_slot(r, id)) return;
@@ -522,14 +557,16 @@ void trainer_shard::advance_chunks(route& r) {
     }
     const auto& c = job.chunks[id];
     const auto part = stripe_of(c.bytes, r.stripes, r.stripe);
-    const std::byte* bytes = (device ? copy->device : copy->host).data() + c.shard_offset + part.offset;
+    const std::byte* bytes =
+        (device ? copy->device : copy->host).data() + c.shard_offset + part.offset;
     auto sent = announce(r, *copy, id, device);
     sent.relay = std::move(relay);
     if (r.stripes > 1 && options_.checksums && !device) {
       if (!r.checksum) return hash_stripe(r, {bytes, part.bytes});
       sent.checksum = *r.checksum;
     }
-    if (part.bytes == 0 || sent.in_place()) {  // nothing to write (an empty stripe, or read in place)
+    if (part.bytes == 0 ||
+        sent.in_place()) {  // nothing to write (an empty stripe, or read in place)
       send(r.leader, sent);
       next_chunk(r);
       continue;
@@ -547,7 +584,8 @@ void trainer_shard::advance_chunks(route& r) {
     ++works_in_flight_;
     // The stripe lands at its offset in the slot, so that the leader's slot keeps the chunk's
     // layout, or at its start in a slot that holds the stripe alone.
-    const auto at = r.slot_offset(slot, job.chunk_bytes) + (r.stripe_only(job.chunk_bytes) ? 0 : part.offset);
+    const auto at =
+        r.slot_offset(slot, job.chunk_bytes) + (r.stripe_only(job.chunk_bytes) ? 0 : part.offset);
     send_.write(std::span<const std::byte>(bytes, part.bytes), r.slots, at,
                 make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)), r.version, id,
                 [this, r = r.shared_from_this(), sent](std::error_code ec) {
@@ -557,15 +595,17 @@ void trainer_shard::advance_chunks(route& r) {
                   if (!current(*r)) return;
                   if (ec == errc::not_same_host) {
                     // No regroup mends that: the job is set up wrong.
-                    const auto why = fmt::format("cannot write to node {} with same-host copies: {}; use tcp or fabric",
-                                                 r->leader.node, ec.message());
+                    const auto why = fmt::format(
+                        "cannot write to node {} with same-host copies: {}; use tcp or fabric",
+                        r->leader.node, ec.message());
                     send(coordinator_, participant_error{.reason = why});
                     return fail(why);
                   }
                   if (ec) {
-                    // A dead leader is the coordinator's to detect; the regroup resends what is missing.
-                    log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, sent.chunk, r->leader.node,
-                              ec.message());
+                    // A dead leader is the coordinator's to detect; the regroup resends what is
+                    // missing.
+                    log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_,
+                              sent.chunk, r->leader.node, ec.message());
                     return;
                   }
                   send(r->leader, sent);
@@ -575,12 +615,15 @@ void trainer_shard::advance_chunks(route& r) {
   finish_if_done(r);
 }
 
-chunk_sent trainer_shard::announce(const route& r, const shard_copies::version_copy& copy, std::uint32_t id,
-                                   bool device) const {
+chunk_sent trainer_shard::announce(const route& r, const shard_copies::version_copy& copy,
+                                   std::uint32_t id, bool device) const {
   const auto& job = *r.plan->job;
-  chunk_sent sent{.version = r.version, .chunk = id, .slot = *r.slot, .checksum = copy.checksums[id],
+  chunk_sent sent{.version = r.version,
+                  .chunk = id,
+                  .slot = *r.slot,
+                  .checksum = copy.checksums[id],
                   .chunk_checksum = copy.checksums[id]};
-  if (device) sent.checksum = 0;  // no host byte to hash
+  if (device) sent.checksum = 0;                        // no host byte to hash
   if (device && r.path == chunk_path::device_direct) {  // the leader copies its stripe GPU to GPU
     sent.device_source = copies_.device_ref();
   } else if (!device && job.shared_host_copies) {  // the leader reads its stripe in place
@@ -594,7 +637,9 @@ void trainer_shard::finish_if_done(route& r) {
   if (r.finished || !current(r) || r.next < r.chunks.size() || r.in_flight > 0) return;
   r.finished = true;
   if (--routes_left_ == 0) {
-    send(coordinator_, shard_sent{.shard = shard_, .version = r.version, .send_seconds = send_.meter().seconds()});
+    send(
+        coordinator_,
+        shard_sent{.shard = shard_, .version = r.version, .send_seconds = send_.meter().seconds()});
   }
 }
 

@@ -44,14 +44,15 @@ struct trainer_options {
 class trainer_shard final : public job_member {
  public:
   /// Copies and CPU work go through `host`'s environment.
-  trainer_shard(node& host, actor_id id, address coordinator, std::uint32_t shard, std::vector<tensor_ref> tensors,
-                trainer_options options = {});
+  trainer_shard(node& host, actor_id id, address coordinator, std::uint32_t shard,
+                std::vector<tensor_ref> tensors, trainer_options options = {});
   ~trainer_shard() override;
 
   /// Registers the shard's tensors with the coordinator.
   void join();
   /// Starts publishing `version`, which must be newer than every version published before. The
-  /// offload begins once the host copy it reuses is no longer needed (the version it holds settled).
+  /// offload begins once the host copy it reuses is no longer needed (the version it holds
+  /// settled).
   result<void> publish(std::uint64_t version, std::string& why);
   /// The same, from bytes the owner writes into the shard's host copy itself instead of the
   /// shard copying its tensors: `on_write_target` says where once the copy may be written, and
@@ -78,12 +79,13 @@ class trainer_shard final : public job_member {
   /// The plan and what this shard derives from it. A regroup replaces it and never changes it, so
   /// a fiber or a route that holds one keeps a consistent view.
   struct shard_plan {
-    std::shared_ptr<const ferry::plan> job;  ///< shared with the process's other members (share_plan)
+    std::shared_ptr<const ferry::plan>
+        job;  ///< shared with the process's other members (share_plan)
     std::shared_ptr<const plan_index> index;  ///< of `job`, shared likewise while a member keeps it
     std::shared_ptr<const tensor_placement> placement;  ///< of the plan's tensors in tensors_
-    std::vector<std::uint32_t> my_chunks;  ///< this shard's chunk ids, in send order
+    std::vector<std::uint32_t> my_chunks;               ///< this shard's chunk ids, in send order
     std::vector<std::uint32_t> send_position;  ///< per plan chunk: its place in `my_chunks`
-    std::map<address, chunk_path> paths;  ///< the workers reached GPU to GPU, and how
+    std::map<address, chunk_path> paths;       ///< the workers reached GPU to GPU, and how
   };
   struct route;
   /// A chunk that several members of an instance, not all, hear: the trainer writes it to the
@@ -109,12 +111,12 @@ class trainer_shard final : public job_member {
     bool direct = false;  ///< the worker grants a slot per chunk (`grants`) instead of `free`
     std::uint64_t slot_bytes = 0;  ///< of the leader's slots (leader_route); 0: chunk_bytes
     chunk_path path = chunk_path::host_copy;
-    std::uint64_t version = 0;  ///< the update's
+    std::uint64_t version = 0;     ///< the update's
     std::uint64_t generation = 0;  ///< the send generation it belongs to; a newer one stops it
     std::shared_ptr<const shard_plan> plan;  ///< the one it was made under
     std::vector<std::uint32_t> chunks;  ///< this shard's chunks the leader needs, in send order
     std::size_t next = 0;  ///< `chunks[next]` is the one it sends now; those before are sent
-    std::deque<std::uint32_t> free;  ///< its slots at the leader that no write holds
+    std::deque<std::uint32_t> free;                 ///< its slots at the leader that no write holds
     std::map<std::uint32_t, std::uint32_t> grants;  ///< direct: chunk -> the slot granted for it
     /// The progress of `chunks[next]`: its slot, its slot asked for, its stripe's checksum.
     std::optional<std::uint32_t> slot;
@@ -122,10 +124,10 @@ class trainer_shard final : public job_member {
     bool hashing = false;
     std::optional<std::uint64_t> checksum;
     bool told_older_writes = false;  ///< its wait for them is noted
-    std::size_t in_flight = 0;  ///< writes not ended
-    bool voided = false;    ///< its version can never be sent: it stopped
-    bool finished = false;  ///< every chunk sent and every write ended
-    bool retired = false;   ///< its generation ended: its writes count in `older_writes_`
+    std::size_t in_flight = 0;       ///< writes not ended
+    bool voided = false;             ///< its version can never be sent: it stopped
+    bool finished = false;           ///< every chunk sent and every write ended
+    bool retired = false;            ///< its generation ended: its writes count in `older_writes_`
     bool advancing = false, advance_again = false;  ///< `advance` runs; it was called meanwhile
     /// Chunks this route's worker hears in a chain: the chain, and the worker's place in it (0:
     /// first, written by the trainer; n: `hops[n - 1]`, written by the worker before it).
@@ -158,10 +160,12 @@ class trainer_shard final : public job_member {
   void run_publish(std::uint64_t version, bool written);
   /// Fiber: OFFLOAD of `copy`'s version, its tensors into its device half (`to_device`) or its
   /// host half; false when the publish stops there.
-  bool offload(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan, bool to_device);
+  bool offload(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan,
+               bool to_device);
   /// Fiber: `copy`'s version written by the owner (a written publish), each chunk hashed once
   /// whole; false when the publish stops there.
-  bool await_writes(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan);
+  bool await_writes(shard_copies::version_copy& copy,
+                    const std::shared_ptr<const shard_plan>& plan);
   /// Chunk `id` of `version` is offloaded into `copy`'s device or host half (`done` says how it
   /// went): the routes waiting for it go on. False when the publish stops here.
   bool chunk_offloaded(shard_copies::version_copy& copy, std::uint64_t version, std::uint32_t id,
@@ -169,7 +173,8 @@ class trainer_shard final : public job_member {
   /// Fiber: copies what `copy`'s device half holds into its host half; false when it stopped.
   bool fill_host(shard_copies::version_copy& copy, const std::shared_ptr<const shard_plan>& plan);
   /// Fiber: the digests of the segments this shard owns, as `copy` holds them.
-  std::optional<std::vector<tensor_digest>> digests_of(const shard_copies::version_copy& copy, const shard_plan& plan);
+  std::optional<std::vector<tensor_digest>> digests_of(const shard_copies::version_copy& copy,
+                                                       const shard_plan& plan);
   /// Takes `r` as far as it can go: sends its chunks in order until one waits for something.
   /// Called again from within (a chain's turn), it goes on once the outer call is done.
   void advance(route& r);
@@ -181,7 +186,8 @@ class trainer_shard final : public job_member {
   void next_chunk(route& r);
   /// What `r`'s leader is told of chunk `id` of `copy`, sent from the device copy when `device`:
   /// where it lies when read in place (the device copy, or a shared host copy), its checksums.
-  chunk_sent announce(const route& r, const shard_copies::version_copy& copy, std::uint32_t id, bool device) const;
+  chunk_sent announce(const route& r, const shard_copies::version_copy& copy, std::uint32_t id,
+                      bool device) const;
   /// Where this shard's tensors live, and whether its transport reaches that GPU.
   device_place place() const;
   /// Hashes `stripe` on the CPU executor; the route goes on once it has the checksum.
@@ -218,7 +224,7 @@ class trainer_shard final : public job_member {
   std::uint64_t next_version_ = 1;
   std::uint64_t last_published_ = 0;
   std::uint64_t delivered_ = 0;
-  std::uint64_t settled_ = 0;  ///< newest version delivered or failed
+  std::uint64_t settled_ = 0;          ///< newest version delivered or failed
   std::uint64_t send_generation_ = 0;  ///< bumps on every plan and update_go; older senders stop
   /// The written publish waiting for its owner's writes: the version, its chunks not yet hashed.
   struct awaited_writes {
@@ -231,8 +237,9 @@ class trainer_shard final : public job_member {
   };
   std::optional<awaited_writes> writes_;
   std::vector<std::shared_ptr<route>> routes_;  ///< of the current generation
-  std::size_t routes_left_ = 0;  ///< of `routes_`, not finished
-  int works_in_flight_ = 0;  ///< writes and hashes of routes, any generation; the destructor waits for them
+  std::size_t routes_left_ = 0;                 ///< of `routes_`, not finished
+  int works_in_flight_ =
+      0;  ///< writes and hashes of routes, any generation; the destructor waits for them
   /// Per leader, the writes of ended generations still on the wire: one could land after a newer
   /// write of the same slot (a cut link's, overtaken by a new connection) and overwrite it, so
   /// nothing more is written to that leader until they end.

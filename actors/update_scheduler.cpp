@@ -8,12 +8,14 @@ void update_scheduler::published(std::uint64_t version, std::optional<std::uint3
   if (shard) publishers_[version].insert(*shard);
 }
 
-std::vector<update_scheduler::skipped_version> update_scheduler::skipped(const job_membership& members) const {
+std::vector<update_scheduler::skipped_version> update_scheduler::skipped(
+    const job_membership& members) const {
   std::vector<skipped_version> out;
   for (const auto v : pending_) {
     const auto publishers = publishers_.find(v);
     for (const auto& [shard, t] : members.trainers) {
-      if (t.last_published > v && (publishers == publishers_.end() || !publishers->second.contains(shard))) {
+      if (t.last_published > v &&
+          (publishers == publishers_.end() || !publishers->second.contains(shard))) {
         out.push_back({.version = v, .shard = shard, .shard_published = t.last_published});
         break;
       }
@@ -22,10 +24,12 @@ std::vector<update_scheduler::skipped_version> update_scheduler::skipped(const j
   return out;
 }
 
-std::optional<update_scheduler::update> update_scheduler::next(const job_membership& members) const {
+std::optional<update_scheduler::update> update_scheduler::next(
+    const job_membership& members) const {
   if (active_) return std::nullopt;
-  const bool copies_hold_delivered = std::all_of(members.trainers.begin(), members.trainers.end(),
-                                                 [&](const auto& t) { return t.second.first_version <= delivered_; });
+  const bool copies_hold_delivered =
+      std::all_of(members.trainers.begin(), members.trainers.end(),
+                  [&](const auto& t) { return t.second.first_version <= delivered_; });
   if (delivered_ > 0 && copies_hold_delivered) {
     for (const auto& [key, w] : members.workers) {
       if (w.complete_version < delivered_) return update{.version = delivered_, .catch_up = true};
@@ -48,8 +52,10 @@ update_scheduler::update update_scheduler::complete() {
   return done;
 }
 
-update_scheduler::instance_sends update_scheduler::what_travels(const plan& p, const instance_plan& inst,
-                                                                 const job_membership& members, std::uint64_t version) {
+update_scheduler::instance_sends update_scheduler::what_travels(const plan& p,
+                                                                const instance_plan& inst,
+                                                                const job_membership& members,
+                                                                std::uint64_t version) {
   std::vector<const job_membership::worker_entry*> ranks;
   for (const auto& w : inst.workers) ranks.push_back(members.find_worker(w));
   instance_sends out{.direct = std::vector<std::vector<std::uint32_t>>(ranks.size())};
@@ -71,7 +77,7 @@ update_scheduler::instance_sends update_scheduler::what_travels(const plan& p, c
 }
 
 std::vector<update_go> update_scheduler::orders_by_shard(const plan& p, std::uint64_t version,
-                                                        std::span<const route_chunks> routes) {
+                                                         std::span<const route_chunks> routes) {
   std::vector<update_go> orders(p.shards.size(), update_go{.version = version});
   for (const auto& r : routes) {
     for (auto& o : orders) o.routes.push_back({.route = r.route});

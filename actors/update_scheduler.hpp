@@ -60,8 +60,8 @@ class update_scheduler {
 
   /// A chunk the whole of `inst` hears goes to its leaders when some member lacks it; any other
   /// to each member that hears it and lacks it.
-  static instance_sends what_travels(const plan& p, const instance_plan& inst, const job_membership& members,
-                                     std::uint64_t version);
+  static instance_sends what_travels(const plan& p, const instance_plan& inst,
+                                     const job_membership& members, std::uint64_t version);
   /// Each trainer shard's order to send `version` (indexed by shard): every route of `routes`, in
   /// order, each with only the chunks that shard sources, in their order. Every trainer hearing
   /// every route's whole list was most of a simulated update's messages by bytes.
@@ -73,7 +73,8 @@ class update_scheduler {
   std::uint64_t delivered_ = 0;
   std::uint64_t published_ = 0;
   std::set<std::uint64_t> pending_;
-  std::map<std::uint64_t, std::set<std::uint32_t>> publishers_;  ///< the shards that published each pending version
+  std::map<std::uint64_t, std::set<std::uint32_t>>
+      publishers_;  ///< the shards that published each pending version
   std::set<std::uint64_t> failed_;
 };
 

@@ -41,7 +41,8 @@ bool version_verdicts::shards_in(std::uint64_t version, std::uint32_t shards) co
   return it != versions_.end() && it->second.shards_done >= shards;
 }
 
-bool version_verdicts::digests_match(std::uint64_t version, const plan& p, const worker_lookup& worker) {
+bool version_verdicts::digests_match(std::uint64_t version, const plan& p,
+                                     const worker_lookup& worker) {
   auto& v = versions_[version];
   bool match = v.trainer_digests.size() == p.segments.size();
   std::vector<std::size_t> per_audience(p.audiences.size(), 0);
@@ -49,11 +50,14 @@ bool version_verdicts::digests_match(std::uint64_t version, const plan& p, const
   for (const auto& report : v.workers) {
     if (const auto who = worker(report.instance, report.rank)) {
       std::size_t heard = 0;
-      for (std::uint32_t a = 0; a < per_audience.size(); ++a) heard += p.hears(a, *who) ? per_audience[a] : 0;
+      for (std::uint32_t a = 0; a < per_audience.size(); ++a)
+        heard += p.hears(a, *who) ? per_audience[a] : 0;
       if (report.digests.size() != heard) {
         match = false;
-        log::error("coordinator: version {}: worker {}.{} reported {} digests for the {} segments it holds", version,
-                   report.instance, report.rank, report.digests.size(), heard);
+        log::error(
+            "coordinator: version {}: worker {}.{} reported {} digests for the {} segments it "
+            "holds",
+            version, report.instance, report.rank, report.digests.size(), heard);
       }
     }
     for (const auto& d : report.digests) {
@@ -61,8 +65,9 @@ bool version_verdicts::digests_match(std::uint64_t version, const plan& p, const
       if (it == v.trainer_digests.end() || !(it->second == d)) {
         match = false;
         const auto* s = d.segment < p.segments.size() ? &p.segments[d.segment] : nullptr;
-        log::error("coordinator: version {}: tensor '{}' (bytes from {}) differs on worker {}.{}", version,
-                   s ? p.tensors[s->tensor].name : "?", s ? s->offset : 0, report.instance, report.rank);
+        log::error("coordinator: version {}: tensor '{}' (bytes from {}) differs on worker {}.{}",
+                   version, s ? p.tensors[s->tensor].name : "?", s ? s->offset : 0, report.instance,
+                   report.rank);
       }
     }
   }

@@ -1,6 +1,7 @@
 #pragma once
 /// The coordinator's end-to-end verdict on each version: the trainers' per-segment digests against
-/// every worker's (each digests the segments it hears), and what the version cost (time, the trainers' stall, each stage's busy time).
+/// every worker's (each digests the segments it hears), and what the version cost (time, the
+/// trainers' stall, each stage's busy time).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -37,7 +38,8 @@ class version_verdicts {
   /// Every shard's digests and busy times of `version` are in.
   bool shards_in(std::uint64_t version, std::uint32_t shards) const;
   /// The address of worker (instance, rank) now, if it is still in the job.
-  using worker_lookup = std::function<std::optional<address>(std::uint32_t instance, std::uint32_t rank)>;
+  using worker_lookup =
+      std::function<std::optional<address>(std::uint32_t instance, std::uint32_t rank)>;
   /// Whether every digest a worker reported for `version` equals the trainers', and each worker
   /// still in the job reported every segment it hears (logging each that differs). The workers'
   /// digests are consumed: a catch-up reports anew.

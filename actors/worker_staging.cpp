@@ -29,7 +29,8 @@ void worker_staging::release() {
   bytes_ = 0;
 }
 
-std::optional<std::string> worker_staging::prepare(const worker_slots& slots, std::uint64_t chunk_bytes) {
+std::optional<std::string> worker_staging::prepare(const worker_slots& slots,
+                                                   std::uint64_t chunk_bytes) {
   const std::size_t broadcast = slots.broadcast;
   bool on_device = slots.receive_on_device;
   chunk_bytes_ = chunk_bytes;
@@ -64,8 +65,9 @@ std::optional<std::string> worker_staging::allocate(std::size_t bytes, bool on_d
   std::string why;
   if (on_device) {
     auto slots = memory_->allocate(bytes);
-    if (!slots) return "cannot allocate the receive slots on GPU " + std::to_string(memory_->device()) + ": " +
-                       slots.error().message();
+    if (!slots)
+      return "cannot allocate the receive slots on GPU " + std::to_string(memory_->device()) +
+             ": " + slots.error().message();
     device_ = *slots;
     region = wire_.register_device_region({device_, bytes}, memory_->device(), why);
   } else {
@@ -73,10 +75,12 @@ std::optional<std::string> worker_staging::allocate(std::size_t bytes, bool on_d
     host_ = env_.platform().host_memory(bytes);
     region = wire_.register_region(host_.span());
     if (region && memory_) {
-      if (auto ec = memory_->pin(host_.span())) return "cannot pin the receive slots: " + ec.message();
+      if (auto ec = memory_->pin(host_.span()))
+        return "cannot pin the receive slots: " + ec.message();
     }
   }
-  if (!region) return "cannot register the receive slots: " + (why.empty() ? region.error().message() : why);
+  if (!region)
+    return "cannot register the receive slots: " + (why.empty() ? region.error().message() : why);
   region_ = *region;
   bytes_ = bytes;
   return std::nullopt;
@@ -93,15 +97,19 @@ void worker_staging::rekey() {
 }
 
 buffer_ref worker_staging::receive_slot(std::uint32_t slot, std::uint64_t bytes) const {
-  const std::uint64_t offset = worker_slots::offset_of(slot, first_direct_, slot_bytes_, chunk_bytes_);
+  const std::uint64_t offset =
+      worker_slots::offset_of(slot, first_direct_, slot_bytes_, chunk_bytes_);
   std::byte* base = device_ ? device_ : host_.data();
   bytes = std::min(bytes, slot < first_direct_ ? slot_bytes_ : chunk_bytes_);
-  return {.bytes = {base + offset, bytes}, .region = *region_, .offset = offset,
+  return {.bytes = {base + offset, bytes},
+          .region = *region_,
+          .offset = offset,
           .device = device_ ? memory_->device() : -1};
 }
 
 buffer_ref worker_staging::broadcast_slot(std::uint32_t slot, std::uint64_t bytes) const {
-  return {.bytes = {broadcast_ + std::uint64_t{slot} * chunk_bytes_, bytes}, .device = memory_->device()};
+  return {.bytes = {broadcast_ + std::uint64_t{slot} * chunk_bytes_, bytes},
+          .device = memory_->device()};
 }
 
 }  // namespace ferry

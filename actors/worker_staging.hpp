@@ -29,7 +29,8 @@ class worker_staging {
  public:
   /// `memory`: the worker's GPU, or null. `on_settled` runs on the loop when a kept region's
   /// older writes have all ended.
-  worker_staging(environment& env, transport& wire, device_memory* memory, std::function<void()> on_settled);
+  worker_staging(environment& env, transport& wire, device_memory* memory,
+                 std::function<void()> on_settled);
   ~worker_staging();
   worker_staging(const worker_staging&) = delete;
   worker_staging& operator=(const worker_staging&) = delete;
@@ -66,11 +67,11 @@ class worker_staging {
   std::uint64_t chunk_bytes_ = 0;
   std::uint32_t first_direct_ = 0;  ///< receive slots below it are `slot_bytes_` (worker_slots)
   std::uint64_t slot_bytes_ = 0;
-  host_buffer host_;                 ///< receive slots in host memory
-  std::byte* device_ = nullptr;      ///< receive slots on the GPU
-  std::size_t bytes_ = 0;            ///< of the receive slots
+  host_buffer host_;             ///< receive slots in host memory
+  std::byte* device_ = nullptr;  ///< receive slots on the GPU
+  std::size_t bytes_ = 0;        ///< of the receive slots
   std::optional<region_desc> region_;
-  std::byte* broadcast_ = nullptr;   ///< broadcast slots on the GPU
+  std::byte* broadcast_ = nullptr;  ///< broadcast slots on the GPU
   std::size_t broadcast_bytes_ = 0;
   /// Slots of older epochs, until the worker goes: their work may still read them.
   std::vector<host_buffer> retired_host_;

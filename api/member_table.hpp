@@ -51,6 +51,14 @@ struct member_table {
     return leave_reason;
   }
 
+  /// Any thread: the member is closed, and leaves saying `reason` unless it was closed before.
+  void mark_closed(const std::string& reason) {
+    std::lock_guard lock(mutex);
+    if (!closed) leave_reason = reason;
+    closed = true;
+    changed.notify_all();
+  }
+
   /// Loop thread: the coordinator ended the job.
   void end() {
     std::lock_guard lock(mutex);

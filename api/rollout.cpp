@@ -203,12 +203,7 @@ status rollout::wait_end(std::chrono::milliseconds timeout) const {
 }
 
 void rollout::close(const std::string& reason) {
-  {
-    std::lock_guard lock(impl_->mutex);
-    if (!impl_->closed) impl_->leave_reason = reason;
-    impl_->closed = true;
-    impl_->changed.notify_all();
-  }
+  impl_->mark_closed(reason);
   impl_->thread.stop();
 }
 

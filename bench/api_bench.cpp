@@ -52,9 +52,11 @@ int main(int argc, char** argv) {
 
   const std::string secret = "api-bench-secret-of-enough-bytes";
   ferry::status ok;
-  ferry::coordinator coordinator(
-      {.secret = secret, .instance_sizes = {job.workers}, .chunk_bytes = job.chunk_bytes, .depth = job.depth},
-      ok);
+  ferry::coordinator coordinator({.secret = secret,
+                                  .instance_sizes = {job.workers},
+                                  .chunk_bytes = job.chunk_bytes,
+                                  .depth = job.depth},
+                                 ok);
   if (!ok) return fail("coordinator", ok);
   const ferry::member_options member{.coordinator = coordinator.address(),
                                      .secret = secret,

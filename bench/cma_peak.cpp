@@ -34,9 +34,11 @@ template <class Part>
 double timed(std::size_t bytes, unsigned threads, Part part) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(part, bytes / threads * t, bytes / threads * (t + 1));
+  for (unsigned t = 0; t < threads; ++t)
+    pool.emplace_back(part, bytes / threads * t, bytes / threads * (t + 1));
   for (auto& th : pool) th.join();
-  return static_cast<double>(bytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 1e9;
+  return static_cast<double>(bytes) /
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 1e9;
 }
 
 }  // namespace
@@ -73,8 +75,9 @@ int main(int argc, char** argv) {
         }
       });
       ok = ok && std::memcmp(target, source, bytes) == 0;
-      std::printf("{\"path\":\"process_vm_readv\",\"threads\":%u,\"gbps\":%.2f,\"bytes_match\":%s}\n", threads, gbps,
-                  ok ? "true" : "false");
+      std::printf(
+          "{\"path\":\"process_vm_readv\",\"threads\":%u,\"gbps\":%.2f,\"bytes_match\":%s}\n",
+          threads, gbps, ok ? "true" : "false");
     }
     for (unsigned threads : {1u, 8u, 16u}) {
       const double gbps = timed(bytes, threads, [&](std::size_t begin, std::size_t end) {

@@ -190,7 +190,8 @@ int run_plain_target(const std::string& provider, const std::string& peer, std::
 int run_ferry_target(const std::string& provider, const std::string& peer, std::size_t bytes) {
   ferry::event_loop loop;
   // Measures bulk writes, which carry no seal: control frames go unauthenticated here.
-  auto made = ferry::fabric_transport::make(loop, 2, {.allow_unauthenticated = true, .provider = provider});
+  auto made =
+      ferry::fabric_transport::make(loop, 2, {.allow_unauthenticated = true, .provider = provider});
   if (!made) die("ferry target: " + made.error().message());
   auto t = *made;
   std::uint64_t notices = 0;
@@ -411,7 +412,8 @@ int main(int argc, char** argv) {
     };
     auto run_ferry = [&] {
       ferry::event_loop loop;
-      auto made = ferry::fabric_transport::make(loop, 1, {.allow_unauthenticated = true, .provider = provider});
+      auto made = ferry::fabric_transport::make(
+          loop, 1, {.allow_unauthenticated = true, .provider = provider});
       if (!made) die("ferry: " + made.error().message());
       auto t = *made;
       t->start({});

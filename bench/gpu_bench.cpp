@@ -19,7 +19,6 @@
 ///                                                    first: the mapping must still hold its bytes
 /// Each prints one JSON line on stdout.
 #include <fmt/format.h>
-
 #include <signal.h>
 
 #include <algorithm>
@@ -134,7 +133,8 @@ int host_offload_stage(std::uint64_t bytes, std::uint64_t chunk, std::uint32_t d
   pipeline(
       loop, n, depth,
       [&](std::uint64_t i, auto done) {
-        engine.async_copy({{copy.data() + i * chunk, tensors.data() + i * chunk, chunk}}, std::move(done));
+        engine.async_copy({{copy.data() + i * chunk, tensors.data() + i * chunk, chunk}},
+                          std::move(done));
       },
       failure);
   const double t1 = now_s();
@@ -281,9 +281,11 @@ int bcast_rank(const std::filesystem::path& dir, std::uint32_t rank, std::uint32
   }
   if (failure) return std::fprintf(stderr, "bcast: %s\n", failure.message().c_str()), 1;
   std::printf(
-      "{\"stage\":\"broadcast\",\"stripes\":%u,\"rank\":%u,\"ranks\":%u,\"device\":%d,\"bytes\":%llu,"
+      "{\"stage\":\"broadcast\",\"stripes\":%u,\"rank\":%u,\"ranks\":%u,\"device\":%d,\"bytes\":%"
+      "llu,"
       "\"start\":%.6f,\"end\":%.6f,\"first_seconds\":%.6f}\n",
-      stripes, rank, ranks, device, static_cast<unsigned long long>(bytes / chunk * chunk), t0, t1, init);
+      stripes, rank, ranks, device, static_cast<unsigned long long>(bytes / chunk * chunk), t0, t1,
+      init);
   a.stop();
   loop.run_until([&] { return a.finished(); });
   memory.release(*ring);
@@ -291,7 +293,9 @@ int bcast_rank(const std::filesystem::path& dir, std::uint32_t rank, std::uint32
 }
 
 /// The byte at `offset` of peer-export's pattern.
-std::byte pattern_at(std::uint64_t offset) { return static_cast<std::byte>((offset * 7 + offset / 4093) & 0xff); }
+std::byte pattern_at(std::uint64_t offset) {
+  return static_cast<std::byte>((offset * 7 + offset / 4093) & 0xff);
+}
 
 int peer_export(const std::filesystem::path& dir, int device, std::uint64_t bytes) {
   std::string why;
@@ -318,8 +322,8 @@ bool exited(std::int32_t pid) {
   return !std::getline(stat, line) || line.find(") Z ") != std::string::npos;
 }
 
-int peer_copy(const std::filesystem::path& dir, int device, std::uint64_t bytes, std::uint64_t chunk,
-              std::uint32_t depth, bool kill_owner) {
+int peer_copy(const std::filesystem::path& dir, int device, std::uint64_t bytes,
+              std::uint64_t chunk, std::uint32_t depth, bool kill_owner) {
   wait_for_file(dir / "ref");
   shared_device_ref ref;
   std::ifstream(dir / "ref") >> ref.pid >> ref.fd >> ref.inode >> ref.host >> ref.bytes;
@@ -328,8 +332,10 @@ int peer_copy(const std::filesystem::path& dir, int device, std::uint64_t bytes,
   if (!peer) return std::fprintf(stderr, "peer-copy: %s\n", why.c_str()), 1;
   if (kill_owner) {
     kill(ref.pid, SIGKILL);
-    for (int i = 0; i < 1000 && !exited(ref.pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!exited(ref.pid)) return std::fprintf(stderr, "peer-copy: process %d outlived SIGKILL\n", ref.pid), 1;
+    for (int i = 0; i < 1000 && !exited(ref.pid); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!exited(ref.pid))
+      return std::fprintf(stderr, "peer-copy: process %d outlived SIGKILL\n", ref.pid), 1;
   }
   event_loop loop;
   cuda_device_memory memory(device);
@@ -338,12 +344,17 @@ int peer_copy(const std::filesystem::path& dir, int device, std::uint64_t bytes,
   const std::uint64_t n = bytes / chunk;
   auto into = memory.allocate(n * chunk);
   auto local = memory.allocate(n * chunk);
-  if (!into || !local) return std::fprintf(stderr, "peer-copy: cannot allocate 2 x %llu bytes\n", static_cast<unsigned long long>(n * chunk)), 1;
+  if (!into || !local)
+    return std::fprintf(stderr, "peer-copy: cannot allocate 2 x %llu bytes\n",
+                        static_cast<unsigned long long>(n * chunk)),
+           1;
   std::error_code failure;
   auto run = [&](const std::byte* from, std::uint64_t count) {
     pipeline(
         loop, count, depth,
-        [&](std::uint64_t i, auto done) { (*engine)->async_copy({{*into + i * chunk, from + i * chunk, chunk}}, std::move(done)); },
+        [&](std::uint64_t i, auto done) {
+          (*engine)->async_copy({{*into + i * chunk, from + i * chunk, chunk}}, std::move(done));
+        },
         failure);
   };
   const std::byte* remote = (*peer)->bytes().data();
@@ -355,7 +366,8 @@ int peer_copy(const std::filesystem::path& dir, int device, std::uint64_t bytes,
   host_buffer check(chunk);
   for (const std::uint64_t at : {std::uint64_t{0}, (n - 1) * chunk}) {
     if (auto ec = cuda_copy_blocking(check.data(), *into + at, chunk)) failure = ec;
-    for (std::uint64_t i = 0; i < chunk; i += 4099) same = same && check.data()[i] == pattern_at(at + i);
+    for (std::uint64_t i = 0; i < chunk; i += 4099)
+      same = same && check.data()[i] == pattern_at(at + i);
   }
   run(*local, n);  // the same bytes inside this GPU
   const double l0 = now_s();
@@ -364,10 +376,11 @@ int peer_copy(const std::filesystem::path& dir, int device, std::uint64_t bytes,
   write_file(dir / "done", "1\n");
   if (failure) return std::fprintf(stderr, "peer-copy: %s\n", failure.message().c_str()), 1;
   std::printf(
-      "{\"stage\":\"peer-copy\",\"device\":%d,\"bytes\":%llu,\"verified\":%s,\"owner_killed\":%s,\"peer_start\":%.6f,"
+      "{\"stage\":\"peer-copy\",\"device\":%d,\"bytes\":%llu,\"verified\":%s,\"owner_killed\":%s,"
+      "\"peer_start\":%.6f,"
       "\"peer_end\":%.6f,\"local_start\":%.6f,\"local_end\":%.6f}\n",
-      device, static_cast<unsigned long long>(n * chunk), same ? "true" : "false", kill_owner ? "true" : "false", p0,
-      p1, l0, l1);
+      device, static_cast<unsigned long long>(n * chunk), same ? "true" : "false",
+      kill_owner ? "true" : "false", p0, p1, l0, l1);
   memory.release(*into);
   memory.release(*local);
   return same ? 0 : 1;
@@ -402,9 +415,12 @@ int main(int argc, char** argv) {
                         static_cast<std::uint32_t>(u64(7)),
                         a.size() == 9 ? static_cast<std::uint32_t>(u64(8)) : 1u);
     }
-    if (!a.empty() && a[0] == "peer-export" && a.size() == 4) return peer_export(a[1], std::stoi(a[2]), u64(3));
-    if (!a.empty() && a[0] == "peer-copy" && (a.size() == 6 || (a.size() == 7 && a[6] == "kill-owner"))) {
-      return peer_copy(a[1], std::stoi(a[2]), u64(3), u64(4), static_cast<std::uint32_t>(u64(5)), a.size() == 7);
+    if (!a.empty() && a[0] == "peer-export" && a.size() == 4)
+      return peer_export(a[1], std::stoi(a[2]), u64(3));
+    if (!a.empty() && a[0] == "peer-copy" &&
+        (a.size() == 6 || (a.size() == 7 && a[6] == "kill-owner"))) {
+      return peer_copy(a[1], std::stoi(a[2]), u64(3), u64(4), static_cast<std::uint32_t>(u64(5)),
+                       a.size() == 7);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry_gpu_bench: %s\n", e.what());

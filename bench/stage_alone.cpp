@@ -71,7 +71,8 @@ std::vector<tensor_ref> place(const std::vector<tensor_spec>& owned, host_buffer
   }
   into = host_buffer(total);
   std::vector<tensor_ref> refs;
-  for (std::size_t i = 0; i < owned.size(); ++i) refs.push_back({.spec = owned[i], .data = into.data() + at[i]});
+  for (std::size_t i = 0; i < owned.size(); ++i)
+    refs.push_back({.spec = owned[i], .data = into.data() + at[i]});
   return refs;
 }
 
@@ -130,7 +131,7 @@ class session {
   std::vector<host_buffer> trainer_tensors_;  ///< per shard, tensors laid out back to back
   std::vector<std::vector<tensor_ref>> trainer_refs_;
   std::vector<tensor_placement> trainer_placements_;  ///< per shard
-  std::vector<host_buffer> host_copies_;  ///< per shard, its packed stream
+  std::vector<host_buffer> host_copies_;              ///< per shard, its packed stream
   std::vector<region_desc> host_regions_;
   std::vector<host_buffer> leader_slots_;  ///< per instance: `trainers * depth` receive slots
   std::vector<region_desc> leader_regions_;
@@ -206,8 +207,10 @@ bool session::prepare(std::string& why) {
     trainer_placements_.emplace_back(index, trainer_refs_.back());
     host_copies_.emplace_back(plan_->shard_bytes[s]);
     if (!registered(trainer_node(s), host_copies_.back(), host_regions_)) return false;
-    offload_stages_.push_back(std::make_unique<offload_stage>(env_, trainer_node(s).id(), shape_.checksums));
-    send_stages_.push_back(std::make_unique<send_stage>(env_, trainer_node(s).id(), trainer_node(s).transport()));
+    offload_stages_.push_back(
+        std::make_unique<offload_stage>(env_, trainer_node(s).id(), shape_.checksums));
+    send_stages_.push_back(
+        std::make_unique<send_stage>(env_, trainer_node(s).id(), trainer_node(s).transport()));
   }
   for (std::uint32_t i = 0; i < shape_.instances; ++i) {
     leader_slots_.emplace_back(shape_.trainers * slot_bytes);
@@ -282,11 +285,13 @@ double session::offload() {
       for (auto id : plan_->chunks_of(s)) {
         if (stopping_) break;
         copying.acquire();
-        offload_stages_[s]->async_run(plan_->chunks[id], trainer_placements_[s], host_copies_[s].span(), 0,
-                                      [] { return true; }, true, [this, &copying](const offload_stage::outcome& done) {
-                                        if (done.error) error_ = "offload copy failed: " + done.error.message();
-                                        copying.release();
-                                      });
+        offload_stages_[s]->async_run(
+            plan_->chunks[id], trainer_placements_[s], host_copies_[s].span(), 0,
+            [] { return true; }, true,
+            [this, &copying](const offload_stage::outcome& done) {
+              if (done.error) error_ = "offload copy failed: " + done.error.message();
+              copying.release();
+            });
       }
       for (std::uint32_t i = 0; i < plan_->depth; ++i) copying.acquire();  // every copy ended
       --pending;
@@ -322,15 +327,15 @@ double session::send() {
               const auto slot = slots.front();
               slots.pop_front();
               const auto& c = plan_->chunks[id];
-              send_stages_[s]->write(
-                  {host_copies_[s].data() + c.shard_offset, c.bytes}, leader_regions_[i],
-                  std::uint64_t{slot} * shape_.chunk_bytes, make_imm(send_tag, slot), 0, id,
-                  [this, slot, credit, &slots, &pending](std::error_code ec) {
-                    if (ec) error_ = "send write failed: " + ec.message();
-                    slots.push_back(slot);
-                    credit->release();
-                    --pending;
-                  });
+              send_stages_[s]->write({host_copies_[s].data() + c.shard_offset, c.bytes},
+                                     leader_regions_[i], std::uint64_t{slot} * shape_.chunk_bytes,
+                                     make_imm(send_tag, slot), 0, id,
+                                     [this, slot, credit, &slots, &pending](std::error_code ec) {
+                                       if (ec) error_ = "send write failed: " + ec.message();
+                                       slots.push_back(slot);
+                                       credit->release();
+                                       --pending;
+                                     });
             }
           });
     }
@@ -400,7 +405,8 @@ double session::apply() {
         }
         const auto slot = slots.front();
         slots.pop_front();
-        const std::span<const std::byte> source(worker_slots_[w].data() + std::size_t{slot} * shape_.chunk_bytes, c.bytes);
+        const std::span<const std::byte> source(
+            worker_slots_[w].data() + std::size_t{slot} * shape_.chunk_bytes, c.bytes);
         apply_stages_[w]->run(c, worker_placements_[w], source, 0,
                               [this, slot, credit, &slots, &pending](std::error_code ec) {
                                 if (ec) error_ = "apply copy failed: " + ec.message();

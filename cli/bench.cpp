@@ -9,11 +9,11 @@
 #include <sstream>
 #include <thread>
 
-#include "jobs/local_job.hpp"
 #include "actors/plan.hpp"
 #include "bench/stage_alone.hpp"
 #include "cli/commands.hpp"
 #include "cli/interrupt.hpp"
+#include "jobs/local_job.hpp"
 #include "runtime/log.hpp"
 
 namespace ferry::cli {

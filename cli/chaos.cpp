@@ -4,7 +4,6 @@
 /// rollout). It reads the coordinator's events to choose its moments, and its last line (with
 /// --json) is the verdict.
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -12,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
@@ -35,9 +35,9 @@ struct chaos_flags {
   bool virtual_time = false;
   std::uint64_t seed = 1;
   double kill_rate = 0.5;
-  double instance_rate = 0;  ///< chance per update that a new instance joins or one leaves
+  double instance_rate = 0;    ///< chance per update that a new instance joins or one leaves
   double update_bound_s = 30;  ///< an update, or the job's silence, longer than this is a hang
-  bool footprint = false;  ///< sample every process at a tenth of the versions and at the last
+  bool footprint = false;      ///< sample every process at a tenth of the versions and at the last
 };
 
 /// The tally of a run, and its verdict.
@@ -53,7 +53,8 @@ struct chaos_tally {
 /// The job flags the user gave override the defaults of virtual_chaos_config.
 int run_virtual_chaos(const chaos_flags& f, const CLI::App& app) {
   const auto& job = f.common.job;
-  if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
+  if (auto error = check_job_options(job); !error.empty())
+    return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
   virtual_chaos_config c{.seed = f.seed, .trace_path = job.trace_path};
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
   if (given("--versions")) c.versions = job.versions;
@@ -66,7 +67,10 @@ int run_virtual_chaos(const chaos_flags& f, const CLI::App& app) {
   if (given("--stripes")) c.stripes = job.stripes;
   c.sharding = job.shard_rollout;
   if (given("--transport") && job.transport != "inproc") {
-    return std::fprintf(stderr, "ferry chaos: --virtual runs on the inproc transport (virtual time has no sockets)\n"), 2;
+    return std::fprintf(stderr,
+                        "ferry chaos: --virtual runs on the inproc transport (virtual time has no "
+                        "sockets)\n"),
+           2;
   }
   // Regroups and failed updates are the point here: counted, not logged (unless FERRY_LOG asks).
   if (!std::getenv("FERRY_LOG")) log::set_level(log::level::off);
@@ -96,14 +100,18 @@ int run_virtual_chaos(const chaos_flags& f, const CLI::App& app) {
   if (f.common.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::printf("chaos (virtual time, seed %llu, depth %u, stripes %u): %llu versions, %u kills (%u leaders, %u of them "
-                "mid-update; %u trainers), %u joins, %u regroups: median %.3f ms, worst %.3f ms of virtual time; "
-                "trace %016llx (%llu events); %.3f s virtual in %.2f s wall; %s\n",
-                static_cast<unsigned long long>(r.seed), r.depth, r.stripes, static_cast<unsigned long long>(r.delivered),
-                r.kills, r.leader_kills, r.leader_kills_mid_update, r.trainer_kills, r.joins, r.regroups,
-                r.regroup_ms_median, r.regroup_ms_max, static_cast<unsigned long long>(r.trace_digest),
-                static_cast<unsigned long long>(r.trace_events), r.virtual_seconds, r.wall_seconds,
-                r.verified ? "verified" : "NOT verified");
+    std::printf(
+        "chaos (virtual time, seed %llu, depth %u, stripes %u): %llu versions, %u kills (%u "
+        "leaders, %u of them "
+        "mid-update; %u trainers), %u joins, %u regroups: median %.3f ms, worst %.3f ms of virtual "
+        "time; "
+        "trace %016llx (%llu events); %.3f s virtual in %.2f s wall; %s\n",
+        static_cast<unsigned long long>(r.seed), r.depth, r.stripes,
+        static_cast<unsigned long long>(r.delivered), r.kills, r.leader_kills,
+        r.leader_kills_mid_update, r.trainer_kills, r.joins, r.regroups, r.regroup_ms_median,
+        r.regroup_ms_max, static_cast<unsigned long long>(r.trace_digest),
+        static_cast<unsigned long long>(r.trace_events), r.virtual_seconds, r.wall_seconds,
+        r.verified ? "verified" : "NOT verified");
     for (const auto& [name, times] : r.faults) std::printf("  %s: %u\n", name.c_str(), times);
     if (!r.verified) std::printf("chaos: %s\n", r.error.c_str());
   }
@@ -114,8 +122,11 @@ int run_virtual_chaos(const chaos_flags& f, const CLI::App& app) {
 class process_chaos {
  public:
   explicit process_chaos(const chaos_flags& f)
-      : f_(f), job_(f.common.job), self_(std::filesystem::read_symlink("/proc/self/exe").string()),
-        dir_(make_job_directory("chaos")), rng_(f.seed) {}
+      : f_(f),
+        job_(f.common.job),
+        self_(std::filesystem::read_symlink("/proc/self/exe").string()),
+        dir_(make_job_directory("chaos")),
+        rng_(f.seed) {}
 
   /// Starts the coordinator and every node; an exit code when that failed or was interrupted.
   std::optional<int> start();
@@ -139,7 +150,8 @@ class process_chaos {
   std::vector<std::string> with_common(std::vector<std::string> args);
   std::pair<node_id, pid_t> start_node(std::vector<std::string> role);
   node_id start_worker(std::uint32_t instance);
-  /// A node that died without being killed here is a crash: the run fails, even if the job recovers.
+  /// A node that died without being killed here is a crash: the run fails, even if the job
+  /// recovers.
   void check_for_crashes();
   /// Elastic rollout: a new instance of --workers joins, or (while two or more are left) every
   /// worker of one gets SIGTERM and leaves the job for good.
@@ -171,7 +183,8 @@ class process_chaos {
   footprint_log footprints_;
   std::set<std::uint64_t> chanced_;
   std::vector<node_id> leaders_;  ///< as the coordinator's last update or regroup named them
-  nlohmann::json verdict_ = nlohmann::json::object();  ///< the coordinator's summary, when it gives one
+  nlohmann::json verdict_ =
+      nlohmann::json::object();  ///< the coordinator's summary, when it gives one
 };
 
 std::vector<std::string> process_chaos::with_common(std::vector<std::string> args) {
@@ -191,7 +204,8 @@ std::pair<node_id, pid_t> process_chaos::start_node(std::vector<std::string> rol
 
 node_id process_chaos::start_worker(std::uint32_t instance) {
   const auto rank = next_rank_[instance]++;
-  auto [id, pid] = start_node({"--role", "worker", "--instance", std::to_string(instance), "--rank", std::to_string(rank)});
+  auto [id, pid] = start_node(
+      {"--role", "worker", "--instance", std::to_string(instance), "--rank", std::to_string(rank)});
   workers_[id] = {pid, instance, rank};
   names_[pid] = fmt::format("worker {}.{} (node {})", instance, rank, id);
   return id;
@@ -200,7 +214,8 @@ node_id process_chaos::start_worker(std::uint32_t instance) {
 std::optional<int> process_chaos::start() {
   const auto address_file = (dir_ / "coordinator").string();
   auto coordinator_args = with_common(job_args(self_, "coordinator", job_));
-  coordinator_args.insert(coordinator_args.end(), {"--address-file", address_file, "--events", "--json"});
+  coordinator_args.insert(coordinator_args.end(),
+                          {"--address-file", address_file, "--events", "--json"});
   const auto [coordinator, events_fd] = spawn_reading(coordinator_args);
   coordinator_pid_ = coordinator;
   events_.emplace(events_fd, interrupt_fd());
@@ -233,8 +248,10 @@ void process_chaos::check_for_crashes() {
     int raw = 0;
     if (reap_child(it->first, raw, WNOHANG) != it->first) continue;  // alive
     if (WIFEXITED(raw) && WEXITSTATUS(raw) == 0) continue;           // left after job_stop
-    const auto how = WIFSIGNALED(raw) ? fmt::format("signal {}", WTERMSIG(raw)) : fmt::format("exit {}", WEXITSTATUS(raw));
-    if (tally_.crash.empty()) tally_.crash = fmt::format("{} died without being killed ({})", it->second, how);
+    const auto how = WIFSIGNALED(raw) ? fmt::format("signal {}", WTERMSIG(raw))
+                                      : fmt::format("exit {}", WEXITSTATUS(raw));
+    if (tally_.crash.empty())
+      tally_.crash = fmt::format("{} died without being killed ({})", it->second, how);
   }
 }
 
@@ -242,7 +259,8 @@ void process_chaos::instance_event() {
   std::set<std::uint32_t> present;
   for (const auto& [id, w] : workers_) present.insert(w.instance);
   if (present.size() >= 2 && coin_(rng_) < 0.5) {
-    const auto gone = *std::next(present.begin(), std::uniform_int_distribution<std::size_t>(0, present.size() - 1)(rng_));
+    const auto gone = *std::next(
+        present.begin(), std::uniform_int_distribution<std::size_t>(0, present.size() - 1)(rng_));
     for (auto it = workers_.begin(); it != workers_.end();) {
       if (it->second.instance != gone) {
         ++it;
@@ -259,7 +277,8 @@ void process_chaos::instance_event() {
     return;
   }
   const auto instance = next_instance_++;
-  for (std::uint32_t r = 0; r < job_.workers_per_instance; ++r) joining_.insert(start_worker(instance));
+  for (std::uint32_t r = 0; r < job_.workers_per_instance; ++r)
+    joining_.insert(start_worker(instance));
   log::info("chaos: instance {} joins ({} workers)", instance, job_.workers_per_instance);
   ++tally_.instance_joins;
 }
@@ -284,7 +303,8 @@ void process_chaos::chance(const nlohmann::json& update) {
   auto it = workers_.find(victim);
   if (it == workers_.end()) return;
   // A random moment in the first 30 ms of the update: most land mid-transfer.
-  std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 30000)(rng_)));
+  std::this_thread::sleep_for(
+      std::chrono::microseconds(std::uniform_int_distribution<int>(0, 30000)(rng_)));
   kill(it->second.pid, SIGKILL);
   int raw = 0;
   reap_child(it->second.pid, raw, 0);
@@ -314,7 +334,8 @@ void process_chaos::follow() {
     if (kind == "delivered") {
       tally_.slowest_update_s = std::max(tally_.slowest_update_s, e.value("seconds", 0.0));
       const auto version = e.value("version", 0ull);
-      if (f_.footprint && (version == std::max<std::uint64_t>(job_.versions / 10, 1) || version == job_.versions)) {
+      if (f_.footprint &&
+          (version == std::max<std::uint64_t>(job_.versions / 10, 1) || version == job_.versions)) {
         auto processes = names_;
         processes[coordinator_pid_] = "coordinator";
         footprints_.sample(processes);
@@ -323,10 +344,14 @@ void process_chaos::follow() {
     if (kind == "regroup") {
       tally_.leader_kills_mid_update += e.value("leaders_lost_mid_update", 0u);
       const auto reason = e.value("reason", std::string{});
-      std::erase_if(joining_, [&](node_id n) { return reason.find(fmt::format("joined (node {})", n)) != std::string::npos; });
+      std::erase_if(joining_, [&](node_id n) {
+        return reason.find(fmt::format("joined (node {})", n)) != std::string::npos;
+      });
     }
-    if (kind == "regroup" || kind == "update") leaders_ = e.value("leaders", std::vector<node_id>{});
-    if (kind == "update" && !e.value("catch_up", false) && e.value("version", 0ull) < job_.versions) chance(e);
+    if (kind == "regroup" || kind == "update")
+      leaders_ = e.value("leaders", std::vector<node_id>{});
+    if (kind == "update" && !e.value("catch_up", false) && e.value("version", 0ull) < job_.versions)
+      chance(e);
   }
 }
 
@@ -342,27 +367,32 @@ int process_chaos::interrupted() {
   for (const auto pid : every_node()) everyone.push_back(pid);
   reap(everyone, interrupted_grace);
   std::filesystem::remove_all(dir_);
-  std::fprintf(stderr, "ferry chaos: stopped by %s after %u kills\n", interrupt_name(), tally_.kills);
+  std::fprintf(stderr, "ferry chaos: stopped by %s after %u kills\n", interrupt_name(),
+               tally_.kills);
   return interrupted_exit_code();
 }
 
 nlohmann::json process_chaos::finish() {
   if (events_->timed_out()) {
-    tally_.hang = fmt::format("no progress for {} s (--update-bound): the job hung", f_.update_bound_s);
+    tally_.hang =
+        fmt::format("no progress for {} s (--update-bound): the job hung", f_.update_bound_s);
     kill(coordinator_pid_, SIGKILL);
   } else if (tally_.slowest_update_s > f_.update_bound_s) {
-    tally_.hang = fmt::format("an update took {:.1f} s, over the bound of {} s", tally_.slowest_update_s, f_.update_bound_s);
+    tally_.hang = fmt::format("an update took {:.1f} s, over the bound of {} s",
+                              tally_.slowest_update_s, f_.update_bound_s);
   }
   if (verdict_.is_null()) check_for_crashes();  // the coordinator's own exit is reaped below
   const bool coordinator_ok = reap({coordinator_pid_}, std::chrono::seconds(10)).front();
   reap(every_node(), std::chrono::seconds(10));
   std::string trace_error;
   if (!traces_.empty()) {
-    if (auto ec = merge_traces(traces_, job_.trace_path)) trace_error = fmt::format("cannot write the trace to {}: {}", job_.trace_path, ec.message());
+    if (auto ec = merge_traces(traces_, job_.trace_path))
+      trace_error = fmt::format("cannot write the trace to {}: {}", job_.trace_path, ec.message());
   }
   std::filesystem::remove_all(dir_);
 
-  const bool verified = coordinator_ok && tally_.hang.empty() && tally_.crash.empty() && verdict_.value("verified", false);
+  const bool verified = coordinator_ok && tally_.hang.empty() && tally_.crash.empty() &&
+                        verdict_.value("verified", false);
   nlohmann::json out{{"verified", verified},
                      {"versions", verdict_.value("versions", 0)},
                      {"kills", tally_.kills},
@@ -385,7 +415,8 @@ nlohmann::json process_chaos::finish() {
   } else if (!verdict_.contains("verified")) {
     out["error"] = "the coordinator ended without its verdict";
   } else if (verdict_.contains("error")) {
-    out["error"] = verdict_["error"].is_string() ? verdict_["error"].get<std::string>() : verdict_["error"].dump();
+    out["error"] = verdict_["error"].is_string() ? verdict_["error"].get<std::string>()
+                                                 : verdict_["error"].dump();
   } else if (!trace_error.empty()) {
     out["error"] = trace_error;
   }
@@ -394,8 +425,10 @@ nlohmann::json process_chaos::finish() {
 
 int run_chaos(const chaos_flags& f) {
   const auto& job = f.common.job;
-  if (auto error = check_job_options(job); !error.empty()) return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
-  if (job.transport == "inproc") return std::fprintf(stderr, "ferry chaos: --transport must be tcp, cma or fabric\n"), 2;
+  if (auto error = check_job_options(job); !error.empty())
+    return std::fprintf(stderr, "ferry chaos: %s\n", error.c_str()), 2;
+  if (job.transport == "inproc")
+    return std::fprintf(stderr, "ferry chaos: --transport must be tcp, cma or fabric\n"), 2;
   process_chaos run(f);
   if (auto failed = run.start()) return *failed;
   run.follow();
@@ -406,13 +439,16 @@ int run_chaos(const chaos_flags& f) {
     std::printf("%s\n", out.dump().c_str());
   } else {
     const auto& t = run.tally();
-    std::printf("chaos: %s versions, %u kills (%u leaders), %u leaders lost mid-update, %u joins, %u instances "
-                "joined and %u left, %d regroups: median %.1f ms, worst %.1f ms; slowest update %.3f s (bound %.0f s); "
-                "%s\n",
-                out["versions"].dump().c_str(), t.kills, t.leader_kills, t.leader_kills_mid_update, t.joins,
-                t.instance_joins, t.instance_leaves, out["regroups"].get<int>(), out["regroup_ms_median"].get<double>(),
-                out["regroup_ms_max"].get<double>(), t.slowest_update_s, f.update_bound_s,
-                verified ? "verified" : "NOT verified");
+    std::printf(
+        "chaos: %s versions, %u kills (%u leaders), %u leaders lost mid-update, %u joins, %u "
+        "instances "
+        "joined and %u left, %d regroups: median %.1f ms, worst %.1f ms; slowest update %.3f s "
+        "(bound %.0f s); "
+        "%s\n",
+        out["versions"].dump().c_str(), t.kills, t.leader_kills, t.leader_kills_mid_update, t.joins,
+        t.instance_joins, t.instance_leaves, out["regroups"].get<int>(),
+        out["regroup_ms_median"].get<double>(), out["regroup_ms_max"].get<double>(),
+        t.slowest_update_s, f.update_bound_s, verified ? "verified" : "NOT verified");
     if (out.contains("error")) std::printf("chaos: %s\n", out["error"].get<std::string>().c_str());
   }
   return verified ? 0 : 1;
@@ -421,27 +457,45 @@ int run_chaos(const chaos_flags& f) {
 }  // namespace
 
 void add_chaos(CLI::App& app, command_table& commands) {
-  auto* chaos = app.add_subcommand("chaos", "a multi-process job whose rollout processes are killed and replaced");
+  auto* chaos = app.add_subcommand(
+      "chaos", "a multi-process job whose rollout processes are killed and replaced");
   auto xf = std::make_shared<chaos_flags>();
-  xf->common.job = {.trainers = 2, .instances = 2, .workers_per_instance = 3, .model_bytes = 64ull << 20,
-                    .chunk_bytes = 2ull << 20, .depth = 2, .versions = 20, .transport = "tcp"};
+  xf->common.job = {.trainers = 2,
+                    .instances = 2,
+                    .workers_per_instance = 3,
+                    .model_bytes = 64ull << 20,
+                    .chunk_bytes = 2ull << 20,
+                    .depth = 2,
+                    .versions = 20,
+                    .transport = "tcp"};
   add_process_flags(*chaos, xf->common);
   chaos->add_option("--seed", xf->seed, "seed of the kill schedule")->capture_default_str();
-  chaos->add_option("--kill-rate", xf->kill_rate, "chance of a kill per update")->check(CLI::Range(0.0, 1.0))
+  chaos->add_option("--kill-rate", xf->kill_rate, "chance of a kill per update")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  chaos->add_option("--update-bound", xf->update_bound_s,
-                    "seconds an update (or the job's silence) may last before the run counts as hung")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  chaos->add_option("--instance-rate", xf->instance_rate,
-                    "chance per update that a new instance of --workers joins or (two or more left) one leaves")
-      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  chaos
+      ->add_option(
+          "--update-bound", xf->update_bound_s,
+          "seconds an update (or the job's silence) may last before the run counts as hung")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  chaos
+      ->add_option("--instance-rate", xf->instance_rate,
+                   "chance per update that a new instance of --workers joins or (two or more left) "
+                   "one leaves")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   chaos->add_flag("--json", xf->common.json, "print the verdict as one JSON object");
   chaos->add_flag("--footprint", xf->footprint,
-                  "each process's resident memory and open files when a tenth of the versions are delivered and "
+                  "each process's resident memory and open files when a tenth of the versions are "
+                  "delivered and "
                   "when the last is (JSON: footprint)");
-  chaos->add_flag("--virtual", xf->virtual_time,
-                  "the whole job in this process on virtual time, faults at seeded moments (deterministic)");
-  commands[chaos] = [xf, chaos] { return xf->virtual_time ? run_virtual_chaos(*xf, *chaos) : run_chaos(*xf); };
+  chaos->add_flag(
+      "--virtual", xf->virtual_time,
+      "the whole job in this process on virtual time, faults at seeded moments (deterministic)");
+  commands[chaos] = [xf, chaos] {
+    return xf->virtual_time ? run_virtual_chaos(*xf, *chaos) : run_chaos(*xf);
+  };
 }
 
 }  // namespace ferry::cli

@@ -26,15 +26,18 @@ int run_gpu_demo(const CLI::App& demo, const job_config& config, bool json) {
   if (gpus < 1) return std::fprintf(stderr, "ferry demo --gpu: no GPU visible\n"), 2;
   if (!demo.count("--trainers")) f.job.trainers = 1;
   if (!demo.count("--instances")) f.job.instances = 1;
-  if (!demo.count("--workers")) f.job.workers_per_instance = std::max(1, (gpus - 1) / static_cast<int>(f.job.instances));
-  if (gpus == 1) f.gpu_list.assign(f.job.trainers + f.job.instances * f.job.workers_per_instance, 0);
+  if (!demo.count("--workers"))
+    f.job.workers_per_instance = std::max(1, (gpus - 1) / static_cast<int>(f.job.instances));
+  if (gpus == 1)
+    f.gpu_list.assign(f.job.trainers + f.job.instances * f.job.workers_per_instance, 0);
   if (!demo.count("--transport")) {
     f.job.transport = "cma";
     f.job.shared_host_copies = true;
   }
-  log::info("demo: {} trainer GPU(s), {} instance(s) x {} GPUs, {} MiB model, over {}, p2p {}{}", f.job.trainers,
-            f.job.instances, f.job.workers_per_instance, f.job.model_bytes >> 20, f.job.transport,
-            p2p_mode_name(f.job.p2p), f.job.shared_host_copies ? " (else the trainers' host copies read in place)" : "");
+  log::info("demo: {} trainer GPU(s), {} instance(s) x {} GPUs, {} MiB model, over {}, p2p {}{}",
+            f.job.trainers, f.job.instances, f.job.workers_per_instance, f.job.model_bytes >> 20,
+            f.job.transport, p2p_mode_name(f.job.p2p),
+            f.job.shared_host_copies ? " (else the trainers' host copies read in place)" : "");
   return run_local(f);
 }
 
@@ -48,9 +51,10 @@ void add_demo(CLI::App& app, command_table& commands) {
   auto gpu = std::make_shared<bool>(false);
   add_job_options(*demo, *config);
   demo->add_flag("--json", *json, "print one JSON object instead of the table");
-  demo->add_flag("--gpu", *gpu,
-                 "the job on this host's GPUs instead, one process per GPU (by default one trainer and one "
-                 "instance of the other GPUs; one GPU: a trainer and a worker share it)");
+  demo->add_flag(
+      "--gpu", *gpu,
+      "the job on this host's GPUs instead, one process per GPU (by default one trainer and one "
+      "instance of the other GPUs; one GPU: a trainer and a worker share it)");
 
   auto run = [demo, config, json, gpu] {
     if (*gpu) return run_gpu_demo(*demo, *config, *json);
@@ -62,11 +66,14 @@ void add_demo(CLI::App& app, command_table& commands) {
       std::fprintf(stderr, "ferry demo: %s\n", error->c_str());
       return 2;
     }
-    log::info("demo: {} trainers, {} instances x {} workers, {} MiB model, {} MiB chunks, depth {}, {} versions over {}",
-              config->trainers, config->instances, config->workers_per_instance, config->model_bytes >> 20,
-              config->chunk_bytes >> 20, config->depth, config->versions, config->transport);
-    const auto result =
-        run_local_job(*config, [](const std::string& line) { log::info("{}", line); }, interrupt_token());
+    log::info(
+        "demo: {} trainers, {} instances x {} workers, {} MiB model, {} MiB chunks, depth {}, {} "
+        "versions over {}",
+        config->trainers, config->instances, config->workers_per_instance,
+        config->model_bytes >> 20, config->chunk_bytes >> 20, config->depth, config->versions,
+        config->transport);
+    const auto result = run_local_job(
+        *config, [](const std::string& line) { log::info("{}", line); }, interrupt_token());
     if (result.interrupted) {
       std::fprintf(stderr, "ferry demo: %s: %s\n", interrupt_name(), result.error.c_str());
       return interrupted_exit_code();

@@ -26,14 +26,15 @@ int visible_gpus() {
   return cuda_device_count();
 }
 
-std::vector<tensor_ref> device_tensors::allocate(std::vector<tensor_ref> tensors, std::string& why) {
+std::vector<tensor_ref> device_tensors::allocate(std::vector<tensor_ref> tensors,
+                                                 std::string& why) {
   if (!memory_) memory_ = std::make_unique<cuda_device_memory>(device_);
   for (auto& t : tensors) {
     const auto bytes = t.held().bytes;
     auto p = memory_->allocate(bytes);
     if (!p) {
-      why = "cannot allocate " + std::to_string(bytes) + " bytes for '" + t.spec.name + "' on GPU " +
-            std::to_string(device_) + ": " + p.error().message();
+      why = "cannot allocate " + std::to_string(bytes) + " bytes for '" + t.spec.name +
+            "' on GPU " + std::to_string(device_) + ": " + p.error().message();
       return {};
     }
     allocations_.push_back(*p);

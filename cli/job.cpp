@@ -1,8 +1,9 @@
 /// Multi-process jobs: `ferry coordinator` and the `ferry local` launcher that starts a whole job
 /// of separate processes on this host (`ferry node`, one member per process, is in node.cpp;
 /// `ferry chaos`, which kills some of them, in chaos.cpp).
+#include "cli/job.hpp"
+
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -10,10 +11,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "actors/coordinator.hpp"
@@ -21,15 +23,14 @@
 #include "cli/commands.hpp"
 #include "cli/gpu.hpp"
 #include "cli/interrupt.hpp"
-#include "cli/job.hpp"
 #include "cli/launch.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
 #include "jobs/job_memory.hpp"
 #include "jobs/model_presets.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
-#include "platform/real_environment.hpp"
 #include "transport/factory.hpp"
 #include "transport/link_auth.hpp"
 
@@ -44,7 +45,8 @@ constexpr actor_id job_actor = 1;
 std::optional<std::string> prepare_environment(const process_flags& f, transport_settings& env) {
   // Bad values fail here, at once, rather than as a refused plan after every node registered.
   if (auto error = check_job_options(f.job); !error.empty()) return error;
-  if (f.job.transport == "inproc") return "--transport inproc cannot span processes; use tcp, cma or fabric";
+  if (f.job.transport == "inproc")
+    return "--transport inproc cannot span processes; use tcp, cma or fabric";
   env.allow_unauthenticated = f.allow_unauthenticated;
   env.fabric_provider = f.fabric_provider;
   env.bind_host = f.bind_host;
@@ -53,13 +55,17 @@ std::optional<std::string> prepare_environment(const process_flags& f, transport
     if (!secret) {
       // Name where the secret was looked for, never its bytes.
       const char* file = std::getenv("FERRY_SECRET_FILE");
-      const std::string source = file && *file ? fmt::format("FERRY_SECRET_FILE '{}'", file) : "FERRY_SECRET";
+      const std::string source =
+          file && *file ? fmt::format("FERRY_SECRET_FILE '{}'", file) : "FERRY_SECRET";
       const bool short_secret = secret.error() == errc::invalid_argument;
-      return fmt::format("{}: {}", source,
-                         short_secret ? fmt::format("the job secret must be at least {} bytes", min_secret_bytes)
-                                      : secret.error().message());
+      return fmt::format(
+          "{}: {}", source,
+          short_secret ? fmt::format("the job secret must be at least {} bytes", min_secret_bytes)
+                       : secret.error().message());
     }
-    if (secret->empty()) return "no job secret: set FERRY_SECRET_FILE (or FERRY_SECRET), or pass --allow-unauthenticated";
+    if (secret->empty())
+      return "no job secret: set FERRY_SECRET_FILE (or FERRY_SECRET), or pass "
+             "--allow-unauthenticated";
     env.secret = *secret;
   }
   return std::nullopt;
@@ -71,8 +77,9 @@ namespace {
 bool run_with_timeout(event_loop& loop, const process_flags& f, const std::function<bool()>& done) {
   bool expired = false;
   real_clock clock(loop.io());
-  const auto timer = clock.async_wait(std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(f.timeout_seconds)),
-                                      [&](std::error_code ec) { expired = !ec; });
+  const auto timer = clock.async_wait(
+      std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(f.timeout_seconds)),
+      [&](std::error_code ec) { expired = !ec; });
   loop.run_until([&] { return expired || done(); });
   clock.cancel(timer);
   loop.io().poll();
@@ -87,7 +94,8 @@ class trace_on_exit {
   }
   ~trace_on_exit() {
     if (path_.empty()) return;
-    if (auto ec = env_.trace().write_chrome(path_)) log::error("cannot write the trace to {}: {}", path_, ec.message());
+    if (auto ec = env_.trace().write_chrome(path_))
+      log::error("cannot write the trace to {}: {}", path_, ec.message());
   }
 
  private:
@@ -97,27 +105,35 @@ class trace_on_exit {
 
 int run_coordinator(const process_flags& f) {
   transport_settings env;
-  if (auto error = prepare_environment(f, env)) return std::fprintf(stderr, "ferry coordinator: %s\n", error->c_str()), 2;
+  if (auto error = prepare_environment(f, env))
+    return std::fprintf(stderr, "ferry coordinator: %s\n", error->c_str()), 2;
   event_loop loop;
   real_environment environment(loop);
   const trace_on_exit trace(environment, f.job.trace_path);
   // SIGINT or SIGTERM: the job stops (its nodes are told), and so does this process.
   bool interrupted = false;
-  std::stop_callback on_interrupt(interrupt_token(), [&] { loop.post([&] { interrupted = true; }); });
+  std::stop_callback on_interrupt(interrupt_token(),
+                                  [&] { loop.post([&] { interrupted = true; }); });
   auto t = make_transport(f.job.transport, environment, coordinator_node, env);
-  if (!t) return std::fprintf(stderr, "ferry coordinator: cannot open the transport: %s\n", t.error().message().c_str()), 1;
+  if (!t)
+    return std::fprintf(stderr, "ferry coordinator: cannot open the transport: %s\n",
+                        t.error().message().c_str()),
+           1;
   node host(environment, coordinator_node, *t, protocol());
-  if (auto ec = host.start()) return std::fprintf(stderr, "ferry coordinator: %s\n", ec.message().c_str()), 1;
+  if (auto ec = host.start())
+    return std::fprintf(stderr, "ferry coordinator: %s\n", ec.message().c_str()), 1;
 
-  job_shape shape{.trainers = f.job.trainers,
-                  .instance_sizes = std::vector<std::uint32_t>(f.job.instances, f.job.workers_per_instance),
-                  .chunk_bytes = f.job.chunk_bytes,
-                  .depth = f.job.depth,
-                  .stripes = f.job.stripes,
-                  .shared_host_copies = f.job.shared_host_copies,
-                  .p2p = f.job.p2p};
+  job_shape shape{
+      .trainers = f.job.trainers,
+      .instance_sizes = std::vector<std::uint32_t>(f.job.instances, f.job.workers_per_instance),
+      .chunk_bytes = f.job.chunk_bytes,
+      .depth = f.job.depth,
+      .stripes = f.job.stripes,
+      .shared_host_copies = f.job.shared_host_copies,
+      .p2p = f.job.p2p};
   // GPU nodes pin tens of GiB on their loop thread at plan time: give their heartbeats room.
-  shape.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
+  shape.heartbeat_timeout =
+      std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
   job_coordinator coord(host, job_actor, shape);
   job_result result;
   result.workers = f.job.instances * f.job.workers_per_instance;
@@ -142,18 +158,28 @@ int run_coordinator(const process_flags& f) {
   std::vector<double> regroup_ms;
   coord.on_delivered = [&](const version_report& r) {
     result.versions.push_back(r);
-    log::info("version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer stalled {:.3f} s{}", r.version,
-              f.job.versions, r.bytes / 1e9, r.workers, r.seconds, r.bytes / r.seconds / 1e9, r.offloaded_seconds,
-              r.verified ? ", digests match" : "");
-    event({{"event", "delivered"}, {"version", r.version}, {"seconds", r.seconds}, {"verified", r.verified}});
+    log::info(
+        "version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer stalled {:.3f} "
+        "s{}",
+        r.version, f.job.versions, r.bytes / 1e9, r.workers, r.seconds, r.bytes / r.seconds / 1e9,
+        r.offloaded_seconds, r.verified ? ", digests match" : "");
+    event({{"event", "delivered"},
+           {"version", r.version},
+           {"seconds", r.seconds},
+           {"verified", r.verified}});
   };
   coord.on_update = [&](std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders) {
-    event({{"event", "update"}, {"version", version}, {"catch_up", catch_up}, {"leaders", leaders}});
+    event(
+        {{"event", "update"}, {"version", version}, {"catch_up", catch_up}, {"leaders", leaders}});
   };
   coord.on_regroup = [&](const regroup_report& r) {
     regroup_ms.push_back(r.milliseconds);
-    event({{"event", "regroup"}, {"epoch", r.epoch}, {"ms", r.milliseconds}, {"reason", r.reason},
-           {"leaders_lost_mid_update", r.leaders_lost_mid_update}, {"leaders", r.leaders}});
+    event({{"event", "regroup"},
+           {"epoch", r.epoch},
+           {"ms", r.milliseconds},
+           {"reason", r.reason},
+           {"leaders_lost_mid_update", r.leaders_lost_mid_update},
+           {"leaders", r.leaders}});
   };
   coord.on_update_failed = [&](std::uint64_t version, const std::string& why) {
     event({{"event", "update_failed"}, {"version", version}, {"reason", why}});
@@ -169,17 +195,19 @@ int run_coordinator(const process_flags& f) {
   log::info("coordinator: listening at {}", address);
 
   // Done when enough versions are delivered and no late joiner is still catching up.
-  const bool finished = run_with_timeout(
-      loop, f, [&] { return interrupted || failure || (result.versions.size() >= f.job.versions && coord.idle()); });
+  const bool finished = run_with_timeout(loop, f, [&] {
+    return interrupted || failure || (result.versions.size() >= f.job.versions && coord.idle());
+  });
   coord.stop_job();
   run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });  // let job_stop leave
   log::set_level(log::level::error);  // from here on, peers leaving is the plan, not news
   if (interrupted && !failure) {
-    failure = fmt::format("stopped by {} with {} of {} versions delivered", interrupt_name(), result.versions.size(),
-                          f.job.versions);
+    failure = fmt::format("stopped by {} with {} of {} versions delivered", interrupt_name(),
+                          result.versions.size(), f.job.versions);
   }
-  if (!finished) failure = fmt::format("timed out after {} s with {} of {} versions delivered", f.timeout_seconds,
-                                       result.versions.size(), f.job.versions);
+  if (!finished)
+    failure = fmt::format("timed out after {} s with {} of {} versions delivered",
+                          f.timeout_seconds, result.versions.size(), f.job.versions);
   result.ok = !failure;
   result.verified = result.ok && f.job.verify;
   for (const auto& v : result.versions) result.verified = result.verified && v.verified;
@@ -199,7 +227,8 @@ int run_coordinator(const process_flags& f) {
 /// The GPU of each GPU node of a local job, in start order (`--gpu-list`, or one each from GPU 0
 /// with `--gpus`), or what is wrong.
 std::optional<std::string> place_on_gpus(const process_flags& f, std::vector<int>& devices) {
-  const auto gpu_nodes = (f.host_trainers ? 0 : f.job.trainers) + f.job.instances * f.job.workers_per_instance;
+  const auto gpu_nodes =
+      (f.host_trainers ? 0 : f.job.trainers) + f.job.instances * f.job.workers_per_instance;
   const int visible = visible_gpus();
   if (!f.gpu_list.empty()) {
     if (f.gpu_list.size() != gpu_nodes)
@@ -207,19 +236,26 @@ std::optional<std::string> place_on_gpus(const process_flags& f, std::vector<int
     devices = f.gpu_list;
     // NCCL takes one rank per GPU: an instance whose members share chunks cannot put two on one.
     const auto first_worker = devices.begin() + (f.host_trainers ? 0 : f.job.trainers);
-    for (std::uint32_t i = 0; f.job.shard_rollout != rollout_sharding::tp && i < f.job.instances; ++i) {
-      std::vector<int> gpus(first_worker + i * f.job.workers_per_instance, first_worker + (i + 1) * f.job.workers_per_instance);
+    for (std::uint32_t i = 0; f.job.shard_rollout != rollout_sharding::tp && i < f.job.instances;
+         ++i) {
+      std::vector<int> gpus(first_worker + i * f.job.workers_per_instance,
+                            first_worker + (i + 1) * f.job.workers_per_instance);
       std::sort(gpus.begin(), gpus.end());
       if (const auto twice = std::adjacent_find(gpus.begin(), gpus.end()); twice != gpus.end())
-        return fmt::format("--gpu-list: instance {} has two workers on GPU {}, and its collective (NCCL) takes one "
-                           "rank per GPU (only --shard-rollout tp shares no chunk inside an instance)", i, *twice);
+        return fmt::format(
+            "--gpu-list: instance {} has two workers on GPU {}, and its collective (NCCL) takes "
+            "one "
+            "rank per GPU (only --shard-rollout tp shares no chunk inside an instance)",
+            i, *twice);
     }
     for (const int d : f.gpu_list)
-      if (d < 0 || d >= visible) return fmt::format("--gpu-list: GPU {}: {} GPUs visible", d, visible);
+      if (d < 0 || d >= visible)
+        return fmt::format("--gpu-list: GPU {}: {} GPUs visible", d, visible);
   } else if (f.gpus) {
     if (static_cast<int>(gpu_nodes) > visible)
-      return fmt::format("--gpus needs one GPU per node: {} GPU nodes, {} GPUs visible (--gpu-list shares them)",
-                         gpu_nodes, visible);
+      return fmt::format(
+          "--gpus needs one GPU per node: {} GPU nodes, {} GPUs visible (--gpu-list shares them)",
+          gpu_nodes, visible);
     for (int d = 0; d < static_cast<int>(gpu_nodes); ++d) devices.push_back(d);
   }
   return std::nullopt;
@@ -228,19 +264,26 @@ std::optional<std::string> place_on_gpus(const process_flags& f, std::vector<int
 }  // namespace
 
 int run_local(const process_flags& f) {
-  if (auto error = check_job_options(f.job); !error.empty()) return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
+  if (auto error = check_job_options(f.job); !error.empty())
+    return std::fprintf(stderr, "ferry local: %s\n", error.c_str()), 2;
   std::vector<int> devices;  // of the GPU nodes, in start order
-  if (auto error = place_on_gpus(f, devices)) return std::fprintf(stderr, "ferry local: %s\n", error->c_str()), 2;
+  if (auto error = place_on_gpus(f, devices))
+    return std::fprintf(stderr, "ferry local: %s\n", error->c_str()), 2;
   const bool gpus = !devices.empty();
-  if (f.job.transport == "inproc") return std::fprintf(stderr, "ferry local: --transport must be tcp, cma or fabric\n"), 2;
-  const auto model = f.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(f.job.model_bytes);
+  if (f.job.transport == "inproc")
+    return std::fprintf(stderr, "ferry local: --transport must be tcp, cma or fabric\n"), 2;
+  const auto model =
+      f.model == "llama3-8b" ? llama3_8b() : synthetic_transformer(f.job.model_bytes);
   const member_places places{.trainers_on_gpus = gpus && !f.host_trainers, .workers_on_gpus = gpus};
-  if (auto error = refuse_beyond_host(model, f.job, places)) return std::fprintf(stderr, "ferry local: %s\n", error->c_str()), 2;
+  if (auto error = refuse_beyond_host(model, f.job, places))
+    return std::fprintf(stderr, "ferry local: %s\n", error->c_str()), 2;
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = make_job_directory("local");
   const auto address_file = (dir / "coordinator").string();
 
-  auto extra = [&](std::vector<std::string> args) { return with_process_flags(f, std::move(args)); };
+  auto extra = [&](std::vector<std::string> args) {
+    return with_process_flags(f, std::move(args));
+  };
   std::vector<std::filesystem::path> traces;  // one per process, merged into --trace at the end
   auto traced = [&](std::vector<std::string>& args) {
     if (f.job.trace_path.empty()) return;
@@ -253,7 +296,8 @@ int run_local(const process_flags& f) {
   if (gpus) coordinator_args.insert(coordinator_args.end(), {"--heartbeat-timeout", "30"});
   if (f.json) coordinator_args.push_back("--json");
   const pid_t coordinator_pid = spawn(coordinator_args);
-  const auto address = coordinator_pid > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
+  const auto address =
+      coordinator_pid > 0 ? wait_for_address(address_file, std::chrono::seconds(30)) : "";
   std::vector<pid_t> children;
   int status = 1;
   if (interrupt_signal()) {
@@ -274,10 +318,12 @@ int run_local(const process_flags& f) {
       traced(args);
       children.push_back(spawn(args));
     };
-    for (std::uint32_t s = 0; s < f.job.trainers; ++s) start_node({"--role", "trainer", "--shard", std::to_string(s)});
+    for (std::uint32_t s = 0; s < f.job.trainers; ++s)
+      start_node({"--role", "trainer", "--shard", std::to_string(s)});
     for (std::uint32_t i = 0; i < f.job.instances; ++i) {
       for (std::uint32_t r = 0; r < f.job.workers_per_instance; ++r) {
-        start_node({"--role", "worker", "--instance", std::to_string(i), "--rank", std::to_string(r)});
+        start_node(
+            {"--role", "worker", "--instance", std::to_string(i), "--rank", std::to_string(r)});
       }
     }
     log::info("local: started a coordinator and {} nodes", children.size());
@@ -323,22 +369,46 @@ int run_local(const process_flags& f) {
 void add_process_flags(CLI::App& app, process_flags& f) {
   add_job_options(app, f.job);
   app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
-               "run tcp and fabric links without a job secret (otherwise FERRY_SECRET or FERRY_SECRET_FILE is required)");
-  app.add_option("--fabric-provider", f.fabric_provider, "libfabric provider for --transport fabric (e.g. shm, 'tcp;ofi_rxm')");
-  app.add_option("--bind", f.bind_host, "the local address to listen and connect on (tcp, cma, fabric other than shm)")
+               "run tcp and fabric links without a job secret (otherwise FERRY_SECRET or "
+               "FERRY_SECRET_FILE is required)");
+  app.add_option("--fabric-provider", f.fabric_provider,
+                 "libfabric provider for --transport fabric (e.g. shm, 'tcp;ofi_rxm')");
+  app.add_option("--bind", f.bind_host,
+                 "the local address to listen and connect on (tcp, cma, fabric other than shm)")
       ->capture_default_str();
-  app.add_option("--model", f.model, "synthetic (sized by --model-bytes) or llama3-8b (bf16, ~16 GB)")
-      ->check(CLI::IsMember({"synthetic", "llama3-8b"}))->capture_default_str();
-  app.add_option("--timeout", f.timeout_seconds, "give up after this many seconds")->check(CLI::PositiveNumber)
+  app.add_option("--model", f.model,
+                 "synthetic (sized by --model-bytes) or llama3-8b (bf16, ~16 GB)")
+      ->check(CLI::IsMember({"synthetic", "llama3-8b"}))
+      ->capture_default_str();
+  app.add_option("--timeout", f.timeout_seconds, "give up after this many seconds")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
 }
 
-std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j) {
-  return {self, command, "--trainers", std::to_string(j.trainers), "--instances", std::to_string(j.instances),
-          "--workers", std::to_string(j.workers_per_instance), "--model-bytes", std::to_string(j.model_bytes),
-          "--chunk-bytes", std::to_string(j.chunk_bytes), "--depth", std::to_string(j.depth), "--stripes",
-          std::to_string(j.stripes), "--versions", std::to_string(j.versions), "--transport", j.transport,
-          "--shard-rollout", std::string(rollout_sharding_name(j.shard_rollout))};
+std::vector<std::string> job_args(const std::string& self, const std::string& command,
+                                  const job_config& j) {
+  return {self,
+          command,
+          "--trainers",
+          std::to_string(j.trainers),
+          "--instances",
+          std::to_string(j.instances),
+          "--workers",
+          std::to_string(j.workers_per_instance),
+          "--model-bytes",
+          std::to_string(j.model_bytes),
+          "--chunk-bytes",
+          std::to_string(j.chunk_bytes),
+          "--depth",
+          std::to_string(j.depth),
+          "--stripes",
+          std::to_string(j.stripes),
+          "--versions",
+          std::to_string(j.versions),
+          "--transport",
+          j.transport,
+          "--shard-rollout",
+          std::string(rollout_sharding_name(j.shard_rollout))};
 }
 
 /// `args` plus the flags every process of a launched job shares.
@@ -346,7 +416,8 @@ std::vector<std::string> with_process_flags(const process_flags& f, std::vector<
   if (!f.job.checksums) args.push_back("--no-checksums");
   if (!f.job.verify) args.push_back("--no-verify");
   if (f.job.shared_host_copies) args.push_back("--shared-host-copies");
-  if (f.job.p2p != p2p_mode::automatic) args.insert(args.end(), {"--p2p", std::string(p2p_mode_name(f.job.p2p))});
+  if (f.job.p2p != p2p_mode::automatic)
+    args.insert(args.end(), {"--p2p", std::string(p2p_mode_name(f.job.p2p))});
   args.insert(args.end(), {"--timeout", std::to_string(f.timeout_seconds)});
   if (!f.fabric_provider.empty()) args.insert(args.end(), {"--fabric-provider", f.fabric_provider});
   if (f.bind_host != "127.0.0.1") args.insert(args.end(), {"--bind", f.bind_host});
@@ -359,25 +430,39 @@ void add_jobs(CLI::App& app, command_table& commands) {
   auto cf = std::make_shared<process_flags>();
   cf->job.transport = "tcp";
   add_process_flags(*coord, *cf);
-  coord->add_option("--address-file", cf->address_file, "write the coordinator's transport address here");
-  coord->add_option("--heartbeat-timeout", cf->heartbeat_timeout_s, "seconds of silence after which a member is dead")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+  coord->add_option("--address-file", cf->address_file,
+                    "write the coordinator's transport address here");
+  coord
+      ->add_option("--heartbeat-timeout", cf->heartbeat_timeout_s,
+                   "seconds of silence after which a member is dead")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   coord->add_flag("--json", cf->json, "print one JSON object instead of the table");
   coord->add_flag("--events", cf->events, "print a JSON line per update, delivery and regroup");
   commands[coord] = [cf] { return run_coordinator(*cf); };
 
-  auto* node_cmd = app.add_subcommand("node", "one trainer shard or rollout worker of a multi-process job");
+  auto* node_cmd =
+      app.add_subcommand("node", "one trainer shard or rollout worker of a multi-process job");
   auto nf = std::make_shared<node_flags>();
   nf->common.job.transport = "tcp";
   add_process_flags(*node_cmd, nf->common);
-  node_cmd->add_option("--coordinator", nf->common.coordinator_address, "the coordinator's transport address")->required();
-  node_cmd->add_option("--role", nf->role, "trainer or worker")->required()->check(CLI::IsMember({"trainer", "worker"}));
-  node_cmd->add_option("--node-id", nf->id, "this node's id, unique in the job (0 is the coordinator)")
-      ->required()->check(CLI::Range(1u, 1u << 30));
+  node_cmd
+      ->add_option("--coordinator", nf->common.coordinator_address,
+                   "the coordinator's transport address")
+      ->required();
+  node_cmd->add_option("--role", nf->role, "trainer or worker")
+      ->required()
+      ->check(CLI::IsMember({"trainer", "worker"}));
+  node_cmd
+      ->add_option("--node-id", nf->id, "this node's id, unique in the job (0 is the coordinator)")
+      ->required()
+      ->check(CLI::Range(1u, 1u << 30));
   node_cmd->add_option("--shard", nf->shard, "trainer: the shard this process owns");
   node_cmd->add_option("--instance", nf->instance, "worker: its instance");
   node_cmd->add_option("--rank", nf->rank, "worker: its rank in the instance");
-  node_cmd->add_option("--device", nf->device, "the GPU of this process's tensors (CUDA builds); -1: host memory")
+  node_cmd
+      ->add_option("--device", nf->device,
+                   "the GPU of this process's tensors (CUDA builds); -1: host memory")
       ->capture_default_str();
   commands[node_cmd] = [nf] { return run_node(*nf); };
 
@@ -386,11 +471,15 @@ void add_jobs(CLI::App& app, command_table& commands) {
   lf->job.transport = "tcp";
   add_process_flags(*local, *lf);
   local->add_flag("--json", lf->json, "print one JSON object instead of the table");
-  local->add_flag("--gpus", lf->gpus, "one GPU per node process: trainers on GPUs 0.., then the workers");
-  local->add_flag("--host-trainers", lf->host_trainers, "with --gpus: trainer shards in host memory, workers from GPU 0");
-  local->add_option("--gpu-list", lf->gpu_list,
-                    "the GPU of each GPU node process in start order (trainers, then workers), e.g. 0,0: "
-                    "several may share one; implies --gpus")
+  local->add_flag("--gpus", lf->gpus,
+                  "one GPU per node process: trainers on GPUs 0.., then the workers");
+  local->add_flag("--host-trainers", lf->host_trainers,
+                  "with --gpus: trainer shards in host memory, workers from GPU 0");
+  local
+      ->add_option(
+          "--gpu-list", lf->gpu_list,
+          "the GPU of each GPU node process in start order (trainers, then workers), e.g. 0,0: "
+          "several may share one; implies --gpus")
       ->delimiter(',');
   commands[local] = [lf] { return run_local(*lf); };
 }

@@ -23,8 +23,8 @@ struct process_flags {
   bool events = false;
   std::string fabric_provider;
   std::string bind_host = "127.0.0.1";  ///< the local address this process listens and connects on
-  std::string model = "synthetic";  ///< or "llama3-8b" (then --model-bytes is ignored)
-  bool gpus = false;                ///< local: one GPU per node process, in start order
+  std::string model = "synthetic";      ///< or "llama3-8b" (then --model-bytes is ignored)
+  bool gpus = false;                    ///< local: one GPU per node process, in start order
   /// local: the GPU of each GPU node process in start order (trainers, then workers); several may
   /// share one. Implies `gpus`.
   std::vector<int> gpu_list;
@@ -51,7 +51,8 @@ std::optional<std::string> prepare_environment(const process_flags& f, transport
 int run_node(const node_flags& f);
 
 /// The command line of `ferry <command>` for a process of job `j`; `self` is this executable.
-std::vector<std::string> job_args(const std::string& self, const std::string& command, const job_config& j);
+std::vector<std::string> job_args(const std::string& self, const std::string& command,
+                                  const job_config& j);
 
 /// `ferry local`: a coordinator and one node process per trainer shard and rollout worker on
 /// this host (with `gpus`, one GPU per node in start order); returns the exit code.

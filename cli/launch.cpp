@@ -1,8 +1,7 @@
 #include "cli/launch.hpp"
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,6 +10,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -40,7 +40,9 @@ pid_t spawn_with(const std::vector<std::string>& args, int stdout_fd) {
 
 }  // namespace
 
-pid_t spawn(const std::vector<std::string>& args) { return spawn_with(args, -1); }
+pid_t spawn(const std::vector<std::string>& args) {
+  return spawn_with(args, -1);
+}
 
 std::pair<pid_t, int> spawn_reading(const std::vector<std::string>& args) {
   int fds[2];
@@ -55,7 +57,8 @@ std::pair<pid_t, int> spawn_reading(const std::vector<std::string>& args) {
 }
 
 std::filesystem::path make_job_directory(const std::string& purpose) {
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ferry-{}-{}", purpose, getpid());
+  const auto dir =
+      std::filesystem::temp_directory_path() / fmt::format("ferry-{}-{}", purpose, getpid());
   std::filesystem::create_directories(dir);
   const auto secret_file = dir / "secret";
   {
@@ -63,7 +66,8 @@ std::filesystem::path make_job_directory(const std::string& purpose) {
     std::ofstream out(secret_file, std::ios::binary);
     for (int i = 0; i < 32; ++i) out.put(static_cast<char>(random()));
   }
-  std::filesystem::permissions(secret_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::filesystem::permissions(
+      secret_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   setenv("FERRY_SECRET_FILE", secret_file.c_str(), 1);
   // libfabric loads psm's libinfinipath, whose SIGSEGV handler prints a backtrace and then can hang
   // the process: a crashed child must die at once, so that its peers see the link drop.
@@ -135,13 +139,16 @@ std::optional<std::string> line_reader::next(std::chrono::milliseconds patience)
       buffered_.erase(0, end + 1);
       return line;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out_ = true;
       return std::nullopt;
     }
-    pollfd p[2] = {{.fd = fd_, .events = POLLIN, .revents = 0}, {.fd = stop_fd_, .events = POLLIN, .revents = 0}};
-    if (poll(p, stop_fd_ >= 0 ? 2 : 1, static_cast<int>(left.count())) <= 0) continue;  // timeout or EINTR: the deadline decides
+    pollfd p[2] = {{.fd = fd_, .events = POLLIN, .revents = 0},
+                   {.fd = stop_fd_, .events = POLLIN, .revents = 0}};
+    if (poll(p, stop_fd_ >= 0 ? 2 : 1, static_cast<int>(left.count())) <= 0)
+      continue;  // timeout or EINTR: the deadline decides
     if (stop_fd_ >= 0 && p[1].revents != 0) {
       stopped_ = true;
       return std::nullopt;
@@ -153,7 +160,8 @@ std::optional<std::string> line_reader::next(std::chrono::milliseconds patience)
   }
 }
 
-std::error_code merge_traces(const std::vector<std::filesystem::path>& parts, const std::string& out) {
+std::error_code merge_traces(const std::vector<std::filesystem::path>& parts,
+                             const std::string& out) {
   nlohmann::json events = nlohmann::json::array();
   for (const auto& part : parts) {
     std::ifstream in(part);
@@ -163,7 +171,8 @@ std::error_code merge_traces(const std::vector<std::filesystem::path>& parts, co
     for (auto& e : j["traceEvents"]) events.push_back(std::move(e));
   }
   std::ofstream file(out);
-  file << nlohmann::json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}.dump() << "\n";
+  file << nlohmann::json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}.dump()
+       << "\n";
   file.close();
   return file ? std::error_code{} : std::error_code(errno ? errno : EIO, std::generic_category());
 }

@@ -41,7 +41,8 @@ std::vector<bool> reap(const std::vector<pid_t>& children, std::chrono::millisec
 /// The timelines of a job's processes (`--trace`, one file each) as one Chrome trace in `out`
 /// (node ids are job-wide, and every process's clock counts from the host's boot). A part that
 /// is missing or unreadable (its process was killed) is left out.
-std::error_code merge_traces(const std::vector<std::filesystem::path>& parts, const std::string& out);
+std::error_code merge_traces(const std::vector<std::filesystem::path>& parts,
+                             const std::string& out);
 
 /// How long an interrupted launcher waits for its children to leave before it SIGKILLs them:
 /// within the 2 s a command has to stop.

@@ -5,24 +5,31 @@
 namespace ferry::cli {
 
 std::string summary_table(const job_result& r) {
-  std::string out = fmt::format("{:>7} {:>10} {:>9} {:>8} {:>9} | busy s: {:>8} {:>8} {:>9} {:>8} | {}\n", "version",
-                                "GB", "seconds", "GB/s", "stall s", "offload", "send", "broadcast", "apply", "digests");
+  std::string out = fmt::format(
+      "{:>7} {:>10} {:>9} {:>8} {:>9} | busy s: {:>8} {:>8} {:>9} {:>8} | {}\n", "version", "GB",
+      "seconds", "GB/s", "stall s", "offload", "send", "broadcast", "apply", "digests");
   for (const auto& v : r.versions) {
-    out += fmt::format("{:>7} {:>10.3f} {:>9.3f} {:>8.2f} {:>9.3f} | {:>16.3f} {:>8.3f} {:>9.3f} {:>8.3f} | {}\n", v.version,
-                       v.bytes / 1e9, v.seconds, v.bytes / v.seconds / 1e9, v.offloaded_seconds, v.busy.offload,
-                       v.busy.send, v.busy.broadcast, v.busy.apply, v.verified ? "match" : "-");
+    out += fmt::format(
+        "{:>7} {:>10.3f} {:>9.3f} {:>8.2f} {:>9.3f} | {:>16.3f} {:>8.3f} {:>9.3f} {:>8.3f} | {}\n",
+        v.version, v.bytes / 1e9, v.seconds, v.bytes / v.seconds / 1e9, v.offloaded_seconds,
+        v.busy.offload, v.busy.send, v.busy.broadcast, v.busy.apply, v.verified ? "match" : "-");
   }
-  out += fmt::format("{} versions of {:.3f} GB ({} tensors, {} chunks) to {} workers in {:.3f} s: {:.2f} GB/s\n",
-                     r.versions.size(), r.model_bytes / 1e9, r.tensors, r.chunks, r.workers, r.seconds(), r.gbps());
+  out += fmt::format(
+      "{} versions of {:.3f} GB ({} tensors, {} chunks) to {} workers in {:.3f} s: {:.2f} GB/s\n",
+      r.versions.size(), r.model_bytes / 1e9, r.tensors, r.chunks, r.workers, r.seconds(),
+      r.gbps());
   if (r.worker_bytes > 0 && r.worker_bytes < r.model_bytes) {
-    out += fmt::format("sharded: a worker receives at most {:.3f} GB per version ({:.1f}% of the model), at most "
-                       "{:.3f}x the bytes it holds\n",
-                       r.worker_bytes / 1e9, 100.0 * r.worker_bytes / r.model_bytes, r.receive_ratio);
+    out += fmt::format(
+        "sharded: a worker receives at most {:.3f} GB per version ({:.1f}% of the model), at most "
+        "{:.3f}x the bytes it holds\n",
+        r.worker_bytes / 1e9, 100.0 * r.worker_bytes / r.model_bytes, r.receive_ratio);
   }
   if (const auto& p = r.paths; p.device_direct + p.gpudirect > 0) {
-    out += fmt::format("GPU to GPU: of {} trainer-worker pairs, {} read the trainers' device copies on one host, {} are "
-                       "written into by GPUDirect RDMA\n",
-                       p.all, p.device_direct, p.gpudirect);
+    out += fmt::format(
+        "GPU to GPU: of {} trainer-worker pairs, {} read the trainers' device copies on one host, "
+        "{} are "
+        "written into by GPUDirect RDMA\n",
+        p.all, p.device_direct, p.gpudirect);
   }
   out += r.verified ? "verified: every worker holds the trainers' bytes\n"
                     : "NOT verified" + (r.error.empty() ? std::string() : ": " + r.error) + "\n";
@@ -36,8 +43,12 @@ nlohmann::json summary_json(const job_result& r) {
                         {"seconds", v.seconds},
                         {"stall_seconds", v.offloaded_seconds},
                         {"verified", v.verified},
-                        {"busy", {{"offload", v.busy.offload}, {"send", v.busy.send}, {"upload", v.busy.upload},
-                                  {"broadcast", v.busy.broadcast}, {"apply", v.busy.apply}}}});
+                        {"busy",
+                         {{"offload", v.busy.offload},
+                          {"send", v.busy.send},
+                          {"upload", v.busy.upload},
+                          {"broadcast", v.busy.broadcast},
+                          {"apply", v.busy.apply}}}});
   }
   nlohmann::json j{{"verified", r.verified},
                    {"workers", r.workers},

@@ -1,11 +1,10 @@
 /// `ferry sim SCENARIO.toml`: a whole cluster's weight update on virtual time (jobs/sim_job), its
 /// report, and sweeps of ferry's options written as CSV and a plot.
 #include <fmt/format.h>
-#include <sys/resource.h>
-
 #include <fmt/ranges.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,11 +60,15 @@ double steady_events_per_second(const sim_result& r) {
   return r.steady_wall_seconds > 0 ? r.steady_events / r.steady_wall_seconds : 0;
 }
 
-double gib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); }
+double gib(std::uint64_t bytes) {
+  return static_cast<double>(bytes) / (1ull << 30);
+}
 
 /// Per role, the most one member holds in host and device memory.
 nlohmann::json memory_json(const job_memory& m) {
-  const auto of = [](const member_memory& x) { return nlohmann::json{{"host", gib(x.host)}, {"device", gib(x.device)}}; };
+  const auto of = [](const member_memory& x) {
+    return nlohmann::json{{"host", gib(x.host)}, {"device", gib(x.device)}};
+  };
   return {{"trainer", of(m.trainer)}, {"leader", of(m.leader)}, {"follower", of(m.follower)}};
 }
 
@@ -128,10 +131,12 @@ void print_report(const sim_config& c, const sim_result& r) {
       r.predicted_seconds > 0 ? 100 * r.bound_seconds / r.predicted_seconds : 0);
   fmt::print("bottleneck: {}\n", r.bottleneck);
   const auto& m = r.memory;
-  fmt::print("memory per member, host + GPU: trainer shard {:.1f} + {:.1f} GiB, leader {:.1f} + {:.1f} GiB, "
-             "follower {:.1f} + {:.1f} GiB\n",
-             gib(m.trainer.host), gib(m.trainer.device), gib(m.leader.host), gib(m.leader.device),
-             gib(m.follower.host), gib(m.follower.device));
+  fmt::print(
+      "memory per member, host + GPU: trainer shard {:.1f} + {:.1f} GiB, leader {:.1f} + {:.1f} "
+      "GiB, "
+      "follower {:.1f} + {:.1f} GiB\n",
+      gib(m.trainer.host), gib(m.trainer.device), gib(m.leader.host), gib(m.leader.device),
+      gib(m.follower.host), gib(m.follower.device));
   if (!r.memory_short.empty()) fmt::print("DOES NOT FIT: {}\n", r.memory_short);
   fmt::print(
       "stage busy (busiest participant, last version): offload {:.4f} s  send {:.4f} s  upload "
@@ -147,12 +152,13 @@ void print_report(const sim_config& c, const sim_result& r) {
                100 * u.utilisation, u.bytes / 1e9, u.bound_seconds);
   }
   fmt::print(
-      "{} actors, {} chunk-stage events and {} transfers in {:.2f} s of wall time ({:.0f} events/s), "
+      "{} actors, {} chunk-stage events and {} transfers in {:.2f} s of wall time ({:.0f} "
+      "events/s), "
       "peak RSS {:.0f} MiB\n",
       r.actors, r.trace_events, r.transfers, r.wall_seconds, events_per_second(r), peak_rss_mib());
   if (r.steady_wall_seconds > 0)
-    fmt::print("after the first version: {} events in {:.2f} s ({:.0f} events/s)\n", r.steady_events,
-               r.steady_wall_seconds, steady_events_per_second(r));
+    fmt::print("after the first version: {} events in {:.2f} s ({:.0f} events/s)\n",
+               r.steady_events, r.steady_wall_seconds, steady_events_per_second(r));
 }
 
 int run_one(const sim_flags& f) {
@@ -170,7 +176,8 @@ int run_one(const sim_flags& f) {
       fmt::print(stderr, "  version {} delivered in {:.4f} s\n", v, s);
     };
     c.on_progress = [](double virtual_seconds, std::uint64_t transfers) {
-      fmt::print(stderr, "  ... {:.4f} s of virtual time, {} transfers\n", virtual_seconds, transfers);
+      fmt::print(stderr, "  ... {:.4f} s of virtual time, {} transfers\n", virtual_seconds,
+                 transfers);
     };
   }
   const auto r = run_sim(c);
@@ -391,7 +398,8 @@ int run_sweep(const sim_flags& f) {
   // A point's columns after depth and before its results: chunk, stripes and the extra axes. They
   // also key its line in the plot.
   const auto other_columns = [&](const sweep_point& p) {
-    auto columns = fmt::format("{:g},{}", static_cast<double>(p.chunk_bytes) / (1 << 20), p.stripes);
+    auto columns =
+        fmt::format("{:g},{}", static_cast<double>(p.chunk_bytes) / (1 << 20), p.stripes);
     for (const auto a : extra) columns += "," + p.sets[a].substr(p.sets[a].find('=') + 1);
     return columns;
   };

@@ -24,7 +24,8 @@ struct stripe {
 };
 inline stripe stripe_of(std::uint64_t bytes, std::uint32_t stripes, std::uint32_t index) {
   constexpr std::uint64_t alignment = 256;
-  const std::uint64_t each = ((bytes + stripes - 1) / stripes + alignment - 1) / alignment * alignment;
+  const std::uint64_t each =
+      ((bytes + stripes - 1) / stripes + alignment - 1) / alignment * alignment;
   const std::uint64_t offset = std::min(bytes, each * index);
   return {offset, std::min(each, bytes - offset)};
 }

@@ -42,12 +42,13 @@ int main(void) {
   CHECK(ferry_trainer_register_tensor(trainer, "w", "f32", shape, 1, sent));
   CHECK(ferry_rollout_register_tensor(rollout, "w", "f32", shape, 1, received));
   ferry_rollout* sharded[2] = {NULL, NULL};
-  for (uint32_t r = 0; r < 2; ++r) {  /* instance 1: rank r holds rows [r N/2, (r + 1) N/2) */
+  for (uint32_t r = 0; r < 2; ++r) { /* instance 1: rank r holds rows [r N/2, (r + 1) N/2) */
     ferry_member_options so = mo;
     so.instance = 1;
     so.rank = r;
     CHECK(ferry_rollout_open(&so, &sharded[r]));
-    CHECK(ferry_rollout_register_rows(sharded[r], "w", "f32", shape, 1, r * (N / 2), N / 2, halves[r]));
+    CHECK(ferry_rollout_register_rows(sharded[r], "w", "f32", shape, 1, r * (N / 2), N / 2,
+                                      halves[r]));
   }
   CHECK(ferry_trainer_join(trainer));
   CHECK(ferry_rollout_join(rollout));
@@ -68,7 +69,8 @@ int main(void) {
     CHECK(ferry_trainer_wait_delivered(trainer, v, 30000));
     CHECK(ferry_rollout_wait_version(rollout, v, 30000));
     for (int r = 0; r < 2; ++r) CHECK(ferry_rollout_wait_version(sharded[r], v, 30000));
-    if (memcmp(from, received, sizeof sent) != 0 || memcmp(from, halves[0], sizeof halves[0]) != 0 ||
+    if (memcmp(from, received, sizeof sent) != 0 ||
+        memcmp(from, halves[0], sizeof halves[0]) != 0 ||
         memcmp(from + N / 2, halves[1], sizeof halves[1]) != 0) {
       fprintf(stderr, "version %llu differs\n", (unsigned long long)v);
       return 1;
@@ -78,7 +80,8 @@ int main(void) {
   /* Bad input gets a status and a message, never a crash. */
   if (ferry_trainer_publish(trainer, 1) != FERRY_INVALID_ARGUMENT) return 1;
   printf("minimal: publishing an old version: %s\n", ferry_last_error());
-  ferry_trainer* split = NULL; /* one tensor in host memory, one on device 1: one device per member */
+  ferry_trainer* split =
+      NULL; /* one tensor in host memory, one on device 1: one device per member */
   CHECK(ferry_trainer_open(&mo, &split));
   CHECK(ferry_trainer_register_tensor(split, "a", "f32", shape, 1, sent));
   CHECK(ferry_trainer_register_device_tensor(split, "b", "f32", shape, 1, sent, 1));

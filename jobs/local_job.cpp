@@ -52,7 +52,8 @@ trainer_memory allocate(const std::vector<tensor_spec>& specs) {
 /// made (they unwind in reverse).
 class local_job {
  public:
-  local_job(const job_config& config, const std::function<void(const std::string&)>& progress, std::stop_token stop)
+  local_job(const job_config& config, const std::function<void(const std::string&)>& progress,
+            std::stop_token stop)
       : config_(config),
         progress_(progress),
         stop_(stop),
@@ -72,13 +73,15 @@ class local_job {
     publish_versions();
     for (const auto* n : worker_nodes_) {
       result_.worker_link_bytes = std::max<std::uint64_t>(
-          result_.worker_link_bytes, n->stats().bytes_in / std::max<std::size_t>(result_.versions.size(), 1));
+          result_.worker_link_bytes,
+          n->stats().bytes_in / std::max<std::size_t>(result_.versions.size(), 1));
     }
     if (failure_) {
       result_.error = *failure_;
     } else if (stopping_ && result_.versions.size() < config_.versions) {
       result_.interrupted = true;
-      result_.error = fmt::format("stopped after {} of {} versions", result_.versions.size(), config_.versions);
+      result_.error =
+          fmt::format("stopped after {} of {} versions", result_.versions.size(), config_.versions);
     } else {
       result_.ok = true;
       result_.verified = config_.verify;
@@ -96,7 +99,8 @@ class local_job {
     const auto id = static_cast<node_id>(nodes_.size());
     auto t = make_transport(config_.transport, env_, id, settings_);
     if (!t) {
-      result_.error = "cannot create the " + config_.transport + " transport: " + t.error().message();
+      result_.error =
+          "cannot create the " + config_.transport + " transport: " + t.error().message();
       return nullptr;
     }
     nodes_.push_back(std::make_unique<node>(env_, id, *t, protocol()));
@@ -104,7 +108,8 @@ class local_job {
       result_.error = "cannot start node " + std::to_string(id) + ": " + ec.message();
       return nullptr;
     }
-    if (id != 0) nodes_.back()->transport().add_peer(0, nodes_.front()->transport().local_address());
+    if (id != 0)
+      nodes_.back()->transport().add_peer(0, nodes_.front()->transport().local_address());
     return nodes_.back().get();
   }
 
@@ -116,7 +121,8 @@ class local_job {
     coord_ = std::make_unique<job_coordinator>(
         *coordinator_node, 1,
         job_shape{.trainers = config_.trainers,
-                  .instance_sizes = std::vector<std::uint32_t>(config_.instances, config_.workers_per_instance),
+                  .instance_sizes =
+                      std::vector<std::uint32_t>(config_.instances, config_.workers_per_instance),
                   .chunk_bytes = config_.chunk_bytes,
                   .depth = config_.depth,
                   .stripes = config_.stripes,
@@ -129,7 +135,8 @@ class local_job {
     coord_->start();
 
     const trainer_options trainer_opts{.checksums = config_.checksums, .digests = config_.verify};
-    const worker_options worker_opts{.checksums = config_.checksums, .digests = config_.verify,
+    const worker_options worker_opts{.checksums = config_.checksums,
+                                     .digests = config_.verify,
                                      .make_broadcast = host_chain(chain_tag)};
     // Members allocate (and fault in) their memory as they are made, a second or so each for
     // large models: a stop between two of them need not wait for the rest.
@@ -138,7 +145,8 @@ class local_job {
       node* n = add_node();
       if (!n) return false;
       memory_.push_back(allocate(shards[s]));
-      trainers_.push_back(std::make_unique<trainer_shard>(*n, 1, coord_->self(), s, memory_.back().refs, trainer_opts));
+      trainers_.push_back(std::make_unique<trainer_shard>(*n, 1, coord_->self(), s,
+                                                          memory_.back().refs, trainer_opts));
       built(fmt::format("trainer shard {}", s), memory_.back().refs);
     }
     for (std::uint32_t i = 0; i < config_.instances && !stop_.stop_requested(); ++i) {
@@ -147,7 +155,8 @@ class local_job {
         if (!n) return false;
         worker_nodes_.push_back(n);
         workers_.push_back(std::make_unique<rollout_worker>(
-            *n, 1, coord_->self(), i, r, rollout_share(model_, config_.shard_rollout, r, config_.workers_per_instance),
+            *n, 1, coord_->self(), i, r,
+            rollout_share(model_, config_.shard_rollout, r, config_.workers_per_instance),
             worker_opts));
         built(fmt::format("worker {}.{}", i, r), workers_.back()->tensors());
       }
@@ -163,17 +172,21 @@ class local_job {
     if (!progress_) return;
     const auto members = config_.trainers + config_.instances * config_.workers_per_instance;
     progress_(fmt::format("set-up: {} of {} members made, {} with {:.2f} GB, {:.1f} s",
-                          trainers_.size() + workers_.size(), members, member, held_bytes(tensors) / 1e9, set_up_seconds()));
+                          trainers_.size() + workers_.size(), members, member,
+                          held_bytes(tensors) / 1e9, set_up_seconds()));
   }
 
-  double set_up_seconds() { return std::chrono::duration<double>(env_.clock().now() - began_).count(); }
+  double set_up_seconds() {
+    return std::chrono::duration<double>(env_.clock().now() - began_).count();
+  }
 
   void watch_coordinator() {
     coord_->on_ready = [this](const plan& p) {
       ready_ = true;
       if (progress_)
-        progress_(fmt::format("set-up: ready after {:.1f} s, every member's staging and host copies made",
-                              set_up_seconds()));
+        progress_(
+            fmt::format("set-up: ready after {:.1f} s, every member's staging and host copies made",
+                        set_up_seconds()));
       result_.chunks = p.chunks.size();
       result_.stripes = static_cast<std::uint32_t>(p.instances.at(0).leaders.size());
       const auto share = p.receive_shares();
@@ -185,9 +198,12 @@ class local_job {
     coord_->on_delivered = [this](const version_report& r) {
       result_.versions.push_back(r);
       if (!progress_) return;
-      progress_(fmt::format("version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer stalled {:.3f} s{}",
-                            r.version, config_.versions, r.bytes / 1e9, r.workers, r.seconds, r.bytes / r.seconds / 1e9,
-                            r.offloaded_seconds, config_.verify ? (r.verified ? ", digests match" : ", DIGESTS DIFFER") : ""));
+      progress_(
+          fmt::format("version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer "
+                      "stalled {:.3f} s{}",
+                      r.version, config_.versions, r.bytes / 1e9, r.workers, r.seconds,
+                      r.bytes / r.seconds / 1e9, r.offloaded_seconds,
+                      config_.verify ? (r.verified ? ", digests match" : ", DIGESTS DIFFER") : ""));
     };
   }
 
@@ -200,7 +216,11 @@ class local_job {
         for (auto& t : m.refs) {
           ++filling;
           env_.cpu().async_run(
-              t.spec.nbytes, [&t, v] { fill_version({t.data, t.spec.nbytes}, t.spec.name, v); }, [&] { --filling; });
+              t.spec.nbytes,
+              [&t, v] {
+                fill_version({t.data, t.spec.nbytes}, t.spec.name, v);
+              },
+              [&] { --filling; });
         }
       }
       loop_.run_until([&] { return filling == 0; });  // the fills touch the trainers' memory
@@ -274,7 +294,8 @@ class local_job {
 
 }  // namespace
 
-job_result run_local_job(const job_config& config, const std::function<void(const std::string&)>& progress,
+job_result run_local_job(const job_config& config,
+                         const std::function<void(const std::string&)>& progress,
                          std::stop_token stop) {
   return local_job(config, progress, stop).run();
 }

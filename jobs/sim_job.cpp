@@ -203,11 +203,14 @@ class sim_job {
     first_worker_gpu_ = c.first_worker_gpu || c.trainers_on_host
                             ? c.first_worker_gpu
                             : (c.trainers + per_node - 1) / per_node * per_node;
-    settings_.inproc.model_bulk(
-        [this](node_id from, node_id to, std::uint64_t bytes, const std::byte* source, const std::byte* target,
-               std::function<void()> landed) { net_.start(path(from, to, source, target).of(bytes), std::move(landed)); });
+    settings_.inproc.model_bulk([this](node_id from, node_id to, std::uint64_t bytes,
+                                       const std::byte* source, const std::byte* target,
+                                       std::function<void()> landed) {
+      net_.start(path(from, to, source, target).of(bytes), std::move(landed));
+    });
     if (c.hardware.gpudirect) settings_.inproc.reach_device_memory();
-    settings_.inproc.model_frames_from(1u << 20);  // plans of large tables; control messages stay instant
+    settings_.inproc.model_frames_from(
+        1u << 20);                          // plans of large tables; control messages stay instant
     settings_.inproc.hand_over_messages();  // no byte of a message is modelled but its size
   }
   ~sim_job() {
@@ -220,7 +223,8 @@ class sim_job {
  private:
   /// The way a bulk write from `source` to `target` takes: a NIC's DMA where GPU memory is at
   /// either end (GPUDirect), over NVLink inside a node between workers, else the network.
-  route path(node_id from, node_id to, const std::byte* source = nullptr, const std::byte* target = nullptr) const {
+  route path(node_id from, node_id to, const std::byte* source = nullptr,
+             const std::byte* target = nullptr) const {
     const auto a = gpu_of_.at(from), b = gpu_of_.at(to);
     const bool from_device = source && sim::gpu_addresses::on_device(source);
     const bool to_device = target && sim::gpu_addresses::on_device(target);
@@ -362,11 +366,13 @@ std::shared_ptr<const std::vector<tensor_ref>> sim_job::share_of(std::uint32_t r
   // share hold one table (its addresses are sizes no one touches): a whole-model Kimi-K2 table is
   // 25 MB, times 128 workers. Unsharded, every rank holds the same share, and one table keeps one
   // placement (tensor_placement::shared) for every worker to read per piece applied.
-  const auto share = config_.shard_rollout == rollout_sharding::none ? 0 : rank % config_.instance_size;
+  const auto share =
+      config_.shard_rollout == rollout_sharding::none ? 0 : rank % config_.instance_size;
   auto& table = shares_[share];
   if (!table) {
     if (share_specs_.empty()) {
-      const auto shares = config_.shard_rollout == rollout_sharding::none ? 1 : config_.instance_size;
+      const auto shares =
+          config_.shard_rollout == rollout_sharding::none ? 1 : config_.instance_size;
       share_specs_ = rollout_shares(config_.model, config_.shard_rollout, shares);
     }
     auto destinations = std::move(share_specs_[share]);  // made once: its table is kept below
@@ -455,13 +461,15 @@ void sim_job::account_memory(const plan& p) {
   const auto& hw = config_.hardware;
   for (const auto& [n, bytes] : host_of_node) {
     if (bytes > hw.host_memory && result_.memory_short.empty())
-      result_.memory_short = fmt::format("hardware.host_memory_gib: the members on node {} hold {:.1f} GiB, more than {:.0f} GiB",
-                             n, gib(bytes), gib(hw.host_memory));
+      result_.memory_short = fmt::format(
+          "hardware.host_memory_gib: the members on node {} hold {:.1f} GiB, more than {:.0f} GiB",
+          n, gib(bytes), gib(hw.host_memory));
   }
   for (const auto& [g, bytes] : device_of_gpu) {
     if (bytes > hw.gpu_memory && result_.memory_short.empty())
-      result_.memory_short = fmt::format("hardware.gpu_memory_gib: the members on GPU {} hold {:.1f} GiB, more than {:.0f} GiB", g,
-                             gib(bytes), gib(hw.gpu_memory));
+      result_.memory_short = fmt::format(
+          "hardware.gpu_memory_gib: the members on GPU {} hold {:.1f} GiB, more than {:.0f} GiB", g,
+          gib(bytes), gib(hw.gpu_memory));
   }
 }
 
@@ -499,7 +507,8 @@ sim_result sim_job::run() {
     if (result_.update_seconds.size() == 1) {
       first_delivered_ = {now, env_.trace().count()};
     } else {
-      result_.steady_wall_seconds = std::chrono::duration<double>(now - first_delivered_.first).count();
+      result_.steady_wall_seconds =
+          std::chrono::duration<double>(now - first_delivered_.first).count();
       result_.steady_events = env_.trace().count() - first_delivered_.second;
     }
     if (config_.on_version) config_.on_version(r.version, r.seconds);
@@ -515,10 +524,12 @@ sim_result sim_job::run() {
   auto next_progress = wall_start + config_.progress_every;
   std::uint32_t turns = 0;
   loop_.run_until([&] {
-    if (config_.on_progress && ++turns % 4096 == 0 && std::chrono::steady_clock::now() >= next_progress) {
+    if (config_.on_progress && ++turns % 4096 == 0 &&
+        std::chrono::steady_clock::now() >= next_progress) {
       next_progress = std::chrono::steady_clock::now() + config_.progress_every;
-      config_.on_progress(std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count(),
-                          net_.transfers_started());
+      config_.on_progress(
+          std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count(),
+          net_.transfers_started());
     }
     return failure_ || env_.clock().now() > limit || config_.stop.stop_requested() || settled();
   });
@@ -599,8 +610,10 @@ std::string validate(const sim_config& c) {
   if (c.stripes == 0 || c.stripes > c.instance_size)
     return "ferry.stripes: must be between 1 and the instance size";
   if (c.versions == 0) return "ferry.versions: must be at least 1";
-  if (c.shared_host_copies && trainer_gpus + std::uint64_t{c.instances} * c.instance_size > per_node)
-    return "ferry.shared_host_copies: every trainer and rollout GPU must be on one node (hardware.gpus_per_node)";
+  if (c.shared_host_copies &&
+      trainer_gpus + std::uint64_t{c.instances} * c.instance_size > per_node)
+    return "ferry.shared_host_copies: every trainer and rollout GPU must be on one node "
+           "(hardware.gpus_per_node)";
   for (const auto& e : c.events)
     if (e.what != sim_event::kind::kill_trainer && e.instance >= c.instances)
       return fmt::format("events: instance {} does not exist", e.instance);

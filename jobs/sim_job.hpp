@@ -76,8 +76,8 @@ struct sim_result {
   double predicted_seconds = 0, stall = 0;            ///< the last version's
   double bound_seconds = 0;  ///< the busiest resource's bytes / rate, per version
   std::string bottleneck;
-  stage_times stage_busy;                   ///< the last version's, per stage, busiest participant
-  job_memory memory;                        ///< what the members of the first plan hold
+  stage_times stage_busy;  ///< the last version's, per stage, busiest participant
+  job_memory memory;       ///< what the members of the first plan hold
   /// Where they hold more than the hardware has (the first such node or GPU); empty when it fits.
   /// The run goes on: a scenario may stand for what no cluster holds, to measure the simulator.
   std::string memory_short;

@@ -40,7 +40,8 @@ const std::map<std::string, std::set<std::string>> known = {
       "copy_latency_us"}},
     {"model", {"preset", "dtype", "bytes"}},
     {"placement",
-     {"trainers", "instances", "instance_size", "first_worker_gpu", "trainers_on_host", "shard_rollout"}},
+     {"trainers", "instances", "instance_size", "first_worker_gpu", "trainers_on_host",
+      "shard_rollout"}},
     {"ferry", {"chunk", "depth", "stripes", "shared_host_copies", "p2p", "versions", "checksums"}},
     {"events", {"at", "kill", "join", "instance", "rank", "shard"}},
 };
@@ -217,7 +218,9 @@ void fill(const toml::table& root, sim_config& c) {
   if (const auto sharding = place.text("shard_rollout")) {
     const auto parsed = parse_rollout_sharding(*sharding);
     if (!parsed)
-      throw failure{"placement.shard_rollout: \"none\", \"ep\", \"tp\", \"pp-tp\" or \"ep-tp\", not \"" + *sharding + "\""};
+      throw failure{
+          "placement.shard_rollout: \"none\", \"ep\", \"tp\", \"pp-tp\" or \"ep-tp\", not \"" +
+          *sharding + "\""};
     c.shard_rollout = *parsed;
   }
 

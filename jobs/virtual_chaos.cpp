@@ -41,7 +41,14 @@ class draws {
 };
 
 enum class fault {
-  leader_kill, double_regroup, trainer_kill, instance_lost, instance_joins, instance_leaves, silent_kill, link_cut
+  leader_kill,
+  double_regroup,
+  trainer_kill,
+  instance_lost,
+  instance_joins,
+  instance_leaves,
+  silent_kill,
+  link_cut
 };
 constexpr std::uint32_t fault_kinds = 8;
 constexpr const char* leader_fault = "leader killed mid-update";
@@ -228,7 +235,8 @@ void chaos_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
   w->rank = rank;
   const auto size = config_.workers_per_instance;
   w->actor = std::make_unique<rollout_worker>(
-      *w->host, 1, coordinator_->self(), instance, rank, rollout_share(model_, config_.sharding, rank % size, size),
+      *w->host, 1, coordinator_->self(), instance, rank,
+      rollout_share(model_, config_.sharding, rank % size, size),
       worker_options{.checksums = true, .digests = true, .make_broadcast = host_chain(chain_tag)});
   auto& member = *w;
   member.actor->on_failed = [this, &member](const std::string& why) {
@@ -412,7 +420,8 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
       after(moment, [this, pick = draws_.below(1000), length = cut_length()] {
         if (pick % 3 == 0) {
           for (auto& t : trainers_) {
-            if (t->alive && t->shard == pick % config_.trainers) return cut_off(*t->actor, t->alive, length);
+            if (t->alive && t->shard == pick % config_.trainers)
+              return cut_off(*t->actor, t->alive, length);
           }
         }
         auto live = live_workers();
@@ -425,7 +434,8 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
       after(moment, [this, pick = draws_.below(1000)] {
         std::vector<std::uint32_t> present;
         for (auto* w : live_workers()) {
-          if (std::find(present.begin(), present.end(), w->instance) == present.end()) present.push_back(w->instance);
+          if (std::find(present.begin(), present.end(), w->instance) == present.end())
+            present.push_back(w->instance);
         }
         if (present.size() < 2) return;  // the job keeps one instance
         const bool mid_update = !coordinator_->idle();
@@ -482,7 +492,8 @@ void chaos_job::verify() {
   for (const auto& m : mended_) {
     if (!*m.alive) continue;
     if (m.member->failed() || m.member->admissions() <= m.admissions) {
-      failure_ = fmt::format("node {} was cut off and mended, and never readmitted", m.member->host().id());
+      failure_ = fmt::format("node {} was cut off and mended, and never readmitted",
+                             m.member->host().id());
       return;
     }
     ++result_.faults[cut_fault];
@@ -499,11 +510,11 @@ virtual_chaos_result chaos_job::run() {
   std::vector<std::uint32_t> sizes(config_.instances, config_.workers_per_instance);
   next_rank_ = sizes;
   coordinator_ = std::make_unique<job_coordinator>(coordinator_node, 1,
-                                               job_shape{.trainers = config_.trainers,
-                                                         .instance_sizes = sizes,
-                                                         .chunk_bytes = config_.chunk_bytes,
-                                                         .depth = config_.depth,
-                                                         .stripes = config_.stripes});
+                                                   job_shape{.trainers = config_.trainers,
+                                                             .instance_sizes = sizes,
+                                                             .chunk_bytes = config_.chunk_bytes,
+                                                             .depth = config_.depth,
+                                                             .stripes = config_.stripes});
   coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
   coordinator_->on_regroup = [this](const regroup_report& r) {
     regroup_ms_.push_back(r.milliseconds);
@@ -556,9 +567,9 @@ virtual_chaos_result chaos_job::run() {
   }
   // What the actors noted (the job's own notes name members: "kill ...", "replace ...").
   for (const auto& [label, times] : env_.trace().instants()) {
-    if (!label.starts_with("kill") && !label.starts_with("replace") && !label.starts_with("trainer") &&
-        !label.starts_with("late") && !label.starts_with("instance") && !label.starts_with("cut") &&
-        !label.starts_with("mend")) {
+    if (!label.starts_with("kill") && !label.starts_with("replace") &&
+        !label.starts_with("trainer") && !label.starts_with("late") &&
+        !label.starts_with("instance") && !label.starts_with("cut") && !label.starts_with("mend")) {
       result_.faults[label] += static_cast<std::uint32_t>(times);
     }
   }

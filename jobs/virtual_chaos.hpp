@@ -3,9 +3,10 @@
 /// from a seed: leaders killed mid-update, two regroups within one chunk time, a trainer killed
 /// mid-update that rejoins, every worker of an instance killed at once, a new instance joining
 /// and an instance leaving for good (elastic rollout), a worker dying unannounced (as on fabric:
-/// only a peer that writes to it finds out), a late joiner as the job's last event. Real bytes of a small model,
-/// checksums and digests on; every live worker's bytes are checked at the end. One seed gives one
-/// run, event for event: `trace_digest` says so. In the spirit of FoundationDB's simulation.
+/// only a peer that writes to it finds out), a late joiner as the job's last event. Real bytes of a
+/// small model, checksums and digests on; every live worker's bytes are checked at the end. One
+/// seed gives one run, event for event: `trace_digest` says so. In the spirit of FoundationDB's
+/// simulation.
 #include <cstdint>
 #include <map>
 #include <string>

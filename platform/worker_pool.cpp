@@ -8,13 +8,18 @@
 namespace ferry {
 
 namespace {
-unsigned pick(unsigned threads) { return threads ? threads : std::max(2u, std::thread::hardware_concurrency()); }
+unsigned pick(unsigned threads) {
+  return threads ? threads : std::max(2u, std::thread::hardware_concurrency());
+}
 }  // namespace
 
 worker_pool::worker_pool(unsigned threads) : threads_(pick(threads)), pool_(threads_) {}
-worker_pool::~worker_pool() { pool_.join(); }
+worker_pool::~worker_pool() {
+  pool_.join();
+}
 
-void worker_pool::async_run(event_loop& loop, std::function<void()> work, std::function<void()> done) {
+void worker_pool::async_run(event_loop& loop, std::function<void()> work,
+                            std::function<void()> done) {
   {
     std::lock_guard lock(idle_mutex_);
     ++tasks_;

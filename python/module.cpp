@@ -303,7 +303,8 @@ template <class Impl>
 class member {
  public:
   void register_tensor(const std::string& name, py::object obj) {
-    add(import_dlpack(name, std::move(obj)), [&](const ferry::tensor& t) { return impl_->register_tensor(t); });
+    add(import_dlpack(name, std::move(obj)),
+        [&](const ferry::tensor& t) { return impl_->register_tensor(t); });
   }
   void register_raw(const std::string& name, std::uintptr_t pointer, std::int64_t nbytes,
                     const std::string& dtype, std::optional<std::vector<std::int64_t>> shape,
@@ -393,11 +394,13 @@ class rollout : public member<ferry::rollout> {
     if (local.empty() || shape.size() != local.size() ||
         !std::equal(local.begin() + 1, local.end(), shape.begin() + 1)) {
       check({make_error_code(ferry::api_errc::invalid_argument),
-             "Rollout: tensor '" + name + "': its shape must be (rows, *shape[1:]) of the published shape"});
+             "Rollout: tensor '" + name +
+                 "': its shape must be (rows, *shape[1:]) of the published shape"});
     }
     const auto rows = local[0];
     h.view.shape = std::move(shape);
-    add(std::move(h), [&](const ferry::tensor& t) { return impl_->register_rows(t, first_row, rows); });
+    add(std::move(h),
+        [&](const ferry::tensor& t) { return impl_->register_rows(t, first_row, rows); });
   }
   /// Before join: queue every tensor, version and failure for `next_event`. With `copy`, each
   /// tensor is a copy of its bytes (host memory only); without, a view of ferry's memory, valid
@@ -407,7 +410,8 @@ class rollout : public member<ferry::rollout> {
     // On the loop thread: copy and queue, never Python.
     impl_->on_tensor(
         [q = queue_, copy](std::uint64_t v, const ferry::tensor& t, std::span<const std::byte> b) {
-          rollout_event e{.kind = "tensor", .version = v, .tensor = t, .bytes = nullptr, .nbytes = b.size()};
+          rollout_event e{
+              .kind = "tensor", .version = v, .tensor = t, .bytes = nullptr, .nbytes = b.size()};
           if (copy && t.device < 0) {
             e.bytes.reset(new std::byte[b.size()]);
             std::memcpy(e.bytes.get(), b.data(), b.size());
@@ -504,7 +508,8 @@ PYBIND11_MODULE(_ferry, m) {
         return removed;
       },
       py::arg("pid"),
-      "Removes the /dev/shm files (libfabric shm's queues) that member process `pid`, killed by SIGKILL,\n"
+      "Removes the /dev/shm files (libfabric shm's queues) that member process `pid`, killed by "
+      "SIGKILL,\n"
       "left; call it once the process died and before reaping it. Returns how many went.");
 
   error_base = py::reinterpret_steal<py::object>(
@@ -542,7 +547,8 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("instance_sizes") = std::vector<std::uint32_t>{1},
            py::arg("chunk_bytes") = ferry::coordinator::options{}.chunk_bytes,
            py::arg("depth") = ferry::coordinator::options{}.depth, py::arg("stripes") = 0,
-           py::arg("secret") = "", py::arg("allow_unauthenticated") = false, py::arg("p2p") = "auto")
+           py::arg("secret") = "", py::arg("allow_unauthenticated") = false,
+           py::arg("p2p") = "auto")
       .def_property_readonly("address", &coordinator::address)
       .def_property_readonly("delivered", &coordinator::delivered)
       .def_property_readonly("next_version", &coordinator::next_version)
@@ -560,9 +566,9 @@ PYBIND11_MODULE(_ferry, m) {
                        bool allow_unauthenticated, std::uint32_t node_id, bool checksums,
                        bool digests, double connect_timeout, std::string listen_host) {
              ferry::trainer::options o;
-             static_cast<ferry::member_options&>(o) =
-                 member_options(std::move(coordinator), std::move(secret), allow_unauthenticated,
-                                node_id, checksums, digests, connect_timeout, std::move(listen_host));
+             static_cast<ferry::member_options&>(o) = member_options(
+                 std::move(coordinator), std::move(secret), allow_unauthenticated, node_id,
+                 checksums, digests, connect_timeout, std::move(listen_host));
              o.shard = shard;
              return std::make_unique<trainer>(std::move(o));
            }),
@@ -583,12 +589,12 @@ PYBIND11_MODULE(_ferry, m) {
   py::class_<rollout>(m, "Rollout")
       .def(py::init([](std::string coordinator, std::uint32_t instance, std::uint32_t rank,
                        std::string secret, bool allow_unauthenticated, std::uint32_t node_id,
-                       bool checksums, bool digests, double connect_timeout, std::string listen_host,
-                       int device) {
+                       bool checksums, bool digests, double connect_timeout,
+                       std::string listen_host, int device) {
              ferry::rollout::options o;
-             static_cast<ferry::member_options&>(o) =
-                 member_options(std::move(coordinator), std::move(secret), allow_unauthenticated,
-                                node_id, checksums, digests, connect_timeout, std::move(listen_host));
+             static_cast<ferry::member_options&>(o) = member_options(
+                 std::move(coordinator), std::move(secret), allow_unauthenticated, node_id,
+                 checksums, digests, connect_timeout, std::move(listen_host));
              o.instance = instance;
              o.rank = rank;
              o.device = device;

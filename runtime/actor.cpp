@@ -7,7 +7,9 @@
 
 namespace ferry {
 
-actor::actor(node& host, actor_id id) : host_(host), self_{host.id(), id} { host_.attach(*this); }
+actor::actor(node& host, actor_id id) : host_(host), self_{host.id(), id} {
+  host_.attach(*this);
+}
 
 actor::~actor() {
   stop();
@@ -18,7 +20,11 @@ actor::~actor() {
 
 void actor::note(std::string what) {
   const auto now = host_.clock().now().time_since_epoch().count();
-  host_.env().trace().record({.node = self_.node, .instant = true, .start_ns = now, .end_ns = now, .label = std::move(what)});
+  host_.env().trace().record({.node = self_.node,
+                              .instant = true,
+                              .start_ns = now,
+                              .end_ns = now,
+                              .label = std::move(what)});
 }
 
 void actor::start() {
@@ -93,13 +99,16 @@ void actor::serve_mailbox() {
 void actor::send(address to, const encoded_body& body, std::function<void(std::error_code)> sent) {
   const envelope_header head{.kind = body.kind, .from = self_, .to = to, .epoch = epoch_};
   if (hands_over() && body.object) {
-    return hand_over(to, {.message = {head, body.object}, .frame_bytes = frame_size(head, body).bytes},
+    return hand_over(to,
+                     {.message = {head, body.object}, .frame_bytes = frame_size(head, body).bytes},
                      std::move(sent));
   }
   send_frame(to, encode(head, body), std::move(sent));
 }
 
-bool actor::hands_over() const { return host_.hands_over_messages(); }
+bool actor::hands_over() const {
+  return host_.hands_over_messages();
+}
 
 void actor::hand_over(address to, handed_message m, std::function<void(std::error_code)> sent) {
   host_.route(to, std::move(m), std::move(sent));

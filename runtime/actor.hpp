@@ -38,10 +38,11 @@ class actor {
   /// handler's exception fails the loop (`event_loop::run` rethrows it); on the mailbox fiber it
   /// also closes the actor.
   template <message M>
-  void on(std::function<void(const envelope_header&, const M&)> handler, handling how = handling::may_suspend) {
-    handlers_[M::kind] = {
-        .run = [handler = std::move(handler)](const decoded_message& m) { handler(m.head, m.as<M>()); },
-        .at_once = how == handling::never_suspends};
+  void on(std::function<void(const envelope_header&, const M&)> handler,
+          handling how = handling::may_suspend) {
+    handlers_[M::kind] = {.run = [handler = std::move(handler)](
+                                     const decoded_message& m) { handler(m.head, m.as<M>()); },
+                          .at_once = how == handling::never_suspends};
   }
 
   /// Sends `body` to `to`, stamped with this actor's address, epoch and next sequence number.
@@ -76,7 +77,8 @@ class actor {
     std::function<void(const decoded_message&)> run;
     bool at_once = false;  ///< `handling::never_suspends`
   };
-  /// The mailbox fiber: serves until the mailbox closes or a handler throws, then marks it finished.
+  /// The mailbox fiber: serves until the mailbox closes or a handler throws, then marks it
+  /// finished.
   void serve();
   void serve_mailbox();
   /// Runs a `never_suspends` handler where the message arrived, the mailbox fiber waiting.
@@ -112,9 +114,11 @@ void actor::send(address to, const M& body, std::function<void(std::error_code)>
   envelope_header head{.from = self_, .to = to, .epoch = epoch_};
   if (hands_over() && passes_own_check(body)) {
     head.kind = M::kind;
-    if (const auto size = frame_size(head, body); size.bytes - size.shared_bytes < max_handed_over_bytes) {
-      return hand_over(to, {.message = {head, std::make_shared<const M>(body)}, .frame_bytes = size.bytes},
-                       std::move(sent));
+    if (const auto size = frame_size(head, body);
+        size.bytes - size.shared_bytes < max_handed_over_bytes) {
+      return hand_over(
+          to, {.message = {head, std::make_shared<const M>(body)}, .frame_bytes = size.bytes},
+          std::move(sent));
     }
   }
   send_frame(to, encode(head, body), std::move(sent));

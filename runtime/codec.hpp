@@ -39,7 +39,8 @@ struct decoded_message {
   /// The body as `M`, which must be the struct of `head.kind`.
   template <message M>
   const M& as() const {
-    if (head.kind != M::kind || !body) throw std::logic_error("decoded_message::as: not a message of this kind");
+    if (head.kind != M::kind || !body)
+      throw std::logic_error("decoded_message::as: not a message of this kind");
     return *static_cast<const M*>(body.get());
   }
 };
@@ -63,7 +64,9 @@ class pack_buffer {
     std::memcpy(storage_.get() + size_, data, n);
     size_ += n;
   }
-  std::span<const std::byte> bytes() const { return std::as_bytes(std::span(storage_.get(), size_)); }
+  std::span<const std::byte> bytes() const {
+    return std::as_bytes(std::span(storage_.get(), size_));
+  }
   std::size_t capacity() const { return capacity_; }
   void clear() { size_ = 0; }
 
@@ -158,7 +161,8 @@ encoded_body encode_body(M body) {
   auto& buffer = detail::packing_buffer();
   msgpack::packer<detail::pack_buffer> packer(buffer);
   packer.pack(body);
-  return {.kind = M::kind, .bytes = {buffer.bytes().begin(), buffer.bytes().end()},
+  return {.kind = M::kind,
+          .bytes = {buffer.bytes().begin(), buffer.bytes().end()},
           .object = passes_own_check(body) ? std::make_shared<const M>(std::move(body)) : nullptr};
 }
 
@@ -172,18 +176,20 @@ frame_extent frame_size(envelope_header head, const encoded_body& body);
 result<std::uint32_t> decode_prefix(std::span<const std::byte> prefix, const codec_limits& limits);
 
 /// Decodes one envelope payload (without its prefix) and checks its body against `registry`.
-result<decoded_message> decode_payload(std::span<const std::byte> payload, const message_registry& registry,
+result<decoded_message> decode_payload(std::span<const std::byte> payload,
+                                       const message_registry& registry,
                                        const codec_limits& limits);
 
 namespace detail {
 /// `decode_payload` through msgpack-c's object tree alone: what decode_payload does with any
 /// payload its one-pass reader does not take, and what the tests compare that reader with.
-result<decoded_message> decode_through_msgpack_c(std::span<const std::byte> payload, const message_registry& registry,
+result<decoded_message> decode_through_msgpack_c(std::span<const std::byte> payload,
+                                                 const message_registry& registry,
                                                  const codec_limits& limits);
 }  // namespace detail
 
 /// Decodes one whole frame (prefix + payload); trailing bytes are `malformed_frame`.
-result<decoded_message> decode_frame(std::span<const std::byte> bytes, const message_registry& registry,
-                                     const codec_limits& limits);
+result<decoded_message> decode_frame(std::span<const std::byte> bytes,
+                                     const message_registry& registry, const codec_limits& limits);
 
 }  // namespace ferry

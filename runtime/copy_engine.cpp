@@ -22,7 +22,8 @@ void host_copy_engine::async_copy(std::vector<copy_piece> pieces, completion don
         groups.emplace_back();
         in_group = 0;
       }
-      const std::size_t n = groups.size() < parts ? std::min(p.bytes, per_part - in_group) : p.bytes;
+      const std::size_t n =
+          groups.size() < parts ? std::min(p.bytes, per_part - in_group) : p.bytes;
       groups.back().push_back({p.dst, p.src, n});
       p.dst += n;
       p.src += n;

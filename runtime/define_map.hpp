@@ -72,13 +72,15 @@ class named_fields {
   void each(F&& f) const {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (f(name(std::get<2 * I>(pairs_)), std::get<2 * I + 1>(pairs_)), ...);
-    }(std::make_index_sequence<count>());
+    }
+    (std::make_index_sequence<count>());
   }
 
   /// Reads the value into the field named `key`, unless it was read before; false when no field
   /// has that name or it was.
   template <std::size_t... I>
-  bool read_field(wire_reader& in, std::string_view key, std::uint64_t& seen, std::index_sequence<I...>) {
+  bool read_field(wire_reader& in, std::string_view key, std::uint64_t& seen,
+                  std::index_sequence<I...>) {
     return ([&] {
       if (key != name(std::get<2 * I>(pairs_)) || (seen >> I & 1)) return false;
       seen |= std::uint64_t{1} << I;
@@ -99,23 +101,32 @@ named_fields<Pairs...> name_fields(Pairs&... pairs) {
 
 /// `ferry_fields()` lists the fields with their names, for the codec's reader; msgpack-c's
 /// packer and converter reach them through msgpack_pack and msgpack_unpack.
-#define FERRY_DEFINE_MAP(...)                                                                        \
-  auto ferry_fields() { return ::ferry::detail::name_fields MSGPACK_DEFINE_MAP_IMPL(__VA_ARGS__); }   \
-  auto ferry_fields() const { return ::ferry::detail::name_fields MSGPACK_DEFINE_MAP_IMPL(__VA_ARGS__); } \
-  template <typename Packer>                                                                          \
-  void msgpack_pack(Packer& msgpack_pk) const {                                                       \
-    ferry_fields().pack(msgpack_pk);                                                                  \
-  }                                                                                                   \
-  void msgpack_unpack(const msgpack::object& msgpack_o) { ferry_fields().convert(msgpack_o); }        \
-  template <typename MSGPACK_OBJECT>                                                                  \
-  void msgpack_object(MSGPACK_OBJECT* msgpack_o, msgpack::zone& msgpack_z) const {                    \
-    msgpack::type::make_define_map MSGPACK_DEFINE_MAP_IMPL(__VA_ARGS__).msgpack_object(msgpack_o, msgpack_z); \
+#define FERRY_DEFINE_MAP(...)                                                      \
+  auto ferry_fields() {                                                            \
+    return ::ferry::detail::name_fields MSGPACK_DEFINE_MAP_IMPL(__VA_ARGS__);      \
+  }                                                                                \
+  auto ferry_fields() const {                                                      \
+    return ::ferry::detail::name_fields MSGPACK_DEFINE_MAP_IMPL(__VA_ARGS__);      \
+  }                                                                                \
+  template <typename Packer>                                                       \
+  void msgpack_pack(Packer& msgpack_pk) const {                                    \
+    ferry_fields().pack(msgpack_pk);                                               \
+  }                                                                                \
+  void msgpack_unpack(const msgpack::object& msgpack_o) {                          \
+    ferry_fields().convert(msgpack_o);                                             \
+  }                                                                                \
+  template <typename MSGPACK_OBJECT>                                               \
+  void msgpack_object(MSGPACK_OBJECT* msgpack_o, msgpack::zone& msgpack_z) const { \
+    msgpack::type::make_define_map MSGPACK_DEFINE_MAP_IMPL(__VA_ARGS__)            \
+        .msgpack_object(msgpack_o, msgpack_z);                                     \
   }
 
 /// FERRY_DEFINE_ARRAY(fields...): MSGPACK_DEFINE_ARRAY, the compact form for structs sent by the
 /// hundred thousand (a tensor, a piece of a chunk), with `ferry_array()` for the codec's reader to
 /// read them straight from the bytes. A Kimi-K2 registration of 140k tensors went through
 /// msgpack-c's object tree: a fifth of a 384-GPU simulation's wall time.
-#define FERRY_DEFINE_ARRAY(...)                     \
-  auto ferry_array() { return std::tie(__VA_ARGS__); } \
+#define FERRY_DEFINE_ARRAY(...)   \
+  auto ferry_array() {            \
+    return std::tie(__VA_ARGS__); \
+  }                               \
   MSGPACK_DEFINE_ARRAY(__VA_ARGS__)

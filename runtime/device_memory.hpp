@@ -59,10 +59,12 @@ class device_memory {
   virtual device_place place() const { return {}; }
   /// `bytes` of this device's memory that another process of this host can map (`map_shared`);
   /// fails saying why (host memory has none).
-  virtual result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes, std::string& why);
+  virtual result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes,
+                                                                        std::string& why);
   /// Maps `ref`, another process's shared device memory, for this device's copies; fails saying
   /// why (another host, the owner or its fd gone, no peer access between the two GPUs).
-  virtual result<std::unique_ptr<shared_device_buffer>> map_shared(const shared_device_ref& ref, std::string& why);
+  virtual result<std::unique_ptr<shared_device_buffer>> map_shared(const shared_device_ref& ref,
+                                                                   std::string& why);
 };
 
 }  // namespace ferry

@@ -1,11 +1,11 @@
 #include "runtime/event_loop.hpp"
 
+#include <sys/mman.h>
+
 #include <boost/asio/post.hpp>
 #include <boost/fiber/algo/algorithm.hpp>
 #include <boost/fiber/all.hpp>
 #include <boost/fiber/scheduler.hpp>
-#include <sys/mman.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -36,7 +36,8 @@ class mapped_stack {
       p = spare().stacks.back();
       spare().stacks.pop_back();
     } else {
-      p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+               -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
     }
     boost::context::stack_context stack;
@@ -128,7 +129,8 @@ class fiber_scheduler final : public boost::fibers::algo::algorithm {
 
 event_loop::event_loop(posters who)
     : own_thread_only_(who == posters::own_thread),
-      io_(own_thread_only_ ? BOOST_ASIO_CONCURRENCY_HINT_UNSAFE : BOOST_ASIO_CONCURRENCY_HINT_DEFAULT) {
+      io_(own_thread_only_ ? BOOST_ASIO_CONCURRENCY_HINT_UNSAFE
+                           : BOOST_ASIO_CONCURRENCY_HINT_DEFAULT) {
   work_.emplace(io_.get_executor());
   boost::fibers::use_scheduling_algorithm<fiber_scheduler>(this);
 }
@@ -142,15 +144,13 @@ event_loop::~event_loop() {
 }
 
 void event_loop::spawn(std::function<void()> fn) {
-  boost::fibers::fiber(std::allocator_arg, mapped_stack{},
-                       [this, fn = std::move(fn)] {
-                         try {
-                           fn();
-                         } catch (...) {
-                           fail(std::current_exception());
-                         }
-                       })
-      .detach();
+  boost::fibers::fiber(std::allocator_arg, mapped_stack{}, [this, fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }).detach();
 }
 
 void event_loop::turn(bool may_block) {

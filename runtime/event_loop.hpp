@@ -37,7 +37,8 @@ class event_loop {
   /// (or rethrown) by `run`.
   void spawn(std::function<void()> fn);
 
-  /// Runs handlers and fibers until `stop()`; idles in epoll, never spins. Throws what a fiber threw.
+  /// Runs handlers and fibers until `stop()`; idles in epoll, never spins. Throws what a fiber
+  /// threw.
   void run();
   /// Same, returning instead of throwing: the error of the first failed fiber, if any.
   std::error_code run(std::exception_ptr& failure);

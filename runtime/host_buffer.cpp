@@ -90,8 +90,8 @@ host_buffer host_buffer::size_only(std::size_t bytes, bool shareable) {
 
 result<host_buffer> host_buffer::map_shared(const shared_memory_ref& ref, std::string& why) {
   if (ref.host != same_host_tag()) {
-    why =
-        "process " + std::to_string(ref.pid) + " runs on another host, or in another pid or network namespace";
+    why = "process " + std::to_string(ref.pid) +
+          " runs on another host, or in another pid or network namespace";
     return fail(errc::invalid_argument);
   }
   // /proc/<pid>/fd/<fd> opens the owner's memfd itself (the kernel checks ptrace-read access).

@@ -22,7 +22,9 @@ std::atomic<level>& current() {
 
 }  // namespace
 
-void set_level(level l) { current() = l; }
+void set_level(level l) {
+  current() = l;
+}
 
 std::optional<level> parse_level(std::string_view name) {
   if (name == "debug") return level::debug;
@@ -32,12 +34,15 @@ std::optional<level> parse_level(std::string_view name) {
   if (name == "off") return level::off;
   return std::nullopt;
 }
-level threshold() { return current(); }
+level threshold() {
+  return current();
+}
 
 void write(level l, std::string_view line) {
   static constexpr const char* names[] = {"debug", "info", "warn", "error"};
   static std::mutex mutex;
-  const auto since_start = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch());
+  const auto since_start =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch());
   std::lock_guard lock(mutex);
   std::fprintf(stderr, "[%.3f %s] %.*s\n", since_start.count(), names[static_cast<int>(l)],
                static_cast<int>(line.size()), line.data());

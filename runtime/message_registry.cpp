@@ -10,7 +10,8 @@ void message_registry::add_entry(msg_kind kind, entry e) {
   if (by_kind_.size() <= kind) by_kind_.resize(kind + 1u);
   auto& slot = by_kind_[kind];
   if (slot) {
-    if (slot->name != e.name) throw std::logic_error("message kind " + std::to_string(kind) + " registered twice");
+    if (slot->name != e.name)
+      throw std::logic_error("message kind " + std::to_string(kind) + " registered twice");
     return;
   }
   slot = std::move(e);

@@ -29,13 +29,15 @@ class message_registry {
   /// message with `bool valid() const` is accepted only when it holds.
   template <message M>
   void add(std::string_view name) {
-    add_entry(M::kind, entry{.name = std::string(name),
-                             .convert = [](const msgpack::object& body) {
-                               return checked<M>([&](M& m) { body.convert(m); });
-                             },
-                             .read = [](detail::wire_reader& in) {
-                               return checked<M>([&](M& m) { in.read(m); });
-                             }});
+    add_entry(
+        M::kind,
+        entry{
+            .name = std::string(name),
+            .convert =
+                [](const msgpack::object& body) {
+                  return checked<M>([&](M& m) { body.convert(m); });
+                },
+            .read = [](detail::wire_reader& in) { return checked<M>([&](M& m) { in.read(m); }); }});
   }
 
   const entry* find(msg_kind kind) const;

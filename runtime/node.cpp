@@ -7,24 +7,30 @@
 
 namespace ferry {
 
-std::uint64_t node_stats::rejected_total() const { return std::accumulate(rejected.begin(), rejected.end(), 0ull); }
+std::uint64_t node_stats::rejected_total() const {
+  return std::accumulate(rejected.begin(), rejected.end(), 0ull);
+}
 
 node::node(environment& env, node_id id, std::shared_ptr<ferry::transport> transport,
            const message_registry& registry, codec_limits limits)
     : env_(env), id_(id), transport_(std::move(transport)), registry_(registry), limits_(limits) {}
 
-node::~node() { close(); }
+node::~node() {
+  close();
+}
 
 std::error_code node::start() {
   hands_over_ = transport_->hands_over_messages();
   return transport_->start(transport_events{
-      .on_frame = [this](node_id from, std::span<const std::byte> payload) { receive(from, payload); },
+      .on_frame = [this](node_id from,
+                         std::span<const std::byte> payload) { receive(from, payload); },
       .on_message = [this](node_id from, decoded_message m) { receive(from, std::move(m)); },
       .on_write =
           [this](const write_notice& n) {
             ++stats_.writes_in;
             stats_.bytes_in += n.length;
-            if (auto it = write_handlers_.find(imm_tag(n.imm)); it != write_handlers_.end()) it->second(n);
+            if (auto it = write_handlers_.find(imm_tag(n.imm)); it != write_handlers_.end())
+              it->second(n);
           },
       .on_peer_lost =
           [this](node_id peer, std::error_code why) {
@@ -49,19 +55,25 @@ void node::close() {
   transport_->close();
 }
 
-void node::attach(actor& a) { actors_[a.self().actor] = &a; }
-void node::detach(actor& a) { actors_.erase(a.self().actor); }
+void node::attach(actor& a) {
+  actors_[a.self().actor] = &a;
+}
+void node::detach(actor& a) {
+  actors_.erase(a.self().actor);
+}
 
 void node::route(address to, frame f, std::function<void(std::error_code)> sent) {
   if (to.node != id_) {
     auto failed = [this, to](std::error_code ec) {
       if (ec) log::debug("node {}: send to {}.{} failed: {}", id_, to.node, to.actor, ec.message());
     };
-    if (!sent) return transport_->async_send(to.node, std::move(f), failed);  // small: no allocation
-    transport_->async_send(to.node, std::move(f), [failed, sent = std::move(sent)](std::error_code ec) {
-      failed(ec);
-      sent(ec);
-    });
+    if (!sent)
+      return transport_->async_send(to.node, std::move(f), failed);  // small: no allocation
+    transport_->async_send(to.node, std::move(f),
+                           [failed, sent = std::move(sent)](std::error_code ec) {
+                             failed(ec);
+                             sent(ec);
+                           });
     return;
   }
   // Local delivery goes through the same strict decoder, on a later turn of the loop.
@@ -83,7 +95,9 @@ void node::on_write(std::uint8_t tag, std::function<void(const write_notice&)> h
   write_handlers_[tag] = std::move(handler);
 }
 
-void node::forget_writes(std::uint8_t tag) { write_handlers_.erase(tag); }
+void node::forget_writes(std::uint8_t tag) {
+  write_handlers_.erase(tag);
+}
 
 void node::receive(node_id from, std::span<const std::byte> payload) {
   ++stats_.frames_in;

@@ -22,7 +22,8 @@ struct node_stats {
   std::uint64_t frames_in = 0;  ///< frames, and messages handed over whole
   std::uint64_t delivered = 0;
   std::uint64_t writes_in = 0;
-  std::uint64_t bytes_in = 0;  ///< bytes landed by bulk writes (as far as the transport reports lengths)
+  std::uint64_t bytes_in =
+      0;  ///< bytes landed by bulk writes (as far as the transport reports lengths)
   std::array<std::uint64_t, 16> rejected{};
   std::uint64_t rejected_total() const;
   std::uint64_t rejected_for(errc e) const { return rejected[static_cast<int>(e)]; }
@@ -31,14 +32,16 @@ struct node_stats {
 /// Owning loop only. Its actors reach time, threads and the OS through `env()`.
 class node {
  public:
-  node(environment& env, node_id id, std::shared_ptr<transport> transport, const message_registry& registry,
-       codec_limits limits = {});
+  node(environment& env, node_id id, std::shared_ptr<transport> transport,
+       const message_registry& registry, codec_limits limits = {});
   ~node();
 
   node_id id() const { return id_; }
   environment& env() { return env_; }
   event_loop& loop() { return env_.loop(); }
-  class clock& clock() { return env_.clock(); }
+  class clock& clock() {
+    return env_.clock();
+  }
   ferry::transport& transport() { return *transport_; }
   const message_registry& registry() const { return registry_; }
   const node_stats& stats() const { return stats_; }
@@ -62,7 +65,9 @@ class node {
   void on_write(std::uint8_t tag, std::function<void(const write_notice&)> handler);
   void forget_writes(std::uint8_t tag);
   /// Observer of peers the transport dropped.
-  void on_peer_lost(std::function<void(node_id, std::error_code)> handler) { peer_lost_ = std::move(handler); }
+  void on_peer_lost(std::function<void(node_id, std::error_code)> handler) {
+    peer_lost_ = std::move(handler);
+  }
   /// Actors that hear of lost peers too (a member tells its coordinator, which may not see the
   /// link: fabric has none). Returns the token `unwatch_peers` takes.
   std::uint64_t watch_peers(std::function<void(node_id, std::error_code)> watcher);

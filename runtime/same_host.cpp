@@ -16,7 +16,8 @@ std::uint64_t same_host_tag() {
   for (const char* kind : {"pid", "net"}) {
     struct stat ns {};
     if (::stat((std::string("/proc/self/ns/") + kind).c_str(), &ns) == 0) {
-      boot_id += std::string("/") + kind + ":" + std::to_string(ns.st_dev) + ":" + std::to_string(ns.st_ino);
+      boot_id += std::string("/") + kind + ":" + std::to_string(ns.st_dev) + ":" +
+                 std::to_string(ns.st_ino);
     }
   }
   return XXH3_64bits(boot_id.data(), boot_id.size());

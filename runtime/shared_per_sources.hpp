@@ -12,7 +12,8 @@ namespace ferry {
 /// What `make()` returns for `sources`, shared with every caller that passes these same objects
 /// while any caller keeps it. Thread-safe.
 template <class T, class Make, class... Sources>
-std::shared_ptr<const T> shared_per_sources(Make make, const std::shared_ptr<const Sources>&... sources) {
+std::shared_ptr<const T> shared_per_sources(Make make,
+                                            const std::shared_ptr<const Sources>&... sources) {
   struct entry {
     std::tuple<std::weak_ptr<const Sources>...> sources;
     std::weak_ptr<const T> made;
@@ -24,7 +25,8 @@ std::shared_ptr<const T> shared_per_sources(Make make, const std::shared_ptr<con
   auto& e = made[{sources.get()...}];
   // The same addresses may be new objects: only the very ones it was made from match.
   if (auto live = e.made.lock();
-      live && std::apply([&](const auto&... weak) { return ((weak.lock() == sources) && ...); }, e.sources)) {
+      live && std::apply([&](const auto&... weak) { return ((weak.lock() == sources) && ...); },
+                         e.sources)) {
     return live;
   }
   std::shared_ptr<const T> fresh = make();

@@ -1,7 +1,8 @@
 #pragma once
 /// A vector that copies share and no one changes: a message field many messages of one process
 /// carry (a simulation's hundreds of registrations of one 140k-tensor table) is one object. Its
-/// msgpack form is the array a std::vector's is, so a field that becomes shared keeps its wire form.
+/// msgpack form is the array a std::vector's is, so a field that becomes shared keeps its wire
+/// form.
 #include <atomic>
 #include <cstddef>
 #include <memory>
@@ -81,32 +82,33 @@ inline constexpr bool is_shared_vector<shared_vector<T>> = true;
 
 namespace msgpack {
 MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
-namespace adaptor {
+  namespace adaptor {
 
-template <class T>
-struct pack<ferry::shared_vector<T>> {
-  template <class Stream>
-  packer<Stream>& operator()(packer<Stream>& o, const ferry::shared_vector<T>& v) const {
-    if constexpr (std::is_same_v<Stream, ferry::detail::size_counter>) {
-      // A frame's size is counted for each message that carries the vector; its items once.
-      o.pack_bin_body(&ferry::detail::shared_contents_mark, static_cast<std::uint32_t>(v.packed_bytes()));
-      return o;
-    } else {
-      return o.pack(v.items());
+  template <class T>
+  struct pack<ferry::shared_vector<T>> {
+    template <class Stream>
+    packer<Stream>& operator()(packer<Stream>& o, const ferry::shared_vector<T>& v) const {
+      if constexpr (std::is_same_v<Stream, ferry::detail::size_counter>) {
+        // A frame's size is counted for each message that carries the vector; its items once.
+        o.pack_bin_body(&ferry::detail::shared_contents_mark,
+                        static_cast<std::uint32_t>(v.packed_bytes()));
+        return o;
+      } else {
+        return o.pack(v.items());
+      }
     }
-  }
-};
+  };
 
-template <class T>
-struct convert<ferry::shared_vector<T>> {
-  const msgpack::object& operator()(const msgpack::object& o, ferry::shared_vector<T>& v) const {
-    std::vector<T> items;
-    o.convert(items);
-    v = ferry::shared_vector<T>(std::move(items));
-    return o;
-  }
-};
+  template <class T>
+  struct convert<ferry::shared_vector<T>> {
+    const msgpack::object& operator()(const msgpack::object& o, ferry::shared_vector<T>& v) const {
+      std::vector<T> items;
+      o.convert(items);
+      v = ferry::shared_vector<T>(std::move(items));
+      return o;
+    }
+  };
 
-}  // namespace adaptor
+  }  // namespace adaptor
 }  // MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS)
 }  // namespace msgpack

@@ -37,15 +37,23 @@ using write_imm = std::uint32_t;
 inline constexpr write_imm make_imm(std::uint8_t tag, std::uint32_t value) {
   return (write_imm{tag} << 24) | (value & 0xffffffu);
 }
-inline constexpr std::uint8_t imm_tag(write_imm imm) { return static_cast<std::uint8_t>(imm >> 24); }
-inline constexpr std::uint32_t imm_value(write_imm imm) { return imm & 0xffffffu; }
+inline constexpr std::uint8_t imm_tag(write_imm imm) {
+  return static_cast<std::uint8_t>(imm >> 24);
+}
+inline constexpr std::uint32_t imm_value(write_imm imm) {
+  return imm & 0xffffffu;
+}
 /// An imm value stamped with an epoch's low byte, for writes into memory reused across epochs: the
 /// receiver drops a write of an older epoch that lands late instead of taking it for a new one.
 inline constexpr std::uint32_t epoch_imm_value(std::uint32_t epoch, std::uint32_t number) {
   return ((epoch & 0xffu) << 16) | (number & 0xffffu);
 }
-inline constexpr bool imm_of_epoch(std::uint32_t value, std::uint32_t epoch) { return (value >> 16) == (epoch & 0xffu); }
-inline constexpr std::uint32_t imm_number(std::uint32_t value) { return value & 0xffffu; }
+inline constexpr bool imm_of_epoch(std::uint32_t value, std::uint32_t epoch) {
+  return (value >> 16) == (epoch & 0xffu);
+}
+inline constexpr std::uint32_t imm_number(std::uint32_t value) {
+  return value & 0xffffu;
+}
 
 /// What the receiver of a bulk write learns when the bytes have landed. Only `imm` is
 /// guaranteed by every transport; the others are filled where the provider reports them
@@ -110,8 +118,10 @@ class transport {
   virtual bool reaches_device_memory() const { return false; }
   /// Registers memory of GPU `device` like `register_region`, where `reaches_device_memory()`;
   /// refused, saying why, elsewhere.
-  virtual result<region_desc> register_device_region(std::span<std::byte> /*memory*/, int device, std::string& why) {
-    why = "the " + std::string(scheme()) + " transport cannot reach the memory of GPU " + std::to_string(device);
+  virtual result<region_desc> register_device_region(std::span<std::byte> /*memory*/, int device,
+                                                     std::string& why) {
+    why = "the " + std::string(scheme()) + " transport cannot reach the memory of GPU " +
+          std::to_string(device);
     return fail(errc::invalid_argument);
   }
   /// inproc, tcp and cma: once it returns no peer's write lands in the region, so its owner may
@@ -133,14 +143,16 @@ class transport {
   /// neither landed nor been refused (nor lost its link). If so, `done` runs on the loop once
   /// none is; else never. After a rekey, the writes the old key let in have then all ended.
   /// Always false where the transport does not track writes.
-  virtual bool when_writes_end(std::uint64_t /*region_id*/, std::function<void()> /*done*/) { return false; }
+  virtual bool when_writes_end(std::uint64_t /*region_id*/, std::function<void()> /*done*/) {
+    return false;
+  }
 
   /// Writes `local` into `remote` at `offset` on node `remote.owner`, with immediate `imm`.
   /// `local` must lie inside a region registered here and stay untouched until completion.
   /// Completion: `void(std::error_code)`, once, after the bytes landed remotely (or failed);
   /// bounds and key are checked by the receiver before any byte lands.
-  virtual void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
-                           write_imm imm, completion done) = 0;
+  virtual void async_write(std::span<const std::byte> local, const region_desc& remote,
+                           std::uint64_t offset, write_imm imm, completion done) = 0;
 };
 
 }  // namespace ferry

@@ -39,13 +39,15 @@ concept named_fields_struct = requires(T& t, wire_reader& r) {
 
 /// A struct whose msgpack form is an array of its fields (FERRY_DEFINE_ARRAY).
 template <class T>
-concept array_fields_struct = requires(T& t) { t.ferry_array(); };
+concept array_fields_struct = requires(T& t) {
+  t.ferry_array();
+};
 
 template <class T>
 struct read_directly
     : std::bool_constant<named_fields_struct<T> || array_fields_struct<T> || std::is_enum_v<T> ||
-                         std::is_same_v<T, bool> ||
-                         std::is_same_v<T, std::string> || std::is_floating_point_v<T> ||
+                         std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
+                         std::is_floating_point_v<T> ||
                          (std::is_integral_v<T> && !std::is_same_v<T, char>)> {};
 // Vectors of bytes and of bools have msgpack-c rules of their own; those go through it.
 template <class T, class A>
@@ -154,7 +156,8 @@ class wire_reader {
     const std::size_t n = enter_array();
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((I < n ? read(std::get<I>(fields)) : void()), ...);
-    }(std::index_sequence_for<F...>());
+    }
+    (std::index_sequence_for<F...>());
     for (auto i = sizeof...(F); i < n; ++i) skip();
     leave();
   }

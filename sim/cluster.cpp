@@ -11,9 +11,10 @@ namespace ferry::sim {
 cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
   for (unsigned g = 0; g < gpus(); ++g) {
     const auto node = g / hw.gpus_per_node, local = g % hw.gpus_per_node;
-    places_.push_back({.node = node,
-                       .socket = node * hw.sockets_per_node + local * hw.sockets_per_node / hw.gpus_per_node,
-                       .nic = node * hw.nics_per_node + local * hw.nics_per_node / hw.gpus_per_node});
+    places_.push_back(
+        {.node = node,
+         .socket = node * hw.sockets_per_node + local * hw.sockets_per_node / hw.gpus_per_node,
+         .nic = node * hw.nics_per_node + local * hw.nics_per_node / hw.gpus_per_node});
     d2h_.push_back(net.add_resource(fmt::format("gpu{} pcie d2h", g), hw.pcie_d2h_rate));
     h2d_.push_back(net.add_resource(fmt::format("gpu{} pcie h2d", g), hw.pcie_h2d_rate));
     duplex_.push_back(net.add_resource(fmt::format("gpu{} pcie duplex", g), hw.pcie_duplex_rate));

@@ -19,9 +19,9 @@ struct hardware {
   double nic_rate = 50e9;
   double pcie_d2h_rate = 55e9;  ///< Per GPU, one direction alone.
   double pcie_h2d_rate = 55e9;
-  double pcie_duplex_rate = 92e9;      ///< Per GPU, both directions together.
-  double host_memory_rate = 200e9;     ///< Per socket: bytes read plus bytes written.
-  double nvlink_rate = 450e9;          ///< Per GPU and direction.
+  double pcie_duplex_rate = 92e9;             ///< Per GPU, both directions together.
+  double host_memory_rate = 200e9;            ///< Per socket: bytes read plus bytes written.
+  double nvlink_rate = 450e9;                 ///< Per GPU and direction.
   std::uint64_t host_memory = 2048ull << 30;  ///< Per node: what its members may hold.
   std::uint64_t gpu_memory = 80ull << 30;     ///< Per GPU.
   /// The GPUs of a node read each other's memory over NVLink (peer access); without it, a GPU

@@ -42,9 +42,8 @@ double link_rate(const flow_network& net, const path& link) {
   return rate;
 }
 
-void async_chain_broadcast(flow_network& net, const std::vector<path>& links,
-                           std::uint64_t bytes, const pipeline_model& model,
-                           std::function<void()> done) {
+void async_chain_broadcast(flow_network& net, const std::vector<path>& links, std::uint64_t bytes,
+                           const pipeline_model& model, std::function<void()> done) {
   run_links(net, links, bytes, model, links.empty() ? 0 : links.size() - 1, net.clock(),
             std::move(done));
 }

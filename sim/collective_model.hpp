@@ -21,9 +21,8 @@ double link_rate(const flow_network& net, const path& link);
 
 /// Broadcasts `bytes` along a chain; `links[i]` is the path from rank i to rank i+1. `done()` on
 /// the loop when the last rank holds every byte. No links: done after no time.
-void async_chain_broadcast(flow_network& net, const std::vector<path>& links,
-                           std::uint64_t bytes, const pipeline_model& model,
-                           std::function<void()> done);
+void async_chain_broadcast(flow_network& net, const std::vector<path>& links, std::uint64_t bytes,
+                           const pipeline_model& model, std::function<void()> done);
 
 /// All-gathers `total_bytes` (each of the ring's n ranks holds 1/n) around a ring; `links[i]` is
 /// the path from rank i to rank (i+1) mod n: each carries (n-1)/n of the total.

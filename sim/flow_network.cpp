@@ -64,9 +64,10 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
     // Its last byte arrives when a flow's would, and its latency runs from there.
     const double arrives = now_ns() + static_cast<double>(spec.bytes) / spec.max_rate * 1e9;
     const clock::time_point at(clock::duration(static_cast<std::int64_t>(std::ceil(arrives))));
-    endings_[slot].waiting = clock_.async_wait_until(at + spec.latency, [this, slot](std::error_code ec) {
-      if (!ec) finish(slot);
-    });
+    endings_[slot].waiting =
+        clock_.async_wait_until(at + spec.latency, [this, slot](std::error_code ec) {
+          if (!ec) finish(slot);
+        });
     return id;
   }
   auto& f = flows_[slot];
@@ -78,7 +79,8 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   f.live_place = static_cast<std::uint32_t>(live_.size());
   live_.push_back(slot);
   due_at_.push_back(std::numeric_limits<double>::infinity());
-  if (f.live_place % due_block == 0) due_soonest_.push_back(std::numeric_limits<double>::infinity());
+  if (f.live_place % due_block == 0)
+    due_soonest_.push_back(std::numeric_limits<double>::infinity());
   f.hop_count = static_cast<std::uint32_t>(spec.path.size());
   std::ranges::copy(spec.path, f.path.begin());
   attach(slot);
@@ -87,7 +89,8 @@ std::uint64_t flow_network::start(transfer_spec spec, std::function<void()> done
   return id;
 }
 
-std::uint32_t flow_network::take_slot(std::uint64_t id, clock::duration latency, std::function<void()> done) {
+std::uint32_t flow_network::take_slot(std::uint64_t id, clock::duration latency,
+                                      std::function<void()> done) {
   auto slot = free_.take();
   if (slot == nowhere) {
     slot = static_cast<std::uint32_t>(flows_.size());
@@ -102,9 +105,10 @@ std::uint32_t flow_network::take_slot(std::uint64_t id, clock::duration latency,
 }
 
 void flow_network::wait_latency(std::uint32_t slot) {
-  endings_[slot].waiting = clock_.async_wait(endings_[slot].latency, [this, slot](std::error_code ec) {
-    if (!ec) finish(slot);
-  });
+  endings_[slot].waiting =
+      clock_.async_wait(endings_[slot].latency, [this, slot](std::error_code ec) {
+        if (!ec) finish(slot);
+      });
 }
 
 void flow_network::finish(std::uint32_t slot) {
@@ -272,7 +276,8 @@ void flow_network::fill_region() {
   reached_.clear();
   capped_.clear();
   for (std::size_t k = 0; k < region_.size(); ++k) {
-    if (k + prefetch_ahead < region_.size()) __builtin_prefetch(&flows_[region_[k + prefetch_ahead]]);
+    if (k + prefetch_ahead < region_.size())
+      __builtin_prefetch(&flows_[region_[k + prefetch_ahead]]);
     const auto i = region_[k];
     const auto& f = flows_[i];
     if (std::isfinite(f.max_rate)) capped_.push_back(i);
@@ -369,7 +374,8 @@ void flow_network::fill_region() {
   }
   if (unfixed > 0)  // transfers no resource and no cap limits: none can, but they would not move
     for (const auto i : region_)
-      if (solving_[i].fixed_in != fill_) solving_[i].new_rate = 0, solving_[i].new_bottleneck = unsolved;
+      if (solving_[i].fixed_in != fill_)
+        solving_[i].new_rate = 0, solving_[i].new_bottleneck = unsolved;
 }
 
 bool flow_network::grow_region() {
@@ -460,7 +466,8 @@ void flow_network::commit_region(double now) {
       auto& state = state_[h.id];
       if (f.bottleneck != solving_[i].new_bottleneck) {
         if (static_cast<std::int32_t>(h.id) == f.bottleneck) state.own_weight -= h.weight;
-        if (static_cast<std::int32_t>(h.id) == solving_[i].new_bottleneck) state.own_weight += h.weight;
+        if (static_cast<std::int32_t>(h.id) == solving_[i].new_bottleneck)
+          state.own_weight += h.weight;
       }
       // Kept or not, its rate bounds the resource's fastest again: `fair_level` left it out.
       state.fastest = std::max(state.fastest, moves ? rate : f.rate);
@@ -512,7 +519,8 @@ void flow_network::due_rescan(std::size_t block) {
 }
 
 double flow_network::due_soonest() const {
-  return due_soonest_.empty() ? std::numeric_limits<double>::infinity() : *std::ranges::min_element(due_soonest_);
+  return due_soonest_.empty() ? std::numeric_limits<double>::infinity()
+                              : *std::ranges::min_element(due_soonest_);
 }
 
 void flow_network::leave_live(std::uint32_t slot) {

@@ -109,9 +109,9 @@ class flow_network {
     std::array<hop, max_hops> path;
     std::span<const hop> hops() const { return {path.data(), hop_count}; }
 
-    std::uint64_t id = 0;  ///< 0: a free slot.
-    double remaining = 0;  ///< bytes left as of `since`, when its rate last changed
-    double since = 0;      ///< virtual ns
+    std::uint64_t id = 0;          ///< 0: a free slot.
+    double remaining = 0;          ///< bytes left as of `since`, when its rate last changed
+    double since = 0;              ///< virtual ns
     std::uint32_t live_place = 0;  ///< its place in `live_`
     /// Its place in each hop's resource's list of crossings (`on_`), for removal in constant
     /// time.
@@ -128,7 +128,8 @@ class flow_network {
   };
 
   double now_ns() const;
-  std::uint32_t take_slot(std::uint64_t id, ferry::clock::duration latency, std::function<void()> done);
+  std::uint32_t take_slot(std::uint64_t id, ferry::clock::duration latency,
+                          std::function<void()> done);
   /// Runs the transfer's completion after its latency, from now.
   void wait_latency(std::uint32_t slot);
   void finish(std::uint32_t slot);

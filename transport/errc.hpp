@@ -2,7 +2,6 @@
 /// Errors of the transports.
 #include <system_error>
 
-
 namespace ferry {
 
 enum class transport_errc : int {
@@ -24,7 +23,9 @@ enum class transport_errc : int {
 };
 
 const std::error_category& transport_category() noexcept;
-inline std::error_code make_error_code(transport_errc e) noexcept { return {static_cast<int>(e), transport_category()}; }
+inline std::error_code make_error_code(transport_errc e) noexcept {
+  return {static_cast<int>(e), transport_category()};
+}
 
 }  // namespace ferry
 

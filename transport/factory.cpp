@@ -5,8 +5,8 @@
 
 namespace ferry {
 
-result<std::shared_ptr<transport>> make_transport(const std::string& scheme, environment& env, node_id self,
-                                                  transport_settings& settings) {
+result<std::shared_ptr<transport>> make_transport(const std::string& scheme, environment& env,
+                                                  node_id self, transport_settings& settings) {
   if (scheme == "inproc") return inproc_transport::make(env, settings.inproc, self);
   // Real I/O would block a loop whose clock only moves when nothing is ready.
   if (env.is_virtual()) return fail(errc::invalid_argument);

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "runtime/environment.hpp"
-#include "transport/inproc/inproc_transport.hpp"
 #include "runtime/transport.hpp"
+#include "transport/inproc/inproc_transport.hpp"
 
 namespace ferry {
 
@@ -15,16 +15,17 @@ namespace ferry {
 /// bind, the libfabric provider. Outlives every transport made from it.
 struct transport_settings {
   inproc_network inproc;
-  std::vector<std::byte> secret;       ///< the job secret of tcp, cma and fabric; empty: unauthenticated
+  std::vector<std::byte> secret;  ///< the job secret of tcp, cma and fabric; empty: unauthenticated
   bool allow_unauthenticated = false;  ///< links without a secret (tests, in-process jobs)
-  std::string bind_host = "127.0.0.1";  ///< tcp/cma: the address to bind; fabric: the node to open on
-  std::uint16_t port = 0;              ///< tcp/cma: 0 picks a free port
-  std::string fabric_provider;         ///< "" picks the best available
+  std::string bind_host =
+      "127.0.0.1";              ///< tcp/cma: the address to bind; fabric: the node to open on
+  std::uint16_t port = 0;       ///< tcp/cma: 0 picks a free port
+  std::string fabric_provider;  ///< "" picks the best available
 };
 
 /// The transport for `scheme` on `env`'s loop, or `errc::invalid_argument` for an unknown scheme
 /// or one that does real I/O on a virtual environment (only inproc runs on virtual time).
-result<std::shared_ptr<transport>> make_transport(const std::string& scheme, environment& env, node_id self,
-                                                  transport_settings& settings);
+result<std::shared_ptr<transport>> make_transport(const std::string& scheme, environment& env,
+                                                  node_id self, transport_settings& settings);
 
 }  // namespace ferry

@@ -43,14 +43,15 @@ result<region_desc> region_table::rekey(std::uint64_t id) {
   return region_desc{.owner = owner_, .id = id, .addr = 0, .key = e.key, .length = e.memory.size()};
 }
 
-result<std::span<std::byte>> region_table::resolve(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
+result<std::span<std::byte>> region_table::resolve(std::uint64_t id, std::uint64_t key,
+                                                   std::uint64_t offset,
                                                    std::uint64_t length) const {
   std::lock_guard lock(mutex_);
   return check(id, key, offset, length);
 }
 
-result<std::span<std::byte>> region_table::check(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
-                                                 std::uint64_t length) const {
+result<std::span<std::byte>> region_table::check(std::uint64_t id, std::uint64_t key,
+                                                 std::uint64_t offset, std::uint64_t length) const {
   auto it = regions_.find(id);
   if (it == regions_.end()) return fail(transport_errc::unknown_region);
   if (it->second.key != key) return fail(transport_errc::key_mismatch);
@@ -59,11 +60,12 @@ result<std::span<std::byte>> region_table::check(std::uint64_t id, std::uint64_t
   return it->second.memory.subspan(offset, length);
 }
 
-result<std::span<std::byte>> region_table::begin_write(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
-                                                       std::uint64_t length) {
+result<std::span<std::byte>> region_table::begin_write(std::uint64_t id, std::uint64_t key,
+                                                       std::uint64_t offset, std::uint64_t length) {
   std::lock_guard lock(mutex_);
   auto target = check(id, key, offset, length);
-  if (target) ++regions_.at(id).writing;  // with the check, so that a rekey comes before or after both
+  if (target)
+    ++regions_.at(id).writing;  // with the check, so that a rekey comes before or after both
   return target;
 }
 
@@ -106,7 +108,8 @@ bool region_table::contains(std::span<const std::byte> local) const {
   std::lock_guard lock(mutex_);
   for (const auto& [id, e] : regions_) {
     const auto* begin = e.memory.data();
-    if (local.data() >= begin && local.data() + local.size() <= begin + e.memory.size()) return true;
+    if (local.data() >= begin && local.data() + local.size() <= begin + e.memory.size())
+      return true;
   }
   return false;
 }

@@ -1,8 +1,8 @@
 #pragma once
 /// The regions a node registered, and the receiver-side check of every incoming write:
 /// known region, matching key, in bounds. Shared by the transports that land bytes themselves.
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "runtime/errc.hpp"
-#include "transport/errc.hpp"
 #include "runtime/transport.hpp"
+#include "transport/errc.hpp"
 
 namespace ferry {
 
@@ -34,8 +34,8 @@ class region_table {
                                        std::uint64_t length) const;
   /// The same, and the write is under way until `end_write(id)`: from its check to its last byte,
   /// its refusal or its link's loss.
-  result<std::span<std::byte>> begin_write(std::uint64_t id, std::uint64_t key, std::uint64_t offset,
-                                           std::uint64_t length);
+  result<std::span<std::byte>> begin_write(std::uint64_t id, std::uint64_t key,
+                                           std::uint64_t offset, std::uint64_t length);
   void end_write(std::uint64_t id);
   /// Runs `copy`, which writes into region `id`'s memory from another thread than the owner's,
   /// unless the region was removed (ids are never reused). Returns whether it ran.

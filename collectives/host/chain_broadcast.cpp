@@ -10,16 +10,21 @@ namespace ferry {
 chain_broadcast::chain_broadcast(actor& owner, std::vector<address> members, std::uint32_t epoch,
                                  std::uint8_t imm_tag)
     : owner_(owner), members_(std::move(members)), epoch_(epoch), tag_(imm_tag) {
-  rank_ = static_cast<std::uint32_t>(std::find(members_.begin(), members_.end(), owner.self()) - members_.begin());
+  rank_ = static_cast<std::uint32_t>(std::find(members_.begin(), members_.end(), owner.self()) -
+                                     members_.begin());
   owner_.on<chain_ready>([this](const envelope_header&, const chain_ready& m) { on_ready(m); });
   owner_.host().on_write(tag_, [this](const write_notice& n) { on_landed(imm_value(n.imm)); });
 }
 
 // The write observer stays: a chain of the next epoch has replaced it by now, and the owner
 // forgets the tag when it stops for good. Forwards still on the wire complete into nothing.
-chain_broadcast::~chain_broadcast() { abort(); }
+chain_broadcast::~chain_broadcast() {
+  abort();
+}
 
-void chain_broadcast::async_broadcast(buffer_ref data, completion done) { start(data, 0, std::move(done)); }
+void chain_broadcast::async_broadcast(buffer_ref data, completion done) {
+  start(data, 0, std::move(done));
+}
 
 void chain_broadcast::async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) {
   struct pending {
@@ -36,8 +41,10 @@ void chain_broadcast::async_all_gather(buffer_ref data, std::uint32_t stripes, c
     const auto part = stripe_of(data.bytes.size(), std::max(stripes, 1u), s);
     if (part.bytes == 0) continue;  // every member skips the same empty stripes
     ++p->left;
-    start({.bytes = data.bytes.subspan(part.offset, part.bytes), .region = data.region,
-           .offset = data.offset + part.offset, .device = data.device},
+    start({.bytes = data.bytes.subspan(part.offset, part.bytes),
+           .region = data.region,
+           .offset = data.offset + part.offset,
+           .device = data.device},
           s % size(), one_ended);
   }
   one_ended({});
@@ -53,10 +60,12 @@ void chain_broadcast::start(buffer_ref data, std::uint32_t root, completion done
   c.data = data;
   c.root = root;
   c.done = std::move(done);
-  c.received = position(root) == 0 || landed_early_.erase(imm_number(static_cast<std::uint32_t>(seq))) > 0;
+  c.received =
+      position(root) == 0 || landed_early_.erase(imm_number(static_cast<std::uint32_t>(seq))) > 0;
   if (position(root) > 0) {
-    owner_.send(members_[(rank_ + size() - 1) % size()],
-                chain_ready{.epoch = epoch_, .seq = seq, .region = data.region, .offset = data.offset});
+    owner_.send(
+        members_[(rank_ + size() - 1) % size()],
+        chain_ready{.epoch = epoch_, .seq = seq, .region = data.region, .offset = data.offset});
   }
   progress(seq);
 }
@@ -93,7 +102,8 @@ void chain_broadcast::progress(std::uint64_t seq) {
   const auto t = target->second;
   targets_.erase(target);
   owner_.host().transport().async_write(
-      c.data.bytes, t.region, t.offset, make_imm(tag_, epoch_imm_value(epoch_, static_cast<std::uint32_t>(seq))),
+      c.data.bytes, t.region, t.offset,
+      make_imm(tag_, epoch_imm_value(epoch_, static_cast<std::uint32_t>(seq))),
       [this, seq, alive = std::weak_ptr<int>(alive_)](std::error_code ec) {
         if (!alive.expired()) finish(seq, ec);
       });

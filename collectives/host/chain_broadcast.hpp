@@ -19,7 +19,8 @@ namespace ferry {
 /// owner calls `forget_writes(imm_tag)` when it stops.
 class chain_broadcast final : public broadcast_group {
  public:
-  chain_broadcast(actor& owner, std::vector<address> members, std::uint32_t epoch, std::uint8_t imm_tag);
+  chain_broadcast(actor& owner, std::vector<address> members, std::uint32_t epoch,
+                  std::uint8_t imm_tag);
   ~chain_broadcast() override;
 
   std::uint32_t rank() const override { return rank_; }
@@ -52,10 +53,12 @@ class chain_broadcast final : public broadcast_group {
   std::uint32_t rank_ = 0;
   std::uint64_t next_seq_ = 0;
   std::map<std::uint64_t, call> calls_;
-  std::map<std::uint64_t, chain_ready> targets_;  ///< successor's slots, possibly ahead of our calls
+  std::map<std::uint64_t, chain_ready>
+      targets_;                                 ///< successor's slots, possibly ahead of our calls
   std::map<std::uint32_t, bool> landed_early_;  ///< seq's low 16 bits, landed before their call
   bool aborted_ = false;
-  std::shared_ptr<int> alive_ = std::make_shared<int>();  ///< write completions check it: expired once destroyed
+  std::shared_ptr<int> alive_ =
+      std::make_shared<int>();  ///< write completions check it: expired once destroyed
 };
 
 /// The host chain as the broadcast of every epoch; its writes carry `imm_tag`.

@@ -49,9 +49,9 @@ struct nccl_broadcast::state {
   std::error_code init_error;      ///< likewise
   cudaStream_t stream = nullptr;
   bool initializing = false;  ///< loop only: the communicator is being made on a blocking thread
-  bool up = false;          ///< loop only: the communicator is usable
-  bool aborted = false;     ///< loop only
-  std::error_code failure;  ///< loop only: why every operation fails
+  bool up = false;            ///< loop only: the communicator is usable
+  bool aborted = false;       ///< loop only
+  std::error_code failure;    ///< loop only: why every operation fails
   std::uint64_t next_op = 0;
   std::map<std::uint64_t, completion> outstanding;  ///< loop only: issued, not yet finished
 };
@@ -142,7 +142,8 @@ nccl_broadcast::~nccl_broadcast() {
 }
 
 void nccl_broadcast::on_id(const nccl_group_id& m) {
-  if (rank_ == 0 || m.epoch != epoch_ || m.size != size() || state_->initializing || state_->up) return;
+  if (rank_ == 0 || m.epoch != epoch_ || m.size != size() || state_->initializing || state_->up)
+    return;
   if (m.id.size() != sizeof(ncclUniqueId)) {
     log::warn("nccl group {}: an id of {} bytes, expected {}", epoch_, m.id.size(),
               sizeof(ncclUniqueId));
@@ -156,7 +157,8 @@ void nccl_broadcast::start_init(std::vector<std::uint8_t> id) {
   auto st = state_;
   st->initializing = true;
   owner_.host().env().platform().async_blocking(
-      [st, id = std::move(id), device = device_, ranks = static_cast<int>(size()), rank = static_cast<int>(rank_)] {
+      [st, id = std::move(id), device = device_, ranks = static_cast<int>(size()),
+       rank = static_cast<int>(rank_)] {
         ncclUniqueId uid;
         std::memcpy(&uid, id.data(), sizeof uid);
         ncclComm_t comm = nullptr;
@@ -221,7 +223,8 @@ void nccl_broadcast::async_broadcast(buffer_ref data, completion done) {
 
 void nccl_broadcast::async_all_gather(buffer_ref data, std::uint32_t stripes, completion done) {
   op o{.data = data.bytes.data(), .done = std::move(done)};
-  for (std::uint32_t s = 0; s < stripes; ++s) o.stripes.push_back(stripe_of(data.bytes.size(), stripes, s));
+  for (std::uint32_t s = 0; s < stripes; ++s)
+    o.stripes.push_back(stripe_of(data.bytes.size(), stripes, s));
   submit(std::move(o));
 }
 
@@ -246,8 +249,8 @@ void nccl_broadcast::issue(op o) {
   for (std::size_t root = 0; r == ncclSuccess && root < o.stripes.size(); ++root) {
     const auto& part = o.stripes[root];
     if (part.bytes == 0) continue;
-    r = ncclBroadcast(o.data + part.offset, o.data + part.offset, part.bytes, ncclUint8, static_cast<int>(root),
-                      s.comm, s.stream);
+    r = ncclBroadcast(o.data + part.offset, o.data + part.offset, part.bytes, ncclUint8,
+                      static_cast<int>(root), s.comm, s.stream);
   }
   const ncclResult_t ended = ncclGroupEnd();
   if (r == ncclSuccess) r = ended;

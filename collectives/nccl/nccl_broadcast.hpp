@@ -2,9 +2,9 @@
 /// The instance broadcast (and the all-gather of striping) over NCCL, between the GPUs of one
 /// rollout instance, one rank per process or thread. Rank 0 (the leader) makes the ncclUniqueId
 /// and sends it to the others in a message; every member creates its communicator on a blocking
-/// thread of the platform (ncclCommInitRank blocks until all ranks joined) while calls queue up; operations run
-/// on the group's own stream and complete on the loop through a stream host function.
-/// A group serves one epoch: regrouping aborts it and builds a new one.
+/// thread of the platform (ncclCommInitRank blocks until all ranks joined) while calls queue up;
+/// operations run on the group's own stream and complete on the loop through a stream host
+/// function. A group serves one epoch: regrouping aborts it and builds a new one.
 #include <functional>
 #include <memory>
 #include <vector>

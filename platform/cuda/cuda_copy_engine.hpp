@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "runtime/copy_engine.hpp"
-#include "runtime/event_loop.hpp"
 #include "runtime/errc.hpp"
+#include "runtime/event_loop.hpp"
 
 namespace ferry {
 

@@ -1,7 +1,6 @@
 #include "platform/cuda/cuda_device_memory.hpp"
 
 #include <cuda_runtime.h>
-
 #include <fmt/format.h>
 
 #include "platform/cuda/cuda_error.hpp"
@@ -51,31 +50,35 @@ std::string uuid_of(int device) {
     return {};
   }
   std::string id = "GPU-";
-  for (int i = 0; i < 16; ++i) id += fmt::format("{:02x}", static_cast<unsigned char>(prop.uuid.bytes[i]));
+  for (int i = 0; i < 16; ++i)
+    id += fmt::format("{:02x}", static_cast<unsigned char>(prop.uuid.bytes[i]));
   return id;
 }
 
 }  // namespace
 
 device_place cuda_device_memory::place() const {
-  // A GPU that cannot share its memory with another process is only ever reached through host memory.
+  // A GPU that cannot share its memory with another process is only ever reached through host
+  // memory.
   if (!cuda_can_share(device_)) return {};
   device_place p{.host = same_host_tag(), .gpu = uuid_of(device_)};
   if (p.gpu.empty()) return {};
   for (int other = 0, count = cuda_device_count(); other < count; ++other) {
     int can = other == device_;
-    if (!can && cudaDeviceCanAccessPeer(&can, device_, other) != cudaSuccess) (void)cudaGetLastError();
+    if (!can && cudaDeviceCanAccessPeer(&can, device_, other) != cudaSuccess)
+      (void)cudaGetLastError();
     if (can) p.reads.push_back(uuid_of(other));
   }
   return p;
 }
 
-result<std::unique_ptr<shared_device_buffer>> cuda_device_memory::allocate_shared(std::size_t bytes, std::string& why) {
+result<std::unique_ptr<shared_device_buffer>> cuda_device_memory::allocate_shared(
+    std::size_t bytes, std::string& why) {
   return cuda_allocate_shared(device_, bytes, why);
 }
 
-result<std::unique_ptr<shared_device_buffer>> cuda_device_memory::map_shared(const shared_device_ref& ref,
-                                                                               std::string& why) {
+result<std::unique_ptr<shared_device_buffer>> cuda_device_memory::map_shared(
+    const shared_device_ref& ref, std::string& why) {
   return cuda_map_shared(device_, ref, why);
 }
 

@@ -20,8 +20,10 @@ class cuda_device_memory final : public device_memory {
   void unpin(std::span<std::byte> host) override;
   /// This host, the GPU's UUID, and every visible GPU it has peer access to.
   device_place place() const override;
-  result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes, std::string& why) override;
-  result<std::unique_ptr<shared_device_buffer>> map_shared(const shared_device_ref& ref, std::string& why) override;
+  result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes,
+                                                                std::string& why) override;
+  result<std::unique_ptr<shared_device_buffer>> map_shared(const shared_device_ref& ref,
+                                                           std::string& why) override;
 
  private:
   int device_;

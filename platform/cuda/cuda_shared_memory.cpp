@@ -39,7 +39,8 @@ const vmm_calls& vmm() {
     auto find = [&](const char* name, auto& fn) {
       void* p = nullptr;
       cudaDriverEntryPointQueryResult found{};
-      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) !=
+              cudaSuccess ||
           found != cudaDriverEntryPointSuccess || !p) {
         (void)cudaGetLastError();
         if (c.missing.empty()) c.missing = name;
@@ -80,7 +81,8 @@ bool enter_device(int device, std::string& why) {
     return false;
   }
   if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
-    why = "cannot use CUDA device " + std::to_string(device) + ": " + cudaGetErrorString(cudaGetLastError());
+    why = "cannot use CUDA device " + std::to_string(device) + ": " +
+          cudaGetErrorString(cudaGetLastError());
     return false;
   }
   return true;
@@ -98,7 +100,9 @@ class vmm_buffer final : public shared_device_buffer {
     if (allocation_) vmm().release(allocation_);
     if (ref_.fd >= 0) close(ref_.fd);
   }
-  std::span<std::byte> bytes() const override { return {reinterpret_cast<std::byte*>(address_), bytes_}; }
+  std::span<std::byte> bytes() const override {
+    return {reinterpret_cast<std::byte*>(address_), bytes_};
+  }
   shared_device_ref ref() const override { return ref_; }
 
   /// Maps `allocation` at a fresh address range for `device`'s reads and writes.
@@ -109,7 +113,8 @@ class vmm_buffer final : public shared_device_buffer {
     CUmemAccessDesc access{};
     access.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device};
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return ok(vmm().set_access(address_, bytes_, &access, 1), "cuMemSetAccess (peer access between the two GPUs)", why);
+    return ok(vmm().set_access(address_, bytes_, &access, 1),
+              "cuMemSetAccess (peer access between the two GPUs)", why);
   }
 
   CUmemGenericAllocationHandle allocation_ = 0;  ///< the owner's; 0 in a mapping
@@ -136,7 +141,9 @@ int take_fd(std::int32_t pid, std::int32_t fd, std::string& why) {
   const int local = static_cast<int>(syscall(SYS_pidfd_getfd, process, fd, 0));
   const int error = errno;
   close(process);
-  if (local < 0) why = "cannot take fd " + std::to_string(fd) + " of process " + std::to_string(pid) + ": " + std::strerror(error);
+  if (local < 0)
+    why = "cannot take fd " + std::to_string(fd) + " of process " + std::to_string(pid) + ": " +
+          std::strerror(error);
   return local;
 }
 
@@ -146,11 +153,14 @@ bool cuda_can_share(int device) {
   std::string why;
   int posix_fds = 0;
   return enter_device(device, why) &&
-         vmm().attribute(&posix_fds, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device) == CUDA_SUCCESS &&
+         vmm().attribute(&posix_fds,
+                         CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                         device) == CUDA_SUCCESS &&
          posix_fds != 0;
 }
 
-result<std::unique_ptr<shared_device_buffer>> cuda_allocate_shared(int device, std::size_t bytes, std::string& why) {
+result<std::unique_ptr<shared_device_buffer>> cuda_allocate_shared(int device, std::size_t bytes,
+                                                                   std::string& why) {
   if (bytes == 0) {
     why = "no bytes to share";
     return fail(errc::invalid_argument);
@@ -161,24 +171,34 @@ result<std::unique_ptr<shared_device_buffer>> cuda_allocate_shared(int device, s
   prop.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device};
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   std::size_t grain = 0;
-  if (!ok(vmm().granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity", why))
+  if (!ok(vmm().granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity", why))
     return fail(errc::invalid_argument);
   auto buffer = std::make_unique<vmm_buffer>((bytes + grain - 1) / grain * grain);
   const auto size = buffer->bytes().size();
   int fd = -1;
-  if (!ok(vmm().create(&buffer->allocation_, size, &prop, 0), "cuMemCreate", why) || !buffer->map_for(buffer->allocation_, device, why) ||
-      !ok(vmm().export_handle(&fd, buffer->allocation_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+  if (!ok(vmm().create(&buffer->allocation_, size, &prop, 0), "cuMemCreate", why) ||
+      !buffer->map_for(buffer->allocation_, device, why) ||
+      !ok(vmm().export_handle(&fd, buffer->allocation_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                              0),
           "cuMemExportToShareableHandle", why)) {
     return fail(errc::invalid_argument);
   }
   static const std::uint64_t host = same_host_tag();
-  buffer->ref_ = {.pid = static_cast<std::int32_t>(getpid()), .fd = fd, .inode = inode_of(fd), .host = host, .bytes = size};
+  buffer->ref_ = {.pid = static_cast<std::int32_t>(getpid()),
+                  .fd = fd,
+                  .inode = inode_of(fd),
+                  .host = host,
+                  .bytes = size};
   return buffer;
 }
 
-result<std::unique_ptr<shared_device_buffer>> cuda_map_shared(int device, const shared_device_ref& ref, std::string& why) {
+result<std::unique_ptr<shared_device_buffer>> cuda_map_shared(int device,
+                                                              const shared_device_ref& ref,
+                                                              std::string& why) {
   if (ref.host != same_host_tag()) {
-    why = "process " + std::to_string(ref.pid) + " runs on another host, or in another pid or network namespace";
+    why = "process " + std::to_string(ref.pid) +
+          " runs on another host, or in another pid or network namespace";
     return fail(errc::invalid_argument);
   }
   if (!enter_device(device, why)) return fail(errc::invalid_argument);
@@ -186,13 +206,15 @@ result<std::unique_ptr<shared_device_buffer>> cuda_map_shared(int device, const 
   if (fd < 0) return fail(errc::invalid_argument);
   if (inode_of(fd) != ref.inode) {
     close(fd);
-    why = "fd " + std::to_string(ref.fd) + " of process " + std::to_string(ref.pid) + " is no longer its device memory";
+    why = "fd " + std::to_string(ref.fd) + " of process " + std::to_string(ref.pid) +
+          " is no longer its device memory";
     return fail(errc::invalid_argument);
   }
   CUmemGenericAllocationHandle allocation = 0;
-  const bool imported = ok(vmm().import_handle(&allocation, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
-                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                           "cuMemImportFromShareableHandle", why);
+  const bool imported =
+      ok(vmm().import_handle(&allocation, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+         "cuMemImportFromShareableHandle", why);
   close(fd);  // the imported allocation holds the memory now
   if (!imported) return fail(errc::invalid_argument);
   auto buffer = std::make_unique<vmm_buffer>(ref.bytes);

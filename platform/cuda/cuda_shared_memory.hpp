@@ -16,8 +16,11 @@ namespace ferry {
 bool cuda_can_share(int device);
 /// `bytes` (rounded up to the allocation granularity) on `device`, readable and writable there,
 /// exported for other processes. Thread-safe.
-result<std::unique_ptr<shared_device_buffer>> cuda_allocate_shared(int device, std::size_t bytes, std::string& why);
+result<std::unique_ptr<shared_device_buffer>> cuda_allocate_shared(int device, std::size_t bytes,
+                                                                   std::string& why);
 /// Maps `ref` for reads and writes by `device`. Thread-safe.
-result<std::unique_ptr<shared_device_buffer>> cuda_map_shared(int device, const shared_device_ref& ref, std::string& why);
+result<std::unique_ptr<shared_device_buffer>> cuda_map_shared(int device,
+                                                              const shared_device_ref& ref,
+                                                              std::string& why);
 
 }  // namespace ferry

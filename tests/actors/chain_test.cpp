@@ -27,7 +27,9 @@ struct guarded {
   std::vector<std::byte> bytes;
   explicit guarded(std::size_t n) : bytes(n + 2 * guard, canary) {}
   std::byte* data() { return bytes.data() + guard; }
-  std::span<const std::byte> range() const { return {bytes.data() + guard, bytes.size() - 2 * guard}; }
+  std::span<const std::byte> range() const {
+    return {bytes.data() + guard, bytes.size() - 2 * guard};
+  }
   bool canaries_intact() const {
     for (std::size_t i = 0; i < guard; ++i) {
       if (bytes[i] != canary || bytes[bytes.size() - 1 - i] != canary) return false;
@@ -61,13 +63,15 @@ TEST(chain, some_workers_of_an_instance_get_their_shared_bytes_relayed_and_only_
   inproc_network network;
   std::vector<std::unique_ptr<node>> nodes;
   for (node_id id = 0; id < 5; ++id) {
-    nodes.push_back(std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
+    nodes.push_back(
+        std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
     ASSERT_FALSE(nodes.back()->start());
     if (id > 0) {
       ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
     }
   }
-  job_coordinator coordinator(*nodes[0], 1, job_shape{.trainers = 1, .instance_sizes = {3}, .chunk_bytes = 1024});
+  job_coordinator coordinator(*nodes[0], 1,
+                              job_shape{.trainers = 1, .instance_sizes = {3}, .chunk_bytes = 1024});
   std::uint64_t delivered = 0;
   std::string failed;
   coordinator.on_delivered = [&](const version_report& r) { delivered = r.version; };
@@ -87,14 +91,19 @@ TEST(chain, some_workers_of_an_instance_get_their_shared_bytes_relayed_and_only_
     std::vector<tensor_ref> mine;
     for (const auto& g : ranges[r]) {
       memory[r].emplace_back(g.bytes);
-      mine.push_back({.spec = table[g.tensor], .data = memory[r].back().data(), .part = byte_range{g.offset, g.bytes}});
+      mine.push_back({.spec = table[g.tensor],
+                      .data = memory[r].back().data(),
+                      .part = byte_range{g.offset, g.bytes}});
     }
-    workers.push_back(std::make_unique<rollout_worker>(*nodes[2 + r], 1, address{0, 1}, 0, r, std::move(mine),
-                                                       worker_options{.make_broadcast = host_chain(chain_tag)}));
+    workers.push_back(
+        std::make_unique<rollout_worker>(*nodes[2 + r], 1, address{0, 1}, 0, r, std::move(mine),
+                                         worker_options{.make_broadcast = host_chain(chain_tag)}));
   }
   trainer.join();
   for (auto& w : workers) w->join();
-  const auto before = [&](std::chrono::seconds limit) { return env.clock().now() < clock::time_point(limit); };
+  const auto before = [&](std::chrono::seconds limit) {
+    return env.clock().now() < clock::time_point(limit);
+  };
   loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
   ASSERT_TRUE(trainer.ready());
 
@@ -110,15 +119,20 @@ TEST(chain, some_workers_of_an_instance_get_their_shared_bytes_relayed_and_only_
   rogue.set_epoch(plan.epoch);
   rogue.start();
   rogue.send({4, 1}, slot_request{.version = 1, .chunk = solo->id});
-  rogue.send({4, 1}, chunk_sent{.version = 1, .chunk = solo->id, .slot = 2, .checksum = 1, .chunk_checksum = 1});
+  rogue.send(
+      {4, 1},
+      chunk_sent{.version = 1, .chunk = solo->id, .slot = 2, .checksum = 1, .chunk_checksum = 1});
 
   for (std::uint64_t v = 1; v <= 2; ++v) {
     for (std::size_t t = 0; t < weights.size(); ++t) {
-      for (std::size_t i = 0; i < weights[t].size(); ++i) weights[t][i] = static_cast<std::byte>(i * 13 + t * 7 + v);
+      for (std::size_t i = 0; i < weights[t].size(); ++i)
+        weights[t][i] = static_cast<std::byte>(i * 13 + t * 7 + v);
     }
     std::string why;
     ASSERT_TRUE(trainer.publish(v, why)) << why;
-    loop.run_until([&] { return delivered == v || !failed.empty() || !before(std::chrono::seconds(120 * v)); });
+    loop.run_until([&] {
+      return delivered == v || !failed.empty() || !before(std::chrono::seconds(120 * v));
+    });
     ASSERT_EQ(delivered, v) << failed;
     for (std::uint32_t r = 0; r < 3; ++r) {
       for (std::size_t i = 0; i < ranges[r].size(); ++i) {
@@ -126,7 +140,8 @@ TEST(chain, some_workers_of_an_instance_get_their_shared_bytes_relayed_and_only_
         const std::span<const std::byte> sent(weights[g.tensor].data() + g.offset, g.bytes);
         EXPECT_TRUE(std::ranges::equal(memory[r][i].range(), sent))
             << "worker " << r << ", " << table[g.tensor].name << ", version " << v;
-        EXPECT_TRUE(memory[r][i].canaries_intact()) << "worker " << r << " wrote around " << table[g.tensor].name;
+        EXPECT_TRUE(memory[r][i].canaries_intact())
+            << "worker " << r << " wrote around " << table[g.tensor].name;
       }
     }
   }
@@ -140,7 +155,7 @@ TEST(chain, some_workers_of_an_instance_get_their_shared_bytes_relayed_and_only_
     const auto hearers = p.hearers(inst, c.audience).size();
     if (!p.whole_instance(inst, c.audience)) relayed += (hearers - 1) * c.bytes;
   }
-  EXPECT_GT(relayed, 16 * row);  // rows [24, 40) and "pair", at least
+  EXPECT_GT(relayed, 16 * row);                            // rows [24, 40) and "pair", at least
   std::map<std::uint32_t, std::uint64_t> sent, broadcast;  // node -> bytes of both versions
   for (const auto& rec : env.trace().records()) {
     if (!rec.instant && rec.what == stage::send) sent[rec.node] += rec.bytes;

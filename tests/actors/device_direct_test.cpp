@@ -26,7 +26,8 @@ namespace {
 using testing::virtual_device;
 
 constexpr std::uint64_t model_bytes = 1 << 20;
-constexpr std::size_t broadcast_slots = 2 * 16384;  ///< a worker's on its GPU: depth 2 of 16 KiB chunks
+constexpr std::size_t broadcast_slots =
+    2 * 16384;  ///< a worker's on its GPU: depth 2 of 16 KiB chunks
 const std::string trainer_gpu = "GPU-trainer";
 
 /// One job on virtual time: node 0 the coordinator, then a node per member, each member on its
@@ -35,12 +36,16 @@ class device_direct : public ::testing::Test {
  protected:
   /// The coordinator of a job of one trainer and `instance_sizes`, under `p2p`; with `gpudirect`,
   /// the transport reaches the GPUs' memory.
-  void start(std::vector<std::uint32_t> instance_sizes, p2p_mode p2p = p2p_mode::automatic, bool gpudirect = false) {
+  void start(std::vector<std::uint32_t> instance_sizes, p2p_mode p2p = p2p_mode::automatic,
+             bool gpudirect = false) {
     if (gpudirect) network.reach_device_memory();
     add_node();
-    coordinator = std::make_unique<job_coordinator>(
-        *nodes[0], 1,
-        job_shape{.trainers = 1, .instance_sizes = std::move(instance_sizes), .chunk_bytes = 16384, .p2p = p2p});
+    coordinator =
+        std::make_unique<job_coordinator>(*nodes[0], 1,
+                                          job_shape{.trainers = 1,
+                                                    .instance_sizes = std::move(instance_sizes),
+                                                    .chunk_bytes = 16384,
+                                                    .p2p = p2p});
     coordinator->on_delivered = [this](const version_report& r) { reports.push_back(r); };
     coordinator->on_failed = [this](const std::string& why) { failure = why; };
     coordinator->start();
@@ -48,7 +53,8 @@ class device_direct : public ::testing::Test {
 
   node& add_node() {
     const auto id = static_cast<node_id>(nodes.size());
-    nodes.push_back(std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
+    nodes.push_back(
+        std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
     EXPECT_FALSE(nodes.back()->start());
     if (id != 0) {
       EXPECT_FALSE(network.find(id)->add_peer(0, "0"));
@@ -58,10 +64,12 @@ class device_direct : public ::testing::Test {
 
   /// A GPU for the next member, on node `host` of host `host_tag`, reading the GPUs `reads` besides
   /// its own.
-  virtual_device& gpu(const node& host, std::string name, std::vector<std::string> reads, std::uint64_t host_tag = 7) {
+  virtual_device& gpu(const node& host, std::string name, std::vector<std::string> reads,
+                      std::uint64_t host_tag = 7) {
     reads.push_back(name);
-    devices.push_back(std::make_unique<virtual_device>(env, shared, 0, 1000 + static_cast<std::int32_t>(host.id()),
-                                                       std::move(name), std::move(reads), host_tag));
+    devices.push_back(std::make_unique<virtual_device>(
+        env, shared, 0, 1000 + static_cast<std::int32_t>(host.id()), std::move(name),
+        std::move(reads), host_tag));
     return *devices.back();
   }
 
@@ -70,7 +78,8 @@ class device_direct : public ::testing::Test {
     auto& host = add_node();
     trainer_node = host.id();
     trainer = std::make_unique<trainer_shard>(
-        host, 1, address{0, 1}, 0, std::vector<tensor_ref>{{.spec = spec, .data = weights.data(), .device = 0}},
+        host, 1, address{0, 1}, 0,
+        std::vector<tensor_ref>{{.spec = spec, .data = weights.data(), .device = 0}},
         trainer_options{.memory = &gpu(host, trainer_gpu, {})});
     trainer->join();
   }
@@ -79,13 +88,15 @@ class device_direct : public ::testing::Test {
   /// (on another host when `elsewhere`); it holds `rows` rows of the 1024 (all: the whole tensor)
   /// from `first_row`.
   rollout_worker& add_worker(std::uint32_t instance, std::uint32_t rank, bool reads_trainer,
-                             std::uint64_t first_row = 0, std::uint64_t rows = 1024, bool elsewhere = false) {
+                             std::uint64_t first_row = 0, std::uint64_t rows = 1024,
+                             bool elsewhere = false) {
     auto& host = add_node();
     auto& bytes = held.emplace_back(std::make_unique<std::vector<std::byte>>(rows * 1024));
     tensor_ref t{.spec = spec, .data = bytes->data(), .device = 0};
     if (rows < 1024) t.part = byte_range{first_row * 1024, rows * 1024};
     auto& device = gpu(host, "GPU-" + std::to_string(host.id()),
-                       reads_trainer ? std::vector{trainer_gpu} : std::vector<std::string>{}, elsewhere ? 8 : 7);
+                       reads_trainer ? std::vector{trainer_gpu} : std::vector<std::string>{},
+                       elsewhere ? 8 : 7);
     workers.push_back(std::make_unique<rollout_worker>(
         host, 1, address{0, 1}, instance, rank, std::vector<tensor_ref>{t},
         worker_options{.memory = &device, .make_broadcast = collectives}));
@@ -95,7 +106,8 @@ class device_direct : public ::testing::Test {
 
   /// Publishes `version` with bytes of its own; true once it is delivered.
   bool deliver(std::uint64_t version) {
-    for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<std::byte>(i * 13 + version * 7);
+    for (std::size_t i = 0; i < weights.size(); ++i)
+      weights[i] = static_cast<std::byte>(i * 13 + version * 7);
     if (!run_until([&] { return trainer->ready(); })) return false;
     std::string why;
     EXPECT_TRUE(trainer->publish(version, why)) << why;
@@ -110,18 +122,23 @@ class device_direct : public ::testing::Test {
     for (std::uint64_t v = 1; v <= 2; ++v) {
       ASSERT_TRUE(deliver(v)) << failure;
       EXPECT_TRUE(reports.back().verified);
-      for (std::size_t w = 0; w < 3; ++w) EXPECT_TRUE(holds_published(w)) << "worker " << w << ", version " << v;
+      for (std::size_t w = 0; w < 3; ++w)
+        EXPECT_TRUE(holds_published(w)) << "worker " << w << ", version " << v;
     }
   }
 
   /// Worker `w`'s bytes equal the published rows it holds.
   bool holds_published(std::size_t w, std::uint64_t first_row = 0) {
     const auto& bytes = *held.at(w);
-    return std::equal(bytes.begin(), bytes.end(), weights.begin() + static_cast<std::ptrdiff_t>(first_row * 1024));
+    return std::equal(bytes.begin(), bytes.end(),
+                      weights.begin() + static_cast<std::ptrdiff_t>(first_row * 1024));
   }
 
   bool run_until(const std::function<bool()>& done) {
-    loop.run_until([&] { return done() || !failure.empty() || env.clock().now() >= clock::time_point(std::chrono::seconds(60)); });
+    loop.run_until([&] {
+      return done() || !failure.empty() ||
+             env.clock().now() >= clock::time_point(std::chrono::seconds(60));
+    });
     return done();
   }
 
@@ -235,16 +252,20 @@ TEST_F(device_direct, a_trainer_killed_mid_update_is_replaced_and_its_memory_let
   for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = std::byte{0x5a};
   std::string why;
   ASSERT_TRUE(trainer->publish(2, why)) << why;
-  ASSERT_TRUE(run_until([&] { return reports.back().version == 1 && coordinator->current_plan() && !coordinator->idle(); }));
+  ASSERT_TRUE(run_until([&] {
+    return reports.back().version == 1 && coordinator->current_plan() && !coordinator->idle();
+  }));
   const auto dead_copies = shared.exported.begin()->first;
   network.sever(trainer_node);
   env.end_process(1000 + static_cast<std::int32_t>(trainer_node));
   trainer.reset();  // the process and its hold on its device copies are gone
-  EXPECT_FALSE(shared.exported.at(dead_copies).bytes.expired()) << "the worker's mapping no longer holds what it reads";
+  EXPECT_FALSE(shared.exported.at(dead_copies).bytes.expired())
+      << "the worker's mapping no longer holds what it reads";
 
   add_trainer();
   ASSERT_TRUE(run_until([&] { return trainer->ready(); })) << failure;
-  EXPECT_TRUE(shared.exported.at(dead_copies).bytes.expired()) << "the worker kept the dead trainer's memory";
+  EXPECT_TRUE(shared.exported.at(dead_copies).bytes.expired())
+      << "the worker kept the dead trainer's memory";
   const auto next = trainer->next_version();
   EXPECT_GE(next, 2u);
   ASSERT_TRUE(deliver(next)) << failure;
@@ -277,15 +298,18 @@ TEST_F(device_direct, a_worker_on_another_host_is_written_into_its_gpu_by_gpudir
     EXPECT_TRUE(reports.back().verified);
     EXPECT_TRUE(holds_published(0));
     EXPECT_GT(reports.back().busy.send, 0) << "nothing was written";
-    EXPECT_EQ(reports.back().busy.upload, 0) << "the chunks landed in host memory and were uploaded";
+    EXPECT_EQ(reports.back().busy.upload, 0)
+        << "the chunks landed in host memory and were uploaded";
   }
   EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 1u);
-  EXPECT_EQ(devices.back()->allocated, 2 * broadcast_slots) << "the receive slots are not on the worker's GPU";
+  EXPECT_EQ(devices.back()->allocated, 2 * broadcast_slots)
+      << "the receive slots are not on the worker's GPU";
   EXPECT_EQ(shared.maps, 0);
   coordinator->stop_job();
 }
 
-TEST_F(device_direct, without_gpudirect_a_worker_on_another_host_gets_the_host_copy_and_uploads_it) {
+TEST_F(device_direct,
+       without_gpudirect_a_worker_on_another_host_gets_the_host_copy_and_uploads_it) {
   start({1});
   add_trainer();
   add_worker(0, 0, false, 0, 1024, true);
@@ -294,12 +318,13 @@ TEST_F(device_direct, without_gpudirect_a_worker_on_another_host_gets_the_host_c
   EXPECT_TRUE(holds_published(0));
   EXPECT_GT(reports.back().busy.upload, 0);
   EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 0u);
-  EXPECT_EQ(devices.back()->allocated, broadcast_slots) << "receive slots on a GPU no write reaches";
+  EXPECT_EQ(devices.back()->allocated, broadcast_slots)
+      << "receive slots on a GPU no write reaches";
   coordinator->stop_job();
 }
 
-/// Every member of an instance on GPUs leads a stripe; written into host memory (no GPUDirect), each
-/// leader's receive slots hold its stripe alone, which it uploads into the chunk's place.
+/// Every member of an instance on GPUs leads a stripe; written into host memory (no GPUDirect),
+/// each leader's receive slots hold its stripe alone, which it uploads into the chunk's place.
 TEST_F(device_direct, gpu_leaders_receiving_in_host_memory_hold_and_upload_their_stripe_alone) {
   start({3});
   ASSERT_NO_FATAL_FAILURE(deliver_to_three_gpu_leaders_elsewhere());
@@ -315,7 +340,8 @@ TEST_F(device_direct, gpu_leaders_written_by_gpudirect_hold_their_stripe_alone) 
   EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 3u);
   // Each leader's GPU: its broadcast slots, and a stripe (a third of a chunk) per receive slot.
   const std::size_t stripe_slots = 2 * stripe_of(16384, 3, 0).bytes;
-  for (std::size_t d = 1; d < devices.size(); ++d) EXPECT_EQ(devices[d]->allocated, broadcast_slots + stripe_slots);
+  for (std::size_t d = 1; d < devices.size(); ++d)
+    EXPECT_EQ(devices[d]->allocated, broadcast_slots + stripe_slots);
   coordinator->stop_job();
 }
 
@@ -358,7 +384,8 @@ TEST_F(device_direct, selective_delivery_over_gpudirect_lands_each_workers_rows_
   EXPECT_TRUE(holds_published(1, 512));
   EXPECT_EQ(coordinator->current_plan()->paths().gpudirect, 2u);
   for (std::size_t w = 1; w <= 2; ++w)
-    EXPECT_GT(devices.at(w)->allocated, broadcast_slots) << "worker " << w << "'s slots are not on its GPU";
+    EXPECT_GT(devices.at(w)->allocated, broadcast_slots)
+        << "worker " << w << "'s slots are not on its GPU";
   coordinator->stop_job();
 }
 

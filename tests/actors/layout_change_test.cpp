@@ -28,8 +28,8 @@ constexpr std::uint64_t row_bytes = 4096;
 constexpr std::uint64_t rows = 96;
 
 struct outcome {
-  std::uint64_t last = 0;      ///< the last version delivered
-  std::uint32_t relaid = 0;    ///< versions failed because the layout changed
+  std::uint64_t last = 0;    ///< the last version delivered
+  std::uint32_t relaid = 0;  ///< versions failed because the layout changed
   std::string error;
 };
 
@@ -42,11 +42,14 @@ outcome run(std::chrono::microseconds join_at) {
   inproc_network network;
   std::vector<std::unique_ptr<node>> nodes;
   for (node_id id = 0; id < 5; ++id) {
-    nodes.push_back(std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
+    nodes.push_back(
+        std::make_unique<node>(env, id, inproc_transport::make(env, network, id), protocol()));
     if (nodes.back()->start()) return {.error = "a node did not start"};
-    if (id > 0 && network.find(id)->add_peer(0, "0")) return {.error = "no link to the coordinator"};
+    if (id > 0 && network.find(id)->add_peer(0, "0"))
+      return {.error = "no link to the coordinator"};
   }
-  job_coordinator coordinator(*nodes[0], 1, job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 16384});
+  job_coordinator coordinator(
+      *nodes[0], 1, job_shape{.trainers = 1, .instance_sizes = {1}, .chunk_bytes = 16384});
   outcome out;
   coordinator.on_delivered = [&](const version_report& r) { out.last = r.version; };
   coordinator.on_failed = [&](const std::string& why) { out.error = "the job failed: " + why; };
@@ -87,43 +90,57 @@ outcome run(std::chrono::microseconds join_at) {
       half_rows[r].resize(rows / 2 * row_bytes);
       bias[r].resize(table[1].nbytes);
       std::vector<tensor_ref> part{
-          {.spec = table[0], .data = half_rows[r].data(), .part = byte_range{r * rows / 2 * row_bytes, rows / 2 * row_bytes}},
+          {.spec = table[0],
+           .data = half_rows[r].data(),
+           .part = byte_range{r * rows / 2 * row_bytes, rows / 2 * row_bytes}},
           {.spec = table[1], .data = bias[r].data()}};
-      split.push_back(std::make_unique<rollout_worker>(*nodes[3 + r], 1, address{0, 1}, 1, r, part, options));
+      split.push_back(
+          std::make_unique<rollout_worker>(*nodes[3 + r], 1, address{0, 1}, 1, r, part, options));
       split.back()->join();
     }
   });
 
-  // The trainer publishes back to back: the next version once the last one settled and the plan is in force.
+  // The trainer publishes back to back: the next version once the last one settled and the plan is
+  // in force.
   const auto limit = clock::time_point(std::chrono::seconds(60));
   const auto over = [&] {
-    return !out.error.empty() || env.clock().now() >= limit || (joined_after && out.last >= *joined_after + 2);
+    return !out.error.empty() || env.clock().now() >= limit ||
+           (joined_after && out.last >= *joined_after + 2);
   };
   for (std::uint64_t version = 0; !over();) {
     loop.run_until([&] { return over() || (trainer.ready() && settled >= version); });
     if (over()) break;
     version = std::max(version + 1, trainer.next_version());
-    for (std::size_t i = 0; i < table.size(); ++i) fill_version(published[i], table[i].name, version);
+    for (std::size_t i = 0; i < table.size(); ++i)
+      fill_version(published[i], table[i].name, version);
     std::string why;
     if (!trainer.publish(version, why)) out.error = "publish refused: " + why;
   }
   if (!out.error.empty()) return out;
-  if (!joined_after || out.last < *joined_after + 2) return {.error = "no two versions delivered after the join"};
+  if (!joined_after || out.last < *joined_after + 2)
+    return {.error = "no two versions delivered after the join"};
   loop.run_until([&] {
     return env.clock().now() >= limit ||
-           (first.version() == out.last && split.size() == 2 && split[0]->version() == out.last && split[1]->version() == out.last);
+           (first.version() == out.last && split.size() == 2 && split[0]->version() == out.last &&
+            split[1]->version() == out.last);
   });
 
   // Every worker's bytes against version `last` as the trainer filled it.
   auto want = storage();
   for (std::size_t i = 0; i < table.size(); ++i) fill_version(want[i], table[i].name, out.last);
   for (std::size_t i = 0; i < table.size(); ++i) {
-    if (whole[i] != want[i]) out.error = "the first worker's " + table[i].name + " is not version " + std::to_string(out.last);
+    if (whole[i] != want[i])
+      out.error =
+          "the first worker's " + table[i].name + " is not version " + std::to_string(out.last);
   }
   for (std::uint32_t r = 0; r < 2; ++r) {
-    if (std::memcmp(half_rows[r].data(), want[0].data() + r * rows / 2 * row_bytes, half_rows[r].size()) != 0)
-      out.error = "worker 1." + std::to_string(r) + "'s rows are not version " + std::to_string(out.last);
-    if (bias[r] != want[1]) out.error = "worker 1." + std::to_string(r) + "'s bias is not version " + std::to_string(out.last);
+    if (std::memcmp(half_rows[r].data(), want[0].data() + r * rows / 2 * row_bytes,
+                    half_rows[r].size()) != 0)
+      out.error =
+          "worker 1." + std::to_string(r) + "'s rows are not version " + std::to_string(out.last);
+    if (bias[r] != want[1])
+      out.error =
+          "worker 1." + std::to_string(r) + "'s bias is not version " + std::to_string(out.last);
   }
   coordinator.stop_job();
   return out;
@@ -142,7 +159,8 @@ TEST(layout_change, a_new_part_joining_at_any_moment_fails_what_was_in_flight_an
   }
   // The sweep must have landed some joins mid-update, or it tested nothing of the layout change.
   EXPECT_GT(relaid, 0u);
-  std::printf("40 seeds: %u versions failed as relaid, every worker holds the last version\n", relaid);
+  std::printf("40 seeds: %u versions failed as relaid, every worker holds the last version\n",
+              relaid);
 }
 
 }  // namespace

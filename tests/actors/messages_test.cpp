@@ -54,12 +54,17 @@ message_registry registry() {
 TEST(protocol_messages, durations_out_of_range_are_malformed_bodies) {
   const auto r = registry();
   EXPECT_TRUE(decode_frame(version_complete_with_apply(0.25), r, {}).has_value());
-  EXPECT_EQ(decode_frame(version_complete_with_apply(std::numeric_limits<std::uint64_t>::max()), r, {}).error(),
+  EXPECT_EQ(
+      decode_frame(version_complete_with_apply(std::numeric_limits<std::uint64_t>::max()), r, {})
+          .error(),
+      errc::malformed_body);
+  EXPECT_EQ(decode_frame(version_complete_with_apply(std::nan("")), r, {}).error(),
             errc::malformed_body);
-  EXPECT_EQ(decode_frame(version_complete_with_apply(std::nan("")), r, {}).error(), errc::malformed_body);
   EXPECT_EQ(decode_frame(version_complete_with_apply(-1.0), r, {}).error(), errc::malformed_body);
-  EXPECT_EQ(decode_frame(version_complete_with_apply(std::numeric_limits<double>::infinity()), r, {}).error(),
-            errc::malformed_body);
+  EXPECT_EQ(
+      decode_frame(version_complete_with_apply(std::numeric_limits<double>::infinity()), r, {})
+          .error(),
+      errc::malformed_body);
 }
 
 /// What decoding `payload` came to: the error, or the frame of what it decoded, encoded again.
@@ -82,7 +87,8 @@ TEST(protocol_messages, one_pass_decoding_agrees_with_msgpack_c_on_every_message
   const unsigned seed = 1127;
   std::mt19937 rng(seed);
   const codec_limits limits{};
-  const codec_limits tight{.max_depth = 3, .max_array = 8, .max_map = 8, .max_str = 16, .max_bin = 16};
+  const codec_limits tight{
+      .max_depth = 3, .max_array = 8, .max_map = 8, .max_str = 16, .max_bin = 16};
   int decoded = 0;
   for (const auto& f : frames) {
     const std::vector<std::byte> good(f.begin() + frame_prefix_bytes, f.end());
@@ -101,13 +107,14 @@ TEST(protocol_messages, one_pass_decoding_agrees_with_msgpack_c_on_every_message
       for (const auto* caps : {&limits, &tight}) {
         const auto theirs = outcome_of(detail::decode_through_msgpack_c(payload, registry, *caps));
         ASSERT_EQ(outcome_of(decode_payload(payload, registry, *caps)), theirs)
-            << "seed " << seed << ", frame of kind " << std::to_integer<int>(good[2]) << ", round " << round
-            << (caps == &tight ? ", tight caps" : "");
+            << "seed " << seed << ", frame of kind " << std::to_integer<int>(good[2]) << ", round "
+            << round << (caps == &tight ? ", tight caps" : "");
         decoded += std::holds_alternative<frame>(theirs);
       }
     }
   }
-  EXPECT_GT(decoded, static_cast<int>(frames.size()));  // undamaged frames and some damaged ones decode
+  EXPECT_GT(decoded,
+            static_cast<int>(frames.size()));  // undamaged frames and some damaged ones decode
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ plan_inputs inputs(std::vector<std::vector<tensor_spec>> shards, std::uint64_t c
 }
 
 TEST(plan, packs_aligns_splits_and_covers_every_byte_once) {
-  const std::vector<tensor_spec> a{make_tensor_spec("small1", dtype::f32, {3}),     // 12 bytes
+  const std::vector<tensor_spec> a{make_tensor_spec("small1", dtype::f32, {3}),      // 12 bytes
                                    make_tensor_spec("big", dtype::bf16, {1000, 3}),  // 6000 bytes
                                    make_tensor_spec("small2", dtype::u8, {5})};
   std::string why;
@@ -70,10 +70,16 @@ TEST(plan, refuses_bad_tables_with_the_tensor_named) {
   EXPECT_FALSE(make_plan(inputs({{make_tensor_spec("w", dtype::f32, {0})}}, 1024), why));
   EXPECT_NE(why.find("'w' has zero bytes"), std::string::npos) << why;
 
-  EXPECT_FALSE(make_plan(inputs({{make_tensor_spec("w", dtype::f32, {4}), make_tensor_spec("w", dtype::f32, {4})}}, 1024), why));
+  EXPECT_FALSE(make_plan(
+      inputs({{make_tensor_spec("w", dtype::f32, {4}), make_tensor_spec("w", dtype::f32, {4})}},
+             1024),
+      why));
   EXPECT_NE(why.find("'w' is registered twice"), std::string::npos) << why;
 
-  EXPECT_FALSE(make_plan(inputs({{make_tensor_spec("w", dtype::f32, {4})}, {make_tensor_spec("w", dtype::f32, {4})}}, 1024), why));
+  EXPECT_FALSE(make_plan(
+      inputs({{make_tensor_spec("w", dtype::f32, {4})}, {make_tensor_spec("w", dtype::f32, {4})}},
+             1024),
+      why));
   EXPECT_NE(why.find("owned by shards 0 and 1"), std::string::npos) << why;
 
   auto lying = make_tensor_spec("w", dtype::f32, {4});
@@ -97,39 +103,49 @@ TEST(plan, leaders_must_be_distinct_ranks_of_the_instance) {
 
 TEST(plan, worker_registration_must_match_the_trainers) {
   std::string why;
-  const std::vector published{make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})};
+  const std::vector published{make_tensor_spec("w", dtype::bf16, {4, 4}),
+                              make_tensor_spec("b", dtype::f32, {4})};
   selection selected;
   auto check = [&](std::vector<tensor_spec> worker, std::vector<byte_range> parts = {}) {
-    return static_cast<bool>(check_worker_tensors(published_tensors(published), worker, parts, selected, why));
+    return static_cast<bool>(
+        check_worker_tensors(published_tensors(published), worker, parts, selected, why));
   };
-  EXPECT_TRUE(check({make_tensor_spec("b", dtype::f32, {4}), make_tensor_spec("w", dtype::bf16, {4, 4})}));
+  EXPECT_TRUE(
+      check({make_tensor_spec("b", dtype::f32, {4}), make_tensor_spec("w", dtype::bf16, {4, 4})}));
   EXPECT_TRUE(selected.empty());  // the whole table: no selection
-  EXPECT_FALSE(check({make_tensor_spec("w", dtype::f32, {4, 2}), make_tensor_spec("b", dtype::f32, {4})}));
+  EXPECT_FALSE(
+      check({make_tensor_spec("w", dtype::f32, {4, 2}), make_tensor_spec("b", dtype::f32, {4})}));
   EXPECT_NE(why.find("'w' differs"), std::string::npos) << why;
-  EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4}),
-                      make_tensor_spec("extra", dtype::u8, {1})}));
+  EXPECT_FALSE(
+      check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4}),
+             make_tensor_spec("extra", dtype::u8, {1})}));
   EXPECT_NE(why.find("'extra', which no trainer publishes"), std::string::npos) << why;
 
   // Part of the table: a subset of tensors, or a range of one.
   EXPECT_TRUE(check({make_tensor_spec("w", dtype::bf16, {4, 4})})) << why;
   ASSERT_EQ(selected.size(), 1u);
   EXPECT_EQ(selected[0].range, (byte_range{0, 32}));
-  EXPECT_TRUE(check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})},
-                    {{8, 16}, {0, 16}})) << why;
+  EXPECT_TRUE(
+      check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("b", dtype::f32, {4})},
+            {{8, 16}, {0, 16}}))
+      << why;
   ASSERT_EQ(selected.size(), 2u);  // sorted by name: b, w
   EXPECT_EQ(selected[1].range, (byte_range{8, 16}));
   EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4})}, {{24, 16}}));
   EXPECT_NE(why.find("bytes [24, 40), which lie outside its 32 bytes"), std::string::npos) << why;
   EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4})}, {{8, 0}}));
-  EXPECT_FALSE(check({make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("w", dtype::bf16, {4, 4})},
-                     {{0, 8}, {4, 8}}));
+  EXPECT_FALSE(check(
+      {make_tensor_spec("w", dtype::bf16, {4, 4}), make_tensor_spec("w", dtype::bf16, {4, 4})},
+      {{0, 8}, {4, 8}}));
   EXPECT_NE(why.find("'w' is registered twice"), std::string::npos) << why;
 }
 
 /// One shard publishing `w` (f32, 1000 rows of 4 bytes) and `b` (f32, 64), to one instance of
 /// workers A = {10, 1} and B = {11, 1} with the given selections.
 plan_inputs selective(std::map<address, selection> selected, std::uint64_t chunk = 1024) {
-  auto in = inputs({{make_tensor_spec("w", dtype::f32, {1000}), make_tensor_spec("b", dtype::f32, {64})}}, chunk);
+  auto in =
+      inputs({{make_tensor_spec("w", dtype::f32, {1000}), make_tensor_spec("b", dtype::f32, {64})}},
+             chunk);
   for (auto& [who, s] : selected) in.select(who, std::move(s));
   in.require_coverage = true;
   return in;
@@ -139,26 +155,29 @@ const address worker_a{10, 1}, worker_b{11, 1};
 
 /// A holds rows [0, 500) of w, B rows [375, 1000) (they share [375, 500)); both hold b whole.
 plan_inputs overlapping_rows() {
-  return selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}}, {worker_b, {{"w", {1500, 2500}}, {"b", {0, 256}}}}});
+  return selective({{worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}}},
+                    {worker_b, {{"w", {1500, 2500}}, {"b", {0, 256}}}}});
 }
 
 TEST(plan, selective_segments_are_cut_at_ranges_and_packed_by_audience) {
   std::string why;
   auto p = make_plan(overlapping_rows(), why);
   ASSERT_TRUE(p) << why;
-  ASSERT_EQ(p->segments.size(), 4u);  // w: A alone, both, B alone; b: both
+  ASSERT_EQ(p->segments.size(), 4u);   // w: A alone, both, B alone; b: both
   EXPECT_EQ(p->audiences.size(), 3u);  // everyone, {A}, {B}
   const auto& inst = p->instances[0];
   // Each worker's chunks carry exactly its registered bytes (padding aside), each byte once;
   // a chunk has one audience, and rows that straddle chunk boundaries split into pieces.
-  for (const auto& [who, wanted] : std::map<address, std::uint64_t>{{worker_a, 2000 + 256}, {worker_b, 2500 + 256}}) {
+  for (const auto& [who, wanted] :
+       std::map<address, std::uint64_t>{{worker_a, 2000 + 256}, {worker_b, 2500 + 256}}) {
     std::map<std::pair<std::uint32_t, std::uint64_t>, int> seen;  // (tensor, byte) -> times
     std::uint64_t got = 0;
     for (const auto& c : p->chunks) {
       if (!p->hears(c.audience, who)) continue;
       for (const auto& piece : c.pieces) {
         got += piece.bytes;
-        for (std::uint64_t b = 0; b < piece.bytes; b += 4) ++seen[{piece.tensor, piece.tensor_offset + b}];
+        for (std::uint64_t b = 0; b < piece.bytes; b += 4)
+          ++seen[{piece.tensor, piece.tensor_offset + b}];
       }
     }
     EXPECT_EQ(got, wanted);
@@ -172,7 +191,8 @@ TEST(plan, selective_segments_are_cut_at_ranges_and_packed_by_audience) {
     for (const auto& piece : c.pieces) {
       bool found = false;
       for (const auto& s : p->segments) {
-        found = found || (s.tensor == piece.tensor && s.audience == c.audience && s.offset <= piece.tensor_offset &&
+        found = found || (s.tensor == piece.tensor && s.audience == c.audience &&
+                          s.offset <= piece.tensor_offset &&
                           piece.tensor_offset + piece.bytes <= s.offset + s.bytes);
       }
       EXPECT_TRUE(found) << "a piece outside its chunk's audience";
@@ -208,8 +228,9 @@ TEST(plan_index, finds_tensors_by_name_and_each_audiences_segments_and_places_a_
 
   // A member holding b then w, and one (shard 0's trainer, or another) told whose tensors to place.
   std::array<std::byte, 8> b_bytes{}, w_bytes{};
-  const std::vector<tensor_ref> local{{.spec = p->tensors[1], .data = b_bytes.data()},
-                                      {.spec = p->tensors[0], .data = w_bytes.data(), .part = byte_range{1500, 8}}};
+  const std::vector<tensor_ref> local{
+      {.spec = p->tensors[1], .data = b_bytes.data()},
+      {.spec = p->tensors[0], .data = w_bytes.data(), .part = byte_range{1500, 8}}};
   const tensor_placement placed(*index, local);
   EXPECT_EQ(placed.local_index(0), 1);
   EXPECT_EQ(placed.local_index(1), 0);
@@ -232,13 +253,14 @@ TEST(plan_index, names_what_a_member_cannot_read_in_a_plan_from_the_wire) {
     return plan_index(std::make_shared<const plan>(std::move(p)));
   };
   const auto bad_segment = with([&](plan& p) { p.segments[1].audience = audiences; });
-  EXPECT_EQ(bad_segment.flaw(), "has segment 1 in audience " + std::to_string(audiences) + ", past its " +
-                                    std::to_string(audiences));
+  EXPECT_EQ(bad_segment.flaw(), "has segment 1 in audience " + std::to_string(audiences) +
+                                    ", past its " + std::to_string(audiences));
   std::size_t listed = 0;
   for (std::uint32_t a = 0; a < audiences; ++a) listed += bad_segment.segments_of(a).size();
   EXPECT_EQ(listed, made->segments.size() - 1);  // the others stay readable
   EXPECT_EQ(with([&](plan& p) { p.chunks[0].audience = audiences + 7; }).flaw(),
-            "has chunk 0 in audience " + std::to_string(audiences + 7) + ", past its " + std::to_string(audiences));
+            "has chunk 0 in audience " + std::to_string(audiences + 7) + ", past its " +
+                std::to_string(audiences));
   EXPECT_EQ(with([](plan& p) { p.chunks[1].id = 0; }).flaw(), "has chunk 0 in place 1");
 }
 
@@ -258,7 +280,8 @@ TEST(plan, the_layout_outlives_the_workers_and_changes_only_with_a_new_part) {
   ASSERT_EQ(alone->chunks.size(), both->chunks.size());
   for (std::size_t i = 0; i < both->chunks.size(); ++i) {
     EXPECT_EQ(alone->chunks[i].shard_offset, both->chunks[i].shard_offset);
-    EXPECT_EQ(alone->hears(alone->chunks[i].audience, worker_b), both->hears(both->chunks[i].audience, worker_b));
+    EXPECT_EQ(alone->hears(alone->chunks[i].audience, worker_b),
+              both->hears(both->chunks[i].audience, worker_b));
   }
   EXPECT_EQ(alone->bytes_for(worker_b), both->bytes_for(worker_b));
   EXPECT_LT(alone->bytes_for(worker_b), alone->total_bytes());
@@ -283,13 +306,17 @@ TEST(plan, a_plan_without_selections_has_one_segment_per_tensor_for_everyone) {
 TEST(plan, unclaimed_bytes_are_refused_before_any_byte_moves) {
   std::string why;
   // Rows [250, 500) of w belong to nobody.
-  EXPECT_FALSE(make_plan(selective({{worker_a, {{"w", {0, 1000}}, {"b", {0, 256}}}}, {worker_b, {{"w", {2000, 2000}}}}}), why));
-  EXPECT_NE(why.find("no worker registered bytes [1000, 2000) of tensor 'w'"), std::string::npos) << why;
+  EXPECT_FALSE(make_plan(selective({{worker_a, {{"w", {0, 1000}}, {"b", {0, 256}}}},
+                                    {worker_b, {{"w", {2000, 2000}}}}}),
+                         why));
+  EXPECT_NE(why.find("no worker registered bytes [1000, 2000) of tensor 'w'"), std::string::npos)
+      << why;
   // A second instance whose one worker takes everything does not help the first.
   auto in = selective({{worker_a, {{"w", {0, 4000}}}}, {worker_b, {{"w", {0, 4000}}}}});
   in.instances.push_back({.id = 1, .workers = {{12, 1}}});
   EXPECT_FALSE(make_plan(in, why));
-  EXPECT_NE(why.find("instance 0 leaves bytes [0, 256) of tensor 'b' unclaimed"), std::string::npos) << why;
+  EXPECT_NE(why.find("instance 0 leaves bytes [0, 256) of tensor 'b' unclaimed"), std::string::npos)
+      << why;
   in.require_coverage = false;  // a regroup after a loss: what nobody holds is not sent
   auto p = make_plan(in, why);
   ASSERT_TRUE(p) << why;
@@ -300,10 +327,12 @@ TEST(plan, unclaimed_bytes_are_refused_before_any_byte_moves) {
 TEST(choose_leaders, stripes_devices_and_the_first_leader_keeping_its_role) {
   const std::vector<address> four{{10, 1}, {11, 1}, {12, 1}, {13, 1}};
   using leaders = std::vector<std::uint32_t>;
-  EXPECT_EQ(choose_leaders(four, 0, false, std::nullopt), leaders{0});            // hosts: one leader
-  EXPECT_EQ(choose_leaders(four, 0, true, std::nullopt), (leaders{0, 1, 2, 3}));  // devices: every member
+  EXPECT_EQ(choose_leaders(four, 0, false, std::nullopt), leaders{0});  // hosts: one leader
+  EXPECT_EQ(choose_leaders(four, 0, true, std::nullopt),
+            (leaders{0, 1, 2, 3}));  // devices: every member
   EXPECT_EQ(choose_leaders(four, 2, true, std::nullopt), (leaders{0, 1}));
-  EXPECT_EQ(choose_leaders(four, 9, false, std::nullopt), (leaders{0, 1, 2, 3}));  // at most the instance
+  EXPECT_EQ(choose_leaders(four, 9, false, std::nullopt),
+            (leaders{0, 1, 2, 3}));  // at most the instance
   // The previous first leader (node 12) lives: it stays first, the lowest other ranks follow.
   EXPECT_EQ(choose_leaders(four, 3, false, address{12, 1}), (leaders{2, 0, 1}));
   // It died: the lowest live rank takes over.
@@ -321,22 +350,31 @@ TEST(path_between, gpu_to_gpu_where_the_gpus_allow_and_the_mode_lets_it) {
   EXPECT_EQ(path_between(p2p_mode::automatic, trainer, reads_it), device_direct);
   EXPECT_EQ(path_between(p2p_mode::automatic, trainer, same_gpu), device_direct);
   EXPECT_EQ(path_between(p2p_mode::automatic, trainer, no_peer), host_copy);
-  EXPECT_EQ(path_between(p2p_mode::device, trainer, no_peer), device_direct);  // forced: fails loudly if it cannot
-  // Another host: a UUID alike says nothing there; GPUDirect where both transports reach their GPUs.
+  EXPECT_EQ(path_between(p2p_mode::device, trainer, no_peer),
+            device_direct);  // forced: fails loudly if it cannot
+  // Another host: a UUID alike says nothing there; GPUDirect where both transports reach their
+  // GPUs.
   EXPECT_EQ(path_between(p2p_mode::automatic, trainer, elsewhere), gpudirect);
   EXPECT_EQ(path_between(p2p_mode::device, trainer, elsewhere), gpudirect);
-  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, {.host = 2, .gpu = "D", .reads = {"D"}}), host_copy);
+  EXPECT_EQ(path_between(p2p_mode::automatic, trainer, {.host = 2, .gpu = "D", .reads = {"D"}}),
+            host_copy);
   EXPECT_EQ(path_between(p2p_mode::automatic, trainer, on_host), host_copy);
   EXPECT_EQ(path_between(p2p_mode::automatic, on_host, reads_it), host_copy);
-  EXPECT_EQ(path_between(p2p_mode::automatic, device_place{.gpu = "A"}, same_gpu), host_copy);  // no host known
-  for (const auto& worker : {reads_it, same_gpu, elsewhere}) EXPECT_EQ(path_between(p2p_mode::host, trainer, worker), host_copy);
+  EXPECT_EQ(path_between(p2p_mode::automatic, device_place{.gpu = "A"}, same_gpu),
+            host_copy);  // no host known
+  for (const auto& worker : {reads_it, same_gpu, elsewhere})
+    EXPECT_EQ(path_between(p2p_mode::host, trainer, worker), host_copy);
 }
 
 TEST(plan, keeps_each_kind_of_copy_its_workers_need_and_counts_the_paths) {
-  plan_inputs in = inputs({{make_tensor_spec("a", dtype::u8, {4096})}, {make_tensor_spec("b", dtype::u8, {4096})}}, 1024);
+  plan_inputs in = inputs(
+      {{make_tensor_spec("a", dtype::u8, {4096})}, {make_tensor_spec("b", dtype::u8, {4096})}},
+      1024);
   in.shard_places = {{.host = 1, .gpu = "A", .reads = {"A"}, .rdma = true}, {}};
-  in.instances = {{.id = 0, .workers = {{10, 1}, {11, 1}},
-                   .places = {{.host = 1, .gpu = "B", .reads = {"B", "A"}}, {.host = 2, .gpu = "C", .rdma = true}}}};
+  in.instances = {{.id = 0,
+                   .workers = {{10, 1}, {11, 1}},
+                   .places = {{.host = 1, .gpu = "B", .reads = {"B", "A"}},
+                              {.host = 2, .gpu = "C", .rdma = true}}}};
   std::string why;
   auto p = make_plan(in, why);
   ASSERT_TRUE(p) << why;
@@ -352,7 +390,8 @@ TEST(plan, keeps_each_kind_of_copy_its_workers_need_and_counts_the_paths) {
   EXPECT_EQ(n.gpudirect, 1u);
   in.instances[0].places.pop_back();  // a place for some workers only
   EXPECT_FALSE(make_plan(in, why));
-  EXPECT_NE(why.find("instance 0 needs a place for every worker, or none"), std::string::npos) << why;
+  EXPECT_NE(why.find("instance 0 needs a place for every worker, or none"), std::string::npos)
+      << why;
 }
 
 }  // namespace

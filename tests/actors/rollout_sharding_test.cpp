@@ -55,13 +55,14 @@ TEST(rollout_sharding, ep_puts_each_expert_on_one_rank_and_the_rest_on_all) {
 TEST(rollout_sharding, ep_tp_splits_experts_by_rank_and_every_other_matrix_by_rows) {
   const auto table = moe_table();
   std::map<std::string, byte_range> held;
-  for (const auto& t : rollout_share(table, rollout_sharding::ep_tp, 1, 2)) held[t.spec.name] = t.held();
+  for (const auto& t : rollout_share(table, rollout_sharding::ep_tp, 1, 2))
+    held[t.spec.name] = t.held();
   const auto rows = [](std::uint64_t first, std::uint64_t count, std::uint64_t row_bytes) {
     return byte_range{first * row_bytes, count * row_bytes};
   };
   const std::map<std::string, byte_range> rank1{
       {"model.embed_tokens.weight", rows(4, 4, 8)},
-      {"model.layers.0.mlp.gate_proj.weight", rows(4, 4, 8)},  // a dense MLP: tensor-parallel
+      {"model.layers.0.mlp.gate_proj.weight", rows(4, 4, 8)},    // a dense MLP: tensor-parallel
       {"model.layers.0.input_layernorm.weight", rows(0, 4, 2)},  // a norm: whole
       {"model.layers.1.self_attn.q_proj.weight", rows(3, 3, 8)},
       {"model.layers.1.mlp.shared_experts.up_proj.weight", rows(2, 2, 8)},

@@ -40,7 +40,8 @@ TEST(update_scheduler, one_update_at_a_time_oldest_pending_first_skipping_failed
   EXPECT_FALSE(u.active());
 }
 
-TEST(update_scheduler, late_joiners_catch_up_unless_a_shard_holds_no_copy_of_the_delivered_version) {
+TEST(update_scheduler,
+     late_joiners_catch_up_unless_a_shard_holds_no_copy_of_the_delivered_version) {
   update_scheduler u;
   auto members = two_trainers_two_workers();
   u.published(1, 0);
@@ -82,8 +83,10 @@ TEST(update_scheduler, a_version_a_shard_went_past_without_publishing_is_skipped
 
 TEST(update_scheduler, only_what_some_member_lacks_travels) {
   // Both workers hear every chunk: what either lacks goes through the leaders.
-  plan_inputs in{.chunk_bytes = 1024, .shards = {{1, 1}},
-                 .shard_tensors = {{make_tensor_spec("w", dtype::f32, {1000}), make_tensor_spec("b", dtype::f32, {64})}},
+  plan_inputs in{.chunk_bytes = 1024,
+                 .shards = {{1, 1}},
+                 .shard_tensors = {{make_tensor_spec("w", dtype::f32, {1000}),
+                                    make_tensor_spec("b", dtype::f32, {64})}},
                  .instances = {{.id = 0, .workers = {worker_a, worker_b}}}};
   std::string why;
   auto whole = make_plan(in, why);
@@ -101,7 +104,8 @@ TEST(update_scheduler, only_what_some_member_lacks_travels) {
   EXPECT_EQ(sends.through_leaders, lacking);
   EXPECT_TRUE(sends.direct[0].empty() && sends.direct[1].empty());
   members.workers[{0, 1}].complete_version = 5;
-  EXPECT_TRUE(update_scheduler::what_travels(*whole, whole->instances[0], members, 5).through_leaders.empty());
+  EXPECT_TRUE(update_scheduler::what_travels(*whole, whole->instances[0], members, 5)
+                  .through_leaders.empty());
 
   // A holds rows [0, 500) of w, B the rest; both hold b: each row chunk goes to its one hearer.
   in.select(worker_a, {{"w", {0, 2000}}, {"b", {0, 256}}});
@@ -117,16 +121,20 @@ TEST(update_scheduler, only_what_some_member_lacks_travels) {
     }
     return n;
   };
-  const auto to_a = bytes(sends.direct[0]), to_b = bytes(sends.direct[1]), shared = bytes(sends.through_leaders);
+  const auto to_a = bytes(sends.direct[0]), to_b = bytes(sends.direct[1]),
+             shared = bytes(sends.through_leaders);
   EXPECT_EQ(to_a, 2000u);
   EXPECT_EQ(to_b, 2000u);
   EXPECT_EQ(shared, 256u);
-  EXPECT_EQ(sends.through_leaders.size() + sends.direct[0].size() + sends.direct[1].size(), split->chunks.size());
+  EXPECT_EQ(sends.through_leaders.size() + sends.direct[0].size() + sends.direct[1].size(),
+            split->chunks.size());
 }
 
 TEST(update_scheduler, each_trainer_is_ordered_every_route_with_only_its_own_chunks) {
-  plan_inputs in{.chunk_bytes = 1024, .shards = {{1, 1}, {2, 1}},
-                 .shard_tensors = {{make_tensor_spec("a", dtype::f32, {1000})}, {make_tensor_spec("b", dtype::f32, {700})}},
+  plan_inputs in{.chunk_bytes = 1024,
+                 .shards = {{1, 1}, {2, 1}},
+                 .shard_tensors = {{make_tensor_spec("a", dtype::f32, {1000})},
+                                   {make_tensor_spec("b", dtype::f32, {700})}},
                  .instances = {{.id = 0, .workers = {worker_a, worker_b}}}};
   std::string why;
   const auto p = make_plan(in, why);

@@ -28,7 +28,8 @@ struct virtual_shared_memory {
   int maps = 0;  ///< mappings made
   /// Buffers whose memory some owner or mapping still holds.
   std::size_t alive() const {
-    return std::count_if(exported.begin(), exported.end(), [](const auto& e) { return !e.second.bytes.expired(); });
+    return std::count_if(exported.begin(), exported.end(),
+                         [](const auto& e) { return !e.second.bytes.expired(); });
   }
 };
 
@@ -37,8 +38,8 @@ class virtual_device final : public device_memory {
  public:
   /// Device `device` of process `pid` on host `host_tag`: GPU `gpu`, reading the GPUs `reads`
   /// directly (its own included).
-  virtual_device(environment& env, virtual_shared_memory& shared, int device, std::int32_t pid, std::string gpu,
-                 std::vector<std::string> reads, std::uint64_t host_tag = 7)
+  virtual_device(environment& env, virtual_shared_memory& shared, int device, std::int32_t pid,
+                 std::string gpu, std::vector<std::string> reads, std::uint64_t host_tag = 7)
       : env_(env),
         shared_(shared),
         device_(device),
@@ -57,18 +58,23 @@ class virtual_device final : public device_memory {
   void unpin(std::span<std::byte>) override {}
   device_place place() const override { return place_; }
 
-  std::size_t allocated = 0;  ///< by `allocate`: staging, not shared memory
+  std::size_t allocated = 0;        ///< by `allocate`: staging, not shared memory
   std::size_t capacity = SIZE_MAX;  ///< what `allocate` hands out at most
 
-  result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes, std::string&) override {
+  result<std::unique_ptr<shared_device_buffer>> allocate_shared(std::size_t bytes,
+                                                                std::string&) override {
     auto held = std::make_shared<host_buffer>(bytes);
     const auto fd = shared_.next_fd++;
     shared_.exported[fd] = {.bytes = held, .gpu = place_.gpu};
-    return std::make_unique<buffer>(
-        held, shared_device_ref{.pid = pid_, .fd = fd, .inode = std::uint64_t(fd), .host = place_.host, .bytes = bytes});
+    return std::make_unique<buffer>(held, shared_device_ref{.pid = pid_,
+                                                            .fd = fd,
+                                                            .inode = std::uint64_t(fd),
+                                                            .host = place_.host,
+                                                            .bytes = bytes});
   }
 
-  result<std::unique_ptr<shared_device_buffer>> map_shared(const shared_device_ref& ref, std::string& why) override {
+  result<std::unique_ptr<shared_device_buffer>> map_shared(const shared_device_ref& ref,
+                                                           std::string& why) override {
     const auto it = shared_.exported.find(ref.fd);
     auto held = it == shared_.exported.end() ? nullptr : it->second.bytes.lock();
     if (ref.host != place_.host || !env_.platform().process_alive(ref.pid) || !held) {
@@ -86,7 +92,8 @@ class virtual_device final : public device_memory {
  private:
   class buffer final : public shared_device_buffer {
    public:
-    buffer(std::shared_ptr<host_buffer> held, shared_device_ref ref) : held_(std::move(held)), ref_(ref) {}
+    buffer(std::shared_ptr<host_buffer> held, shared_device_ref ref)
+        : held_(std::move(held)), ref_(ref) {}
     std::span<std::byte> bytes() const override { return held_->span(); }
     shared_device_ref ref() const override { return ref_; }
 

@@ -1,11 +1,11 @@
-#include "jobs/local_job.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "jobs/local_job.hpp"
 
 namespace ferry {
 namespace {
@@ -37,11 +37,14 @@ TEST(weight_update, every_worker_holds_every_version) {
 
 TEST(weight_update, progress_tells_each_member_made_then_ready_then_each_version) {
   std::vector<std::string> lines;
-  const auto r = run_local_job(small_job(), [&](const std::string& line) { lines.push_back(line); });
+  const auto r =
+      run_local_job(small_job(), [&](const std::string& line) { lines.push_back(line); });
   ASSERT_TRUE(r.ok) << r.error;
   ASSERT_EQ(lines.size(), 8u + 1 + 3);  // 2 trainer shards and 6 workers, ready, 3 versions
-  EXPECT_TRUE(lines[0].starts_with("set-up: 1 of 8 members made, trainer shard 0 with 0.01 GB")) << lines[0];
-  EXPECT_TRUE(lines[7].starts_with("set-up: 8 of 8 members made, worker 1.2 with 0.02 GB")) << lines[7];
+  EXPECT_TRUE(lines[0].starts_with("set-up: 1 of 8 members made, trainer shard 0 with 0.01 GB"))
+      << lines[0];
+  EXPECT_TRUE(lines[7].starts_with("set-up: 8 of 8 members made, worker 1.2 with 0.02 GB"))
+      << lines[7];
   EXPECT_TRUE(lines[8].starts_with("set-up: ready after ")) << lines[8];
   for (int v = 1; v <= 3; ++v)
     EXPECT_TRUE(lines[8 + v].starts_with("version " + std::to_string(v) + "/3: ")) << lines[8 + v];
@@ -80,7 +83,8 @@ TEST_P(stripes, every_stripe_count_delivers_the_same_bytes) {
   expect_every_version_verified(c);
 }
 INSTANTIATE_TEST_SUITE_P(weight_update, stripes,
-                         ::testing::Combine(::testing::Values("inproc", "tcp"), ::testing::Values(1u, 2u, 3u)));
+                         ::testing::Combine(::testing::Values("inproc", "tcp"),
+                                            ::testing::Values(1u, 2u, 3u)));
 
 /// Shared host copies: leaders read each chunk in the trainer's host copy instead of receiving a
 /// write (host leaders copy it into their receive slot for the chain).
@@ -174,7 +178,8 @@ TEST(weight_update, a_stop_from_another_thread_ends_the_job_mid_update) {
     stop.request_stop();
   });
   const auto r = run_local_job(
-      c, [&](const std::string& line) { first = first || line.starts_with("version "); }, stop.get_token());
+      c, [&](const std::string& line) { first = first || line.starts_with("version "); },
+      stop.get_token());
   stopper.join();
   EXPECT_TRUE(r.interrupted) << r.error;
   EXPECT_GE(r.versions.size(), 1u);

@@ -45,7 +45,8 @@ coordinator::options job(std::vector<std::uint32_t> instances) {
           .chunk_bytes = 64 * 1024};
 }
 
-// The files themselves: tests/python (a rollout on shm, SIGKILLed) and the fabric transport's tests.
+// The files themselves: tests/python (a rollout on shm, SIGKILLed) and the fabric transport's
+// tests.
 TEST(api, clean_up_after_a_killed_process_refuses_one_that_runs) {
   std::size_t removed = 7;
   const auto running = clean_up_killed_process(getpid(), &removed);
@@ -60,10 +61,12 @@ TEST(api, clean_up_after_a_killed_process_refuses_one_that_runs) {
     _exit(0);
   }
   ASSERT_GT(child, 0);
-  EXPECT_EQ(ferry_clean_up_killed_process(child, &removed), FERRY_INVALID_ARGUMENT) << ferry_last_error();
+  EXPECT_EQ(ferry_clean_up_killed_process(child, &removed), FERRY_INVALID_ARGUMENT)
+      << ferry_last_error();
   kill(child, SIGKILL);
   siginfo_t ended{};
-  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &ended, WEXITED | WNOWAIT), 0);  // dead, not reaped
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &ended, WEXITED | WNOWAIT),
+            0);  // dead, not reaped
   EXPECT_EQ(ferry_clean_up_killed_process(child, &removed), FERRY_OK) << ferry_last_error();
   EXPECT_EQ(removed, 0u);  // it opened no shm endpoint
   waitpid(child, nullptr, 0);
@@ -202,7 +205,8 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
   c_options.p2p = "nvlink";
   ferry_coordinator* c_coordinator = nullptr;
   EXPECT_NE(ferry_coordinator_open(&c_options, &c_coordinator), FERRY_OK);
-  EXPECT_NE(std::string(ferry_last_error()).find("p2p 'nvlink'"), std::string::npos) << ferry_last_error();
+  EXPECT_NE(std::string(ferry_last_error()).find("p2p 'nvlink'"), std::string::npos)
+      << ferry_last_error();
   EXPECT_EQ(c_coordinator, nullptr);
 
   table x;
@@ -243,11 +247,15 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
 
   // One member's tensors live on one device; a device tensor needs its pointer.
   trainer split({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}});
-  ASSERT_TRUE(split.register_tensor({.name = "a", .dtype = "f32", .shape = {4}, .data = x.weight.data()}));
-  ASSERT_TRUE(split.register_tensor({.name = "b", .dtype = "f32", .shape = {4}, .data = x.weight.data(), .device = 1}));
+  ASSERT_TRUE(
+      split.register_tensor({.name = "a", .dtype = "f32", .shape = {4}, .data = x.weight.data()}));
+  ASSERT_TRUE(split.register_tensor(
+      {.name = "b", .dtype = "f32", .shape = {4}, .data = x.weight.data(), .device = 1}));
   s = split.join();
   EXPECT_EQ(s.code, api_errc::invalid_argument);
-  EXPECT_NE(s.message.find("tensor 'a' is in host memory and tensor 'b' in device 1"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("tensor 'a' is in host memory and tensor 'b' in device 1"),
+            std::string::npos)
+      << s.message;
   rollout device_without_data({{.coordinator = "tcp://127.0.0.1:1", .secret = secret}, 0, 0});
   s = device_without_data.register_tensor({.name = "w", .dtype = "f32", .shape = {4}, .device = 0});
   EXPECT_NE(s.message.find("null data"), std::string::npos) << s.message;
@@ -255,8 +263,8 @@ TEST(api, bad_input_is_refused_with_a_message_naming_it) {
 
 TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
   status ok;
-  coordinator coord({.listen = "inproc://api-test-job", .instance_sizes = {2}, .chunk_bytes = 64 * 1024},
-                    ok);
+  coordinator coord(
+      {.listen = "inproc://api-test-job", .instance_sizes = {2}, .chunk_bytes = 64 * 1024}, ok);
   ASSERT_TRUE(ok) << ok.message;
   EXPECT_EQ(coord.address(), "inproc://api-test-job");
   coordinator twin({.listen = "inproc://api-test-job"}, ok);
@@ -269,7 +277,8 @@ TEST(api, objects_of_one_process_share_an_inproc_job_by_name) {
   for (const auto& x : sent.tensors()) ASSERT_TRUE(t.register_tensor(x));
   std::vector<std::unique_ptr<rollout>> workers;
   for (std::uint32_t r = 0; r < 2; ++r) {
-    workers.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address()}, 0, r}));
+    workers.push_back(
+        std::make_unique<rollout>(rollout::options{{.coordinator = coord.address()}, 0, r}));
     for (const auto& x : got[r].tensors()) ASSERT_TRUE(workers.back()->register_tensor(x));
   }
   ASSERT_TRUE(t.join());
@@ -342,7 +351,8 @@ struct sharded_table {
   void fill(std::uint64_t version) {
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(version * 7919 + i);
     for (std::size_t e = 0; e < expert.size(); ++e) {
-      for (std::size_t i = 0; i < expert[e].size(); ++i) expert[e][i] = static_cast<float>(version * 31 + e * 1000 + i);
+      for (std::size_t i = 0; i < expert[e].size(); ++i)
+        expert[e][i] = static_cast<float>(version * 31 + e * 1000 + i);
     }
     for (std::size_t i = 0; i < norm.size(); ++i) norm[i] = static_cast<std::uint16_t>(version + i);
   }
@@ -350,7 +360,10 @@ struct sharded_table {
     std::vector<tensor> out{{.name = "w", .dtype = "f32", .shape = {rows, cols}, .data = w.data()},
                             {.name = "norm", .dtype = "bf16", .shape = {40}, .data = norm.data()}};
     for (std::size_t e = 0; e < expert.size(); ++e) {
-      out.push_back({.name = "expert." + std::to_string(e), .dtype = "f32", .shape = {300}, .data = expert[e].data()});
+      out.push_back({.name = "expert." + std::to_string(e),
+                     .dtype = "f32",
+                     .shape = {300},
+                     .data = expert[e].data()});
     }
     return out;
   }
@@ -363,7 +376,9 @@ struct guarded {
   std::vector<std::byte> bytes;
   explicit guarded(std::size_t n) : bytes(n + 2 * guard, canary) {}
   void* data() { return bytes.data() + guard; }
-  std::span<const std::byte> part() const { return {bytes.data() + guard, bytes.size() - 2 * guard}; }
+  std::span<const std::byte> part() const {
+    return {bytes.data() + guard, bytes.size() - 2 * guard};
+  }
   bool canaries_intact() const {
     for (std::size_t i = 0; i < guard; ++i) {
       if (bytes[i] != canary || bytes[bytes.size() - 1 - i] != canary) return false;
@@ -391,19 +406,26 @@ TEST(api, sharded_rollouts_receive_exactly_their_rows_and_experts) {
   std::mutex m;
   std::vector<std::map<std::string, std::size_t>> completed(3);  // on_tensor bytes per name
   for (std::uint32_t r = 0; r < 3; ++r) {
-    workers.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address(), .secret = secret}, 0, r}));
+    workers.push_back(std::make_unique<rollout>(
+        rollout::options{{.coordinator = coord.address(), .secret = secret}, 0, r}));
     auto& w = *workers.back();
     first_row[r] = sharded_table::rows * r / 3;
     const auto rows = sharded_table::rows * (r + 1) / 3 - first_row[r];
     auto& mine = memory[r];
-    auto add = [&](const std::string& name, std::size_t bytes) { return mine.emplace(name, guarded(bytes)).first->second.data(); };
+    auto add = [&](const std::string& name, std::size_t bytes) {
+      return mine.emplace(name, guarded(bytes)).first->second.data();
+    };
     auto whole = sent.tensors();
-    ASSERT_TRUE(w.register_rows({.name = "w", .dtype = "f32", .shape = {sharded_table::rows, sharded_table::cols},
+    ASSERT_TRUE(w.register_rows({.name = "w",
+                                 .dtype = "f32",
+                                 .shape = {sharded_table::rows, sharded_table::cols},
                                  .data = add("w", rows * row_bytes)},
                                 first_row[r], rows));
-    ASSERT_TRUE(w.register_tensor({.name = "norm", .dtype = "bf16", .shape = {40}, .data = add("norm", 80)}));
+    ASSERT_TRUE(w.register_tensor(
+        {.name = "norm", .dtype = "bf16", .shape = {40}, .data = add("norm", 80)}));
     const auto expert = "expert." + std::to_string(r);
-    ASSERT_TRUE(w.register_tensor({.name = expert, .dtype = "f32", .shape = {300}, .data = add(expert, 1200)}));
+    ASSERT_TRUE(w.register_tensor(
+        {.name = expert, .dtype = "f32", .shape = {300}, .data = add(expert, 1200)}));
     w.on_tensor([&, r](std::uint64_t, const tensor& x, std::span<const std::byte> bytes) {
       std::lock_guard lock(m);
       completed[r][x.name] += bytes.size();
@@ -413,7 +435,8 @@ TEST(api, sharded_rollouts_receive_exactly_their_rows_and_experts) {
       }
     });
   }
-  workers.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address(), .secret = secret}, 1, 0}));
+  workers.push_back(std::make_unique<rollout>(
+      rollout::options{{.coordinator = coord.address(), .secret = secret}, 1, 0}));
   ASSERT_TRUE(t.join());
   for (auto& w : workers) ASSERT_TRUE(w->join());
 
@@ -426,12 +449,17 @@ TEST(api, sharded_rollouts_receive_exactly_their_rows_and_experts) {
     for (auto& w : workers) ASSERT_TRUE(w->wait_version(v, 30s));
     for (std::uint32_t r = 0; r < 3; ++r) {
       const auto& mine = memory[r];
-      const auto* rows_from = reinterpret_cast<const std::byte*>(sent.w.data()) + first_row[r] * row_bytes;
+      const auto* rows_from =
+          reinterpret_cast<const std::byte*>(sent.w.data()) + first_row[r] * row_bytes;
       const auto& w = mine.at("w");
-      EXPECT_EQ(std::memcmp(w.part().data(), rows_from, w.part().size()), 0) << "worker " << r << " version " << v;
+      EXPECT_EQ(std::memcmp(w.part().data(), rows_from, w.part().size()), 0)
+          << "worker " << r << " version " << v;
       EXPECT_EQ(std::memcmp(mine.at("norm").part().data(), sent.norm.data(), 80), 0);
-      EXPECT_EQ(std::memcmp(mine.at("expert." + std::to_string(r)).part().data(), sent.expert[r].data(), 1200), 0);
-      for (const auto& [name, g] : mine) EXPECT_TRUE(g.canaries_intact()) << "worker " << r << " wrote around '" << name << "'";
+      EXPECT_EQ(std::memcmp(mine.at("expert." + std::to_string(r)).part().data(),
+                            sent.expert[r].data(), 1200),
+                0);
+      for (const auto& [name, g] : mine)
+        EXPECT_TRUE(g.canaries_intact()) << "worker " << r << " wrote around '" << name << "'";
     }
   }
   std::lock_guard lock(m);
@@ -448,12 +476,15 @@ TEST(api, bad_shards_are_refused_before_any_byte_moves) {
   const tensor w{.name = "w", .dtype = "f32", .shape = {97, 33}};
   auto s = early.register_rows(w, 90, 10);
   EXPECT_EQ(s.code, api_errc::invalid_argument);
-  EXPECT_NE(s.message.find("rows [90, 100) lie outside its 97 rows"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("rows [90, 100) lie outside its 97 rows"), std::string::npos)
+      << s.message;
   EXPECT_EQ(early.register_rows(w, -1, 5).code, api_errc::invalid_argument);
-  EXPECT_EQ(early.register_rows({.name = "scalar", .dtype = "f32", .shape = {}}, 0, 1).code, api_errc::invalid_argument);
+  EXPECT_EQ(early.register_rows({.name = "scalar", .dtype = "f32", .shape = {}}, 0, 1).code,
+            api_errc::invalid_argument);
   ASSERT_TRUE(early.register_rows(w, 0, 40));
   s = early.register_rows(w, 30, 20);
-  EXPECT_NE(s.message.find("'w' registered twice (one row range per tensor)"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("'w' registered twice (one row range per tensor)"), std::string::npos)
+      << s.message;
 
   // Rows [40, 50) of w belong to no worker of the only instance; a tensor no trainer publishes.
   for (const auto& [rows, extra, expect] :
@@ -508,30 +539,39 @@ TEST(api, a_new_part_mid_job_changes_the_layout_and_the_trainer_goes_on_at_once)
       trainer::update u(nullptr);
       if (auto s = t.publish(v, &u); !s) return void(trainer_error = s.message);
       const auto d = u.wait_delivered(30s);
-      if (d) delivered = v;
-      else if (d.code != api_errc::update_failed) return void(trainer_error = d.message);
+      if (d)
+        delivered = v;
+      else if (d.code != api_errc::update_failed)
+        return void(trainer_error = d.message);
     }
   });
   auto wait_for_delivered = [&](std::uint64_t at_least) {
-    for (int i = 0; i < 3000 && delivered < at_least && trainer_error.empty(); ++i) std::this_thread::sleep_for(10ms);
+    for (int i = 0; i < 3000 && delivered < at_least && trainer_error.empty(); ++i)
+      std::this_thread::sleep_for(10ms);
     return delivered >= at_least;
   };
   ASSERT_TRUE(wait_for_delivered(2)) << trainer_error;
 
   // Instance 1: rows [0, 48) and [48, 96) of the weight on two workers, the bias on both.
   constexpr std::int64_t half = 48;
-  std::array<std::vector<float>, 2> rows{std::vector<float>(half * 1024), std::vector<float>(half * 1024)};
-  std::array<std::vector<std::uint16_t>, 2> bias{std::vector<std::uint16_t>(3000), std::vector<std::uint16_t>(3000)};
+  std::array<std::vector<float>, 2> rows{std::vector<float>(half * 1024),
+                                         std::vector<float>(half * 1024)};
+  std::array<std::vector<std::uint16_t>, 2> bias{std::vector<std::uint16_t>(3000),
+                                                 std::vector<std::uint16_t>(3000)};
   std::vector<std::unique_ptr<rollout>> split;
   for (std::uint32_t r = 0; r < 2; ++r) {
-    split.push_back(std::make_unique<rollout>(rollout::options{{.coordinator = coord.address(), .secret = secret}, 1, r}));
-    ASSERT_TRUE(split[r]->register_rows({.name = "layer.weight", .dtype = "f32", .shape = {96, 1024}, .data = rows[r].data()},
-                                        r * half, half));
-    ASSERT_TRUE(split[r]->register_tensor({.name = "layer.bias", .dtype = "bf16", .shape = {3000}, .data = bias[r].data()}));
+    split.push_back(std::make_unique<rollout>(
+        rollout::options{{.coordinator = coord.address(), .secret = secret}, 1, r}));
+    ASSERT_TRUE(split[r]->register_rows(
+        {.name = "layer.weight", .dtype = "f32", .shape = {96, 1024}, .data = rows[r].data()},
+        r * half, half));
+    ASSERT_TRUE(split[r]->register_tensor(
+        {.name = "layer.bias", .dtype = "bf16", .shape = {3000}, .data = bias[r].data()}));
     ASSERT_TRUE(split[r]->join());
   }
   const auto joined_at = delivered.load();
-  ASSERT_TRUE(wait_for_delivered(joined_at + 3)) << "no version delivered after the layout changed: " << trainer_error;
+  ASSERT_TRUE(wait_for_delivered(joined_at + 3))
+      << "no version delivered after the layout changed: " << trainer_error;
   stop = true;
   publisher.join();
   ASSERT_TRUE(trainer_error.empty()) << trainer_error;
@@ -543,7 +583,9 @@ TEST(api, a_new_part_mid_job_changes_the_layout_and_the_trainer_goes_on_at_once)
   EXPECT_TRUE(whole == want) << "the first worker differs from version " << last;
   for (std::uint32_t r = 0; r < 2; ++r) {
     ASSERT_TRUE(split[r]->wait_version(last, 30s));
-    EXPECT_EQ(std::memcmp(rows[r].data(), want.weight.data() + r * half * 1024, rows[r].size() * sizeof(float)), 0)
+    EXPECT_EQ(std::memcmp(rows[r].data(), want.weight.data() + r * half * 1024,
+                          rows[r].size() * sizeof(float)),
+              0)
         << "worker 1." << r << "'s rows differ from version " << last;
     EXPECT_EQ(bias[r], want.bias) << "worker 1." << r;
   }

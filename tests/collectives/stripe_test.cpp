@@ -7,7 +7,8 @@ namespace {
 
 /// The stripes of every split tile the buffer in order, without gaps or overlap.
 TEST(stripe_of, stripes_tile_the_buffer) {
-  for (std::uint64_t bytes : {1ull, 255ull, 256ull, 512ull, 1000ull, 64ull << 20, (64ull << 20) + 7}) {
+  for (std::uint64_t bytes :
+       {1ull, 255ull, 256ull, 512ull, 1000ull, 64ull << 20, (64ull << 20) + 7}) {
     for (std::uint32_t k = 1; k <= 8; ++k) {
       std::uint64_t next = 0;
       for (std::uint32_t s = 0; s < k; ++s) {

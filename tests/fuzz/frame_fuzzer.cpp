@@ -75,14 +75,15 @@ const std::vector<kind_check>& kind_checks() {
 
 /// Feeds the body an envelope carries (its sixth element), valid envelope or not, to every
 /// kind's body decoders.
-void every_body_decoder(const envelope_header& head, std::span<const std::byte> payload, const codec_limits& limits) {
+void every_body_decoder(const envelope_header& head, std::span<const std::byte> payload,
+                        const codec_limits& limits) {
   msgpack::object_handle handle;
   try {
     std::size_t offset = 0;
-    const msgpack::unpack_limit caps(limits.max_array, limits.max_map, limits.max_str, limits.max_bin, limits.max_bin,
-                                     limits.max_depth);
-    handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size(), offset, nullptr, nullptr,
-                             caps);
+    const msgpack::unpack_limit caps(limits.max_array, limits.max_map, limits.max_str,
+                                     limits.max_bin, limits.max_bin, limits.max_depth);
+    handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size(), offset,
+                             nullptr, nullptr, caps);
   } catch (const std::exception&) {
     return;
   }
@@ -108,7 +109,8 @@ void same_as_msgpack_c(std::span<const std::byte> payload, const result<decoded_
   const auto theirs = detail::decode_through_msgpack_c(payload, protocol(), limits);
   if (ours.has_value() != theirs.has_value()) broken("one-pass and msgpack-c decoding disagree", 0);
   if (!ours) {
-    if (ours.error() != theirs.error()) broken("one-pass and msgpack-c decoding give different errors", 0);
+    if (ours.error() != theirs.error())
+      broken("one-pass and msgpack-c decoding give different errors", 0);
     return;
   }
   if (encoded_again(*ours) != encoded_again(*theirs))

@@ -104,14 +104,16 @@ void run_rank(std::uint32_t rank, std::uint32_t ranks, std::vector<std::string>&
     for (std::uint32_t stripes : {ranks, std::max(ranks - 1, 1u)}) {
       std::memset(stripe_host.data(), 0, stripe * ranks);
       const auto part = stripe_of(gathered_bytes, stripes, rank);
-      if (rank < stripes) std::memset(stripe_host.data() + part.offset, static_cast<int>(rank + 1), part.bytes);
+      if (rank < stripes)
+        std::memset(stripe_host.data() + part.offset, static_cast<int>(rank + 1), part.bytes);
       (void)cuda_copy_blocking(*gathered, stripe_host.data(), gathered_bytes);
       bool gathered_done = false;
-      group->async_all_gather({.bytes = {*gathered, gathered_bytes}, .device = static_cast<int>(rank)}, stripes,
-                              [&](std::error_code ec) {
-                                if (ec && out.error.empty()) out.error = "all-gather: " + ec.message();
-                                gathered_done = true;
-                              });
+      group->async_all_gather(
+          {.bytes = {*gathered, gathered_bytes}, .device = static_cast<int>(rank)}, stripes,
+          [&](std::error_code ec) {
+            if (ec && out.error.empty()) out.error = "all-gather: " + ec.message();
+            gathered_done = true;
+          });
       loop.run_until([&] { return gathered_done; });
       (void)cuda_copy_blocking(stripe_host.data(), *gathered, gathered_bytes);
       for (std::uint32_t r = 0; r < stripes && out.error.empty(); ++r) {

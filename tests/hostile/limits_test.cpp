@@ -9,9 +9,9 @@
 
 #include "actors/coordinator.hpp"
 #include "actors/plan.hpp"
+#include "platform/real_environment.hpp"
 #include "runtime/codec.hpp"
 #include "runtime/messages.hpp"
-#include "platform/real_environment.hpp"
 #include "runtime/node.hpp"
 #include "transport/errc.hpp"
 #include "transport/inproc/inproc_transport.hpp"

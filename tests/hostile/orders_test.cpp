@@ -136,11 +136,13 @@ TEST(chunk_messages, from_anyone_but_their_sender_are_dropped) {
   node leader_node{env, 2, inproc_transport::make(env, network, 2), protocol()};
   node follower_node{env, 3, inproc_transport::make(env, network, 3), protocol()};
   node rogue_node{env, 4, inproc_transport::make(env, network, 4), protocol()};
-  for (auto* n : {&hub, &trainer_node, &leader_node, &follower_node, &rogue_node}) ASSERT_FALSE(n->start());
+  for (auto* n : {&hub, &trainer_node, &leader_node, &follower_node, &rogue_node})
+    ASSERT_FALSE(n->start());
   for (node_id id : {1, 2, 3, 4}) ASSERT_FALSE(network.find(id)->add_peer(0, "0"));
   for (node_id id : {2, 3}) ASSERT_FALSE(rogue_node.transport().add_peer(id, std::to_string(id)));
 
-  job_coordinator coordinator(hub, 1, job_shape{.trainers = 1, .instance_sizes = {2}, .chunk_bytes = 4096});
+  job_coordinator coordinator(hub, 1,
+                              job_shape{.trainers = 1, .instance_sizes = {2}, .chunk_bytes = 4096});
   std::uint64_t delivered = 0;
   coordinator.on_delivered = [&](const version_report& r) { delivered = r.version; };
   coordinator.start();
@@ -149,14 +151,18 @@ TEST(chunk_messages, from_anyone_but_their_sender_are_dropped) {
   const auto spec = make_tensor_spec("w", dtype::u8, {10000});
   trainer_shard trainer(trainer_node, 1, {0, 1}, 0, {{.spec = spec, .data = weights.data()}});
   const worker_options options{.make_broadcast = host_chain(chain_tag)};
-  rollout_worker leader(leader_node, 1, {0, 1}, 0, 0, std::vector<tensor_ref>{{.spec = spec, .data = leader_bytes.data()}},
+  rollout_worker leader(leader_node, 1, {0, 1}, 0, 0,
+                        std::vector<tensor_ref>{{.spec = spec, .data = leader_bytes.data()}},
                         options);
   rollout_worker follower(follower_node, 1, {0, 1}, 0, 1,
-                          std::vector<tensor_ref>{{.spec = spec, .data = follower_bytes.data()}}, options);
+                          std::vector<tensor_ref>{{.spec = spec, .data = follower_bytes.data()}},
+                          options);
   trainer.join();
   leader.join();
   follower.join();
-  const auto before = [&](std::chrono::seconds limit) { return env.clock().now() < clock::time_point(limit); };
+  const auto before = [&](std::chrono::seconds limit) {
+    return env.clock().now() < clock::time_point(limit);
+  };
   loop.run_until([&] { return trainer.ready() || !before(std::chrono::seconds(60)); });
   ASSERT_TRUE(trainer.ready());
   ASSERT_TRUE(leader.is_leader());
@@ -166,7 +172,8 @@ TEST(chunk_messages, from_anyone_but_their_sender_are_dropped) {
   actor rogue(rogue_node, 1);
   rogue.set_epoch(coordinator.current_plan()->epoch);
   rogue.start();
-  rogue.send({2, 1}, chunk_sent{.version = 1, .chunk = 0, .slot = 0, .checksum = 1, .chunk_checksum = 1});
+  rogue.send({2, 1},
+             chunk_sent{.version = 1, .chunk = 0, .slot = 0, .checksum = 1, .chunk_checksum = 1});
   rogue.send({3, 1}, chunk_announce{.version = 1, .chunk = 2, .checksum = 1});
   // The trainer's node is a member too, but it orders nothing.
   actor trainer_voice(trainer_node, 2);

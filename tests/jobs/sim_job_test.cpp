@@ -54,7 +54,8 @@ TEST(sim_job, a_small_job_delivers_and_never_beats_its_bound) {
 /// instance, a trainer shard's writes in flight to it.
 std::map<int, int> sends_at_once(const std::string& trace_path) {
   std::map<int, std::vector<std::pair<double, int>>> edges;  // node -> (time, +1 start / -1 end)
-  const std::regex send(R"re("ph":"X","name":"send v[0-9]+ c[0-9]+".*"pid":([0-9]+).*"ts":([0-9.]+),"dur":([0-9.]+))re");
+  const std::regex send(
+      R"re("ph":"X","name":"send v[0-9]+ c[0-9]+".*"pid":([0-9]+).*"ts":([0-9.]+),"dur":([0-9.]+))re");
   std::ifstream in(trace_path);
   std::smatch m;
   for (std::string line; std::getline(in, line);) {
@@ -78,7 +79,11 @@ TEST(sim_job, a_trainer_never_has_more_than_depth_writes_in_flight_to_a_leader) 
   const auto trace = std::filesystem::path(::testing::TempDir()) / "sim_depth_trace.json";
   for (const std::uint32_t depth : {1u, 3u}) {
     sim_config c;
-    c.hardware = {.nodes = 2, .gpus_per_node = 4, .sockets_per_node = 1, .nics_per_node = 4, .nic_rate = 50e9};
+    c.hardware = {.nodes = 2,
+                  .gpus_per_node = 4,
+                  .sockets_per_node = 1,
+                  .nics_per_node = 4,
+                  .nic_rate = 50e9};
     c.trainers = 2;
     c.instances = 1;
     c.instance_size = 4;
@@ -97,7 +102,8 @@ TEST(sim_job, a_trainer_never_has_more_than_depth_writes_in_flight_to_a_leader) 
       deepest = std::max(deepest, n);
     }
     // The writes do overlap where the depth lets them: the sweep sees them.
-    EXPECT_EQ(deepest > 1, depth > 1) << "depth " << depth << ": at most " << deepest << " writes at once";
+    EXPECT_EQ(deepest > 1, depth > 1)
+        << "depth " << depth << ": at most " << deepest << " writes at once";
   }
   std::filesystem::remove(trace);
 }
@@ -105,8 +111,9 @@ TEST(sim_job, a_trainer_never_has_more_than_depth_writes_in_flight_to_a_leader) 
 /// Every rate of the cluster and every modelled CPU rate, times `k`.
 sim_config with_rates_times(sim_config c, double k) {
   auto& h = c.hardware;
-  for (double* rate : {&h.nic_rate, &h.pcie_d2h_rate, &h.pcie_h2d_rate, &h.pcie_duplex_rate,
-                       &h.host_memory_rate, &h.nvlink_rate, &h.copy_thread_rate, &c.checksum_rate}) {
+  for (double* rate :
+       {&h.nic_rate, &h.pcie_d2h_rate, &h.pcie_h2d_rate, &h.pcie_duplex_rate, &h.host_memory_rate,
+        &h.nvlink_rate, &h.copy_thread_rate, &c.checksum_rate}) {
     *rate *= k;
   }
   return c;
@@ -119,8 +126,8 @@ TEST(sim_job, doubling_every_rate_halves_a_bandwidth_bound_prediction) {
   EXPECT_NEAR(fast.predicted_seconds / base.predicted_seconds, 0.5, 0.5 * 0.05)
       << "predicted " << base.predicted_seconds << " s, then " << fast.predicted_seconds << " s";
   EXPECT_NEAR(fast.bound_seconds / base.bound_seconds, 0.5, 1e-6);
-  std::printf("doubled rates: predicted %.4f -> %.4f s (x%.4f)\n", base.predicted_seconds, fast.predicted_seconds,
-              fast.predicted_seconds / base.predicted_seconds);
+  std::printf("doubled rates: predicted %.4f -> %.4f s (x%.4f)\n", base.predicted_seconds,
+              fast.predicted_seconds, fast.predicted_seconds / base.predicted_seconds);
   EXPECT_GE(fast.predicted_seconds, fast.bound_seconds);
 }
 
@@ -137,12 +144,15 @@ TEST(sim_job, sharded_rollouts_lift_a_leader_nic_bound) {
   const auto a = run_sim(whole), b = run_sim(tp), e = run_sim(ep);
   ASSERT_TRUE(a.delivered && b.delivered && e.delivered) << a.error << b.error << e.error;
   const double ratio = b.predicted_seconds / a.predicted_seconds;
-  EXPECT_LT(ratio, 0.5) << "whole " << a.predicted_seconds << " s, tp " << b.predicted_seconds << " s";
+  EXPECT_LT(ratio, 0.5) << "whole " << a.predicted_seconds << " s, tp " << b.predicted_seconds
+                        << " s";
   EXPECT_GE(b.predicted_seconds, b.bound_seconds);
   EXPECT_LT(e.predicted_seconds, a.predicted_seconds);
-  std::printf("one leader per instance of %u: whole %.4f s (bound %.4f, %s), tp %.4f s (x%.3f; bound %.4f, %s), ep %.4f s\n",
-              whole.instance_size, a.predicted_seconds, a.bound_seconds, a.bottleneck.c_str(), b.predicted_seconds, ratio,
-              b.bound_seconds, b.bottleneck.c_str(), e.predicted_seconds);
+  std::printf(
+      "one leader per instance of %u: whole %.4f s (bound %.4f, %s), tp %.4f s (x%.3f; bound %.4f, "
+      "%s), ep %.4f s\n",
+      whole.instance_size, a.predicted_seconds, a.bound_seconds, a.bottleneck.c_str(),
+      b.predicted_seconds, ratio, b.bound_seconds, b.bottleneck.c_str(), e.predicted_seconds);
 }
 
 /// One host: a trainer GPU and an instance of three, through the trainer's host copies (GPU to GPU
@@ -151,7 +161,8 @@ TEST(sim_job, sharded_rollouts_lift_a_leader_nic_bound) {
 /// they are refused before the run.
 TEST(sim_job, shared_host_copies_skip_the_send_on_one_host) {
   sim_config c;
-  c.hardware = {.nodes = 2, .gpus_per_node = 4, .sockets_per_node = 1, .nics_per_node = 1, .nic_rate = 50e9};
+  c.hardware = {
+      .nodes = 2, .gpus_per_node = 4, .sockets_per_node = 1, .nics_per_node = 1, .nic_rate = 50e9};
   c.trainers = 1;
   c.first_worker_gpu = 1;
   c.instances = 1;
@@ -170,10 +181,12 @@ TEST(sim_job, shared_host_copies_skip_the_send_on_one_host) {
   EXPECT_LE(in_place.predicted_seconds, copied.predicted_seconds);
   EXPECT_GE(in_place.predicted_seconds, in_place.bound_seconds);
   std::printf("one host: through the receive slots %.4f s, read in place %.4f s (bound %.4f, %s)\n",
-              copied.predicted_seconds, in_place.predicted_seconds, in_place.bound_seconds, in_place.bottleneck.c_str());
+              copied.predicted_seconds, in_place.predicted_seconds, in_place.bound_seconds,
+              in_place.bottleneck.c_str());
 
   shared.first_worker_gpu = 4;  // the instance on the second node
-  EXPECT_NE(validate(shared).find("ferry.shared_host_copies"), std::string::npos) << validate(shared);
+  EXPECT_NE(validate(shared).find("ferry.shared_host_copies"), std::string::npos)
+      << validate(shared);
 }
 
 double model_bytes(const sim_config& c) {
@@ -226,10 +239,12 @@ TEST(sim_job, device_direct_on_one_node_moves_the_update_over_nvlink) {
   EXPECT_NEAR(bytes_on(staged, "^gpu4 pcie h2d$"), bytes, 0.01 * bytes);
   EXPECT_EQ(bytes_on(staged, "^gpu[0-3] nvlink tx$"), 0);
   const double ratio = staged.predicted_seconds / direct.predicted_seconds;
-  EXPECT_GT(ratio, 5) << "device-direct " << direct.predicted_seconds << " s, host " << staged.predicted_seconds << " s";
-  std::printf("one node: device-direct %.4f s (bound %.4f, %s), through host memory %.4f s (%s): x%.2f\n",
-              direct.predicted_seconds, direct.bound_seconds, direct.bottleneck.c_str(), staged.predicted_seconds,
-              staged.bottleneck.c_str(), ratio);
+  EXPECT_GT(ratio, 5) << "device-direct " << direct.predicted_seconds << " s, host "
+                      << staged.predicted_seconds << " s";
+  std::printf(
+      "one node: device-direct %.4f s (bound %.4f, %s), through host memory %.4f s (%s): x%.2f\n",
+      direct.predicted_seconds, direct.bound_seconds, direct.bottleneck.c_str(),
+      staged.predicted_seconds, staged.bottleneck.c_str(), ratio);
 }
 
 /// Without peer access no worker's GPU reads a trainer's: `auto` is the run through host memory,
@@ -253,12 +268,13 @@ TEST(sim_job, without_peer_access_auto_goes_through_host_memory) {
 /// trainers' host copies (filled from their device copies), the NICs and its leader's PCIe. With
 /// no worker on the trainers' node, `auto` is the run through host memory, to the bit.
 TEST(sim_job, a_worker_on_another_node_still_goes_through_host_memory) {
-  const sim_config c{.hardware = {.nodes = 2, .gpus_per_node = 4, .sockets_per_node = 1, .nics_per_node = 4},
-                     .trainers = 2,
-                     .first_worker_gpu = 2,
-                     .instances = 2,
-                     .instance_size = 2,
-                     .model = synthetic_transformer(2ull << 30)};
+  const sim_config c{
+      .hardware = {.nodes = 2, .gpus_per_node = 4, .sockets_per_node = 1, .nics_per_node = 4},
+      .trainers = 2,
+      .first_worker_gpu = 2,
+      .instances = 2,
+      .instance_size = 2,
+      .model = synthetic_transformer(2ull << 30)};
   ASSERT_EQ(validate(c), "");
   const auto r = run_sim(c);
   ASSERT_TRUE(r.delivered) << r.error;
@@ -286,25 +302,32 @@ TEST(sim_job, a_scenario_refuses_a_malformed_p2p_naming_the_key) {
   const auto path = std::filesystem::path(::testing::TempDir()) / "sim_p2p.toml";
   auto load = [&](const std::string& ferry_table, std::vector<std::string> sets = {},
                   const std::string& hardware = "") {
-    std::ofstream(path) << "[hardware]\nnodes = 1\ngpus_per_node = 4\nnic_gbps = 400\npcie_d2h_gbs = 55\n"
-                           "pcie_h2d_gbs = 55\nhost_memory_gbs = 300\nnvlink_gbs = 450\ncopy_thread_gbs = 10\n"
-                        << hardware << "[model]\nbytes = \"1GiB\"\n"
-                        << "[placement]\ntrainers = 2\ninstances = 1\ninstance_size = 2\nfirst_worker_gpu = 2\n"
-                        << "[ferry]\n" << ferry_table;
+    std::ofstream(path)
+        << "[hardware]\nnodes = 1\ngpus_per_node = 4\nnic_gbps = 400\npcie_d2h_gbs = 55\n"
+           "pcie_h2d_gbs = 55\nhost_memory_gbs = 300\nnvlink_gbs = 450\ncopy_thread_gbs = 10\n"
+        << hardware << "[model]\nbytes = \"1GiB\"\n"
+        << "[placement]\ntrainers = 2\ninstances = 1\ninstance_size = 2\nfirst_worker_gpu = 2\n"
+        << "[ferry]\n"
+        << ferry_table;
     sim_config c;
     auto why = load_scenario(path.string(), sets, c);
     return std::pair{why, c.p2p};
   };
   EXPECT_EQ(load(""), std::pair(std::string(), p2p_mode::automatic));
   EXPECT_EQ(load("p2p = \"host\"\n"), std::pair(std::string(), p2p_mode::host));
-  EXPECT_EQ(load("p2p = \"device\"\n", {"ferry.p2p=host"}), std::pair(std::string(), p2p_mode::host));
+  EXPECT_EQ(load("p2p = \"device\"\n", {"ferry.p2p=host"}),
+            std::pair(std::string(), p2p_mode::host));
   EXPECT_EQ(load("p2p = \"host\"\n", {"p2p=auto"}), std::pair(std::string(), p2p_mode::automatic));
-  for (const auto& [table, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"p2p = \"gpu\"\n", {}}, {"p2p = 1\n", {}}, {"", {"ferry.p2p=nvlink"}}, {"p2p = \"Auto\"\n", {}}}) {
+  for (const auto& [table, sets] :
+       std::vector<std::pair<std::string, std::vector<std::string>>>{{"p2p = \"gpu\"\n", {}},
+                                                                     {"p2p = 1\n", {}},
+                                                                     {"", {"ferry.p2p=nvlink"}},
+                                                                     {"p2p = \"Auto\"\n", {}}}) {
     const auto [why, mode] = load(table, sets);
     EXPECT_NE(why.find("ferry.p2p: "), std::string::npos) << table << ": " << why;
   }
-  EXPECT_NE(load("", {}, "peer_access = \"yes\"\n").first.find("hardware.peer_access: must be true or false"),
+  EXPECT_NE(load("", {}, "peer_access = \"yes\"\n")
+                .first.find("hardware.peer_access: must be true or false"),
             std::string::npos);
   std::filesystem::remove(path);
 }

@@ -36,7 +36,8 @@ TEST(virtual_chaos, messages_handed_over_give_the_run_frames_give) {
   for (const std::uint64_t seed : {3, 5, 11, 12}) {  // each with kills and regroups
     for (const auto sharding : {rollout_sharding::none, rollout_sharding::ep}) {
       const auto frames = run_virtual_chaos({.seed = seed, .sharding = sharding});
-      const auto objects = run_virtual_chaos({.seed = seed, .sharding = sharding, .hand_over_messages = true});
+      const auto objects =
+          run_virtual_chaos({.seed = seed, .sharding = sharding, .hand_over_messages = true});
       ASSERT_TRUE(objects.verified) << objects.error << "\n  replay: " << replay(seed);
       EXPECT_EQ(frames.trace_digest, objects.trace_digest) << "seed " << seed;
       EXPECT_EQ(frames.faults, objects.faults) << "seed " << seed;
@@ -83,16 +84,16 @@ TEST_P(seed_sweep, every_seed_delivers_every_version_byte_for_byte) {
     EXPECT_TRUE(r.verified) << "seed " << seed << ": " << r.error << "\n  replay: " << replay(seed);
     for (const auto& [kind, times] : r.faults) seen[kind] += times;
   }
-  for (const char* kind : {"leader killed mid-update", "two regroups within one chunk time",
-                           "trainer killed mid-update, rejoined", "late joiner as the last event",
-                           "every worker of an instance killed mid-update",
-                           "a new instance joined mid-update", "an instance left mid-update",
-                           "a worker died unannounced, reported by a peer",
-                           "a member cut off briefly, its frames held",
-                           "a member cut off past the heartbeat timeout, readmitted",
-                           "registrations lost: the coordinator started late",
-                           "old epoch's chain forward still reads its slot", "stale write dropped",
-                           "new epoch waits for old readers", "new epoch waits for older writes to land"}) {
+  for (const char* kind :
+       {"leader killed mid-update", "two regroups within one chunk time",
+        "trainer killed mid-update, rejoined", "late joiner as the last event",
+        "every worker of an instance killed mid-update", "a new instance joined mid-update",
+        "an instance left mid-update", "a worker died unannounced, reported by a peer",
+        "a member cut off briefly, its frames held",
+        "a member cut off past the heartbeat timeout, readmitted",
+        "registrations lost: the coordinator started late",
+        "old epoch's chain forward still reads its slot", "stale write dropped",
+        "new epoch waits for old readers", "new epoch waits for older writes to land"}) {
     EXPECT_GT(seen[kind], 0u) << "no seed of this shard hit: " << kind;
   }
   std::string tally;
@@ -117,14 +118,16 @@ TEST_P(sharded_seed_sweep, every_seed_delivers_each_workers_part_byte_for_byte) 
                             << " --shard-rollout " << rollout_sharding_name(sharding);
     for (const auto& [kind, times] : r.faults) seen[kind] += times;
   }
-  for (const char* kind : {"leader killed mid-update", "trainer killed mid-update, rejoined",
-                           "late joiner as the last event", "every worker of an instance killed mid-update",
-                           "a new instance joined mid-update", "an instance left mid-update"}) {
+  for (const char* kind :
+       {"leader killed mid-update", "trainer killed mid-update, rejoined",
+        "late joiner as the last event", "every worker of an instance killed mid-update",
+        "a new instance joined mid-update", "an instance left mid-update"}) {
     EXPECT_GT(seen[kind], 0u) << "no seed hit: " << kind;
   }
 }
 INSTANTIATE_TEST_SUITE_P(virtual_chaos, sharded_seed_sweep,
-                         ::testing::Values(rollout_sharding::ep, rollout_sharding::tp, rollout_sharding::pp_tp),
+                         ::testing::Values(rollout_sharding::ep, rollout_sharding::tp,
+                                           rollout_sharding::pp_tp),
                          [](const auto& sharding) {
                            auto name = std::string(rollout_sharding_name(sharding.param));
                            std::replace(name.begin(), name.end(), '-', '_');

@@ -5,9 +5,9 @@
 #include <boost/fiber/operations.hpp>
 #include <numeric>
 
-#include "runtime/messages.hpp"
 #include "platform/real_environment.hpp"
 #include "runtime/await.hpp"
+#include "runtime/messages.hpp"
 #include "runtime/node.hpp"
 #include "transport/errc.hpp"
 #include "transport/inproc/inproc_transport.hpp"
@@ -46,7 +46,9 @@ TEST_F(two_nodes, actors_ping_pong_across_nodes) {
     EXPECT_EQ(h.from, (address{2, 1}));
     EXPECT_EQ(p.payload, "round " + std::to_string(p.nonce));
     nonces.push_back(p.nonce);
-    if (p.nonce < 100) client.send(server.self(), ping{.nonce = p.nonce + 1, .payload = "round " + std::to_string(p.nonce + 1)});
+    if (p.nonce < 100)
+      client.send(server.self(),
+                  ping{.nonce = p.nonce + 1, .payload = "round " + std::to_string(p.nonce + 1)});
   });
   server.start();
   client.start();
@@ -78,8 +80,8 @@ TEST_F(two_nodes, garbage_frame_is_rejected_and_node_keeps_serving) {
   client.on<pong>([&](const envelope_header&, const pong&) { answered = true; });
   server.start();
   client.start();
-  frame garbage{std::byte{0}, std::byte{0}, std::byte{0}, std::byte{3}, std::byte{0xc1}, std::byte{0xc1},
-                std::byte{0xc1}};
+  frame garbage{std::byte{0},    std::byte{0},    std::byte{0},   std::byte{3},
+                std::byte{0xc1}, std::byte{0xc1}, std::byte{0xc1}};
   a.transport().async_send(2, garbage, [](std::error_code) {});
   client.send(server.self(), ping{.nonce = 7});
   loop.run_until([&] { return answered; });
@@ -90,7 +92,8 @@ TEST_F(two_nodes, forged_sender_is_rejected) {
   echo server(b, 1);
   server.start();
   // Node 1 claims to be node 3.
-  a.transport().async_send(2, encode(envelope_header{.from = {3, 1}, .to = {2, 1}}, ping{}), [](std::error_code) {});
+  a.transport().async_send(2, encode(envelope_header{.from = {3, 1}, .to = {2, 1}}, ping{}),
+                           [](std::error_code) {});
   loop.run_until([&] { return b.stats().frames_in == 1; });
   EXPECT_EQ(b.stats().rejected_for(errc::forged_sender), 1u);
 }
@@ -105,7 +108,8 @@ TEST_F(two_nodes, bulk_write_lands_bytes_and_notifies_both_sides) {
   std::optional<write_notice> seen;
   b.on_write(7, [&](const write_notice& n) { seen = n; });
   std::optional<std::error_code> sender_done;
-  a.transport().async_write(source, *remote, 4096, make_imm(7, 0xabcdef), [&](std::error_code ec) { sender_done = ec; });
+  a.transport().async_write(source, *remote, 4096, make_imm(7, 0xabcdef),
+                            [&](std::error_code ec) { sender_done = ec; });
   loop.run_until([&] { return sender_done && seen; });
 
   EXPECT_FALSE(*sender_done);
@@ -139,7 +143,8 @@ TEST_F(two_nodes, bad_writes_are_refused_before_any_byte_lands) {
   EXPECT_EQ(write(source, unknown, 0), transport_errc::unknown_region);
   EXPECT_EQ(write(source, *remote, 8192 - 100), transport_errc::out_of_bounds);
   EXPECT_EQ(write(unregistered, *remote, 0), transport_errc::not_registered);
-  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_TRUE(
+      std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
   EXPECT_FALSE(write(source, *remote, 4096));
   EXPECT_EQ(target[4096], std::byte{0x5a});
 }
@@ -171,7 +176,8 @@ TEST_F(two_nodes, a_handler_that_never_suspends_keeps_the_mailbox_order) {
   sender.send(receiver.self(), pong{.nonce = 2});
   sender.send(receiver.self(), pong{.nonce = 3});
   loop.run_until([&] { return b.stats().delivered == 3 && !order.empty(); });
-  EXPECT_EQ(order, std::vector<std::string>{"ping 1 began"});  // the pongs wait behind the suspended ping
+  EXPECT_EQ(order,
+            std::vector<std::string>{"ping 1 began"});  // the pongs wait behind the suspended ping
   released = true;
   release.notify_all();
   loop.run_until([&] { return order.size() == 4; });

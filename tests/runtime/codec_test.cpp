@@ -64,7 +64,8 @@ TEST(codec, rejects_truncated_frame) {
   EXPECT_EQ(decode_frame(f, registry, {}).error(), errc::truncated_frame);
   EXPECT_EQ(decode_frame(std::span(f).first(2), registry, {}).error(), errc::truncated_frame);
   // A payload cut short inside msgpack is truncated too.
-  EXPECT_EQ(decode_payload(std::span(f).subspan(4, 6), registry, {}).error(), errc::truncated_frame);
+  EXPECT_EQ(decode_payload(std::span(f).subspan(4, 6), registry, {}).error(),
+            errc::truncated_frame);
 }
 
 TEST(codec, rejects_oversize_frame_before_reading_it) {
@@ -82,23 +83,27 @@ TEST(codec, rejects_oversize_frame_before_reading_it) {
 TEST(codec, rejects_unknown_kind) {
   const auto registry = runtime_messages();
   std::map<std::string, int> body{{"x", 1}};
-  EXPECT_EQ(decode_frame(hand_packed(protocol_version, 999, body), registry, {}).error(), errc::unknown_kind);
+  EXPECT_EQ(decode_frame(hand_packed(protocol_version, 999, body), registry, {}).error(),
+            errc::unknown_kind);
 }
 
 TEST(codec, rejects_wrong_protocol_version) {
   const auto registry = runtime_messages();
-  EXPECT_EQ(decode_frame(hand_packed(protocol_version + 1, ping::kind, ping{}), registry, {}).error(),
-            errc::wrong_protocol);
+  EXPECT_EQ(
+      decode_frame(hand_packed(protocol_version + 1, ping::kind, ping{}), registry, {}).error(),
+      errc::wrong_protocol);
 }
 
 TEST(codec, rejects_body_of_the_wrong_shape) {
   const auto registry = runtime_messages();
   // nonce must be an integer.
   std::map<std::string, std::string> wrong_types{{"nonce", "not a number"}};
-  EXPECT_EQ(decode_frame(hand_packed(protocol_version, ping::kind, wrong_types), registry, {}).error(),
-            errc::malformed_body);
+  EXPECT_EQ(
+      decode_frame(hand_packed(protocol_version, ping::kind, wrong_types), registry, {}).error(),
+      errc::malformed_body);
   // A body must be a map.
-  EXPECT_EQ(decode_frame(hand_packed(protocol_version, ping::kind, 42), registry, {}).error(), errc::malformed_body);
+  EXPECT_EQ(decode_frame(hand_packed(protocol_version, ping::kind, 42), registry, {}).error(),
+            errc::malformed_body);
 }
 
 TEST(codec, rejects_malformed_envelopes) {
@@ -122,7 +127,8 @@ TEST(codec, rejects_malformed_envelopes) {
   p.pack(ping{});
   EXPECT_EQ(decode_frame(raw_frame(negative_epoch), registry, {}).error(), errc::malformed_frame);
 
-  const frame garbage_payload{std::byte{0}, std::byte{0}, std::byte{0}, std::byte{1}, std::byte{0xc1}};
+  const frame garbage_payload{std::byte{0}, std::byte{0}, std::byte{0}, std::byte{1},
+                              std::byte{0xc1}};
   EXPECT_EQ(decode_frame(garbage_payload, registry, {}).error(), errc::malformed_frame);
 
   auto trailing = encode(envelope_header{}, ping{});
@@ -156,7 +162,8 @@ TEST(codec, a_body_encoded_once_frames_as_the_message_would) {
   limits.max_str = 4u << 20;
   const ping big{.nonce = 1, .payload = std::string(2u << 20, 'w')};
   const auto body = encode_body(big);
-  const envelope_header to_a{.from = {1, 1}, .to = {2, 1}, .epoch = 3}, to_b{.from = {1, 1}, .to = {3, 1}, .epoch = 3};
+  const envelope_header to_a{.from = {1, 1}, .to = {2, 1}, .epoch = 3},
+      to_b{.from = {1, 1}, .to = {3, 1}, .epoch = 3};
   EXPECT_EQ(encode(to_a, body), encode(to_a, big));
   EXPECT_EQ(encode(to_b, body), encode(to_b, big));
   const auto fb = encode(to_b, body);

@@ -48,7 +48,8 @@ T unpacked(const std::string& bytes) {
 }
 
 TEST(define_map, packs_the_bytes_msgpack_c_packs_and_reads_them_back) {
-  const outer ours{.version = 1ull << 40, .nested = {.a = 3, .b = "x"}, .list = {{.a = 4, .b = "yy"}, {.a = 5}}};
+  const outer ours{
+      .version = 1ull << 40, .nested = {.a = 3, .b = "x"}, .list = {{.a = 4, .b = "yy"}, {.a = 5}}};
   const outer_msgpack theirs{
       .version = 1ull << 40, .nested = {.a = 3, .b = "x"}, .list = {{.a = 4, .b = "yy"}, {.a = 5}}};
   ASSERT_EQ(packed(ours), packed(theirs));

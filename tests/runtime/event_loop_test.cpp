@@ -5,14 +5,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/steady_timer.hpp>
 #include <random>
 #include <set>
-#include <boost/asio/steady_timer.hpp>
 #include <thread>
 
+#include "platform/worker_pool.hpp"
 #include "runtime/await.hpp"
 #include "runtime/clock.hpp"
-#include "platform/worker_pool.hpp"
 
 namespace ferry {
 namespace {
@@ -193,7 +193,8 @@ TEST(virtual_clock, fires_one_instant_in_the_order_set_and_cancelled_timers_neve
   EXPECT_EQ(clock.pending(), 100u);
   loop.io().poll();
   EXPECT_EQ(fired.size(), 900u);
-  EXPECT_TRUE(std::all_of(fired.begin(), fired.end(), [](const auto& f) { return f.second && f.first % 10 != 0; }));
+  EXPECT_TRUE(std::all_of(fired.begin(), fired.end(),
+                          [](const auto& f) { return f.second && f.first % 10 != 0; }));
   fired.clear();
   // The slot freed last (by timer 999's cancel) is taken again: the old id must not cancel it.
   const auto reused = clock.async_wait(std::chrono::seconds(2), [&](std::error_code ec) {

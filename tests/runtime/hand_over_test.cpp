@@ -155,11 +155,14 @@ TEST_F(handing_over, a_large_message_goes_as_a_frame_under_the_receivers_limits)
 
 TEST_F(handing_over, a_large_shared_vector_is_one_object_for_all) {
   actor from(*a, 1), first(*b, 1), second(*b, 2);
-  const named_table sent{.names = std::vector<std::string>(max_handed_over_bytes / 4, "layer.0.weight")};
+  const named_table sent{.names =
+                             std::vector<std::string>(max_handed_over_bytes / 4, "layer.0.weight")};
   ASSERT_GT(frame_size({}, sent).bytes, 2 * max_handed_over_bytes);
   std::vector<bool> shared;
   for (auto* r : {&first, &second}) {
-    r->on<named_table>([&](const envelope_header&, const named_table& m) { shared.push_back(m.names.same_object(sent.names)); });
+    r->on<named_table>([&](const envelope_header&, const named_table& m) {
+      shared.push_back(m.names.same_object(sent.names));
+    });
     r->start();
   }
   from.start();

@@ -39,7 +39,8 @@ TEST_P(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_neve
   const auto cost = std::chrono::milliseconds(10);  // per large frame, whatever its sender
   network.model_frames_from(large);
   if (GetParam()) network.hand_over_messages();
-  network.model_bulk([&](node_id, node_id, std::uint64_t, const std::byte*, const std::byte*, std::function<void()> landed) {
+  network.model_bulk([&](node_id, node_id, std::uint64_t, const std::byte*, const std::byte*,
+                         std::function<void()> landed) {
     env.clock().async_wait(cost, [landed = std::move(landed)](std::error_code) { landed(); });
   });
   node a{env, 1, inproc_transport::make(env, network, 1), registry};
@@ -56,7 +57,9 @@ TEST_P(inproc_model, large_frames_reach_a_node_one_at_a_time_and_small_ones_neve
   from_b.send({3, 1}, ping{.nonce = 2, .payload = big});
   from_a.send({3, 1}, ping{.nonce = 3, .payload = "small"});  // behind a's large frame
   from_b.send({3, 1}, ping{.nonce = 4, .payload = "small"});  // behind b's
-  loop.run_until([&] { return to.landed.size() == 4 || env.clock().now().time_since_epoch() > std::chrono::seconds(1); });
+  loop.run_until([&] {
+    return to.landed.size() == 4 || env.clock().now().time_since_epoch() > std::chrono::seconds(1);
+  });
 
   ASSERT_EQ(to.landed.size(), 4u);
   // a's large frame lands after one cost, b's after two: c took them in turn, not side by side.

@@ -59,7 +59,8 @@ TEST(shared_vector, packs_and_reads_as_the_vector_it_replaces) {
     // The one-pass reader and msgpack-c's object tree read the same vector.
     auto read = decode_frame(f, registry, limits);
     ASSERT_TRUE(read) << read.error().message();
-    auto through_msgpack_c = detail::decode_through_msgpack_c(std::span(f).subspan(frame_prefix_bytes), registry, limits);
+    auto through_msgpack_c = detail::decode_through_msgpack_c(
+        std::span(f).subspan(frame_prefix_bytes), registry, limits);
     ASSERT_TRUE(through_msgpack_c) << through_msgpack_c.error().message();
     for (const auto* m : {&*read, &*through_msgpack_c}) {
       EXPECT_EQ(m->as<shared_table>().id, 7u);

@@ -12,8 +12,8 @@
 #include <optional>
 #include <set>
 
-#include "runtime/actor.hpp"
 #include "platform/real_environment.hpp"
+#include "runtime/actor.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/errc.hpp"

@@ -149,14 +149,19 @@ TEST_P(fabric_pair, large_frames_arrive_whole_and_in_order) {
     expected.push_back(numbered_text(n, i));
     a->async_send(2, text_frame(expected.back()), [&](std::error_code ec) { sent.push_back(ec); });
   }
-  ASSERT_TRUE(run_for(loop, [&] { return in_b.frames.size() == expected.size() && sent.size() == expected.size(); }));
+  ASSERT_TRUE(run_for(loop, [&] {
+    return in_b.frames.size() == expected.size() && sent.size() == expected.size();
+  }));
   for (auto ec : sent) EXPECT_FALSE(ec) << ec.message();
   for (std::size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(in_b.frames[i].first, 1u);
     EXPECT_TRUE(in_b.frames[i].second == expected[i])
-        << "frame " << i << " differs: " << in_b.frames[i].second.size() << " bytes of " << expected[i].size()
-        << ", first difference at "
-        << std::distance(expected[i].begin(), std::mismatch(expected[i].begin(), expected[i].end(), in_b.frames[i].second.begin(), in_b.frames[i].second.end()).first);
+        << "frame " << i << " differs: " << in_b.frames[i].second.size() << " bytes of "
+        << expected[i].size() << ", first difference at "
+        << std::distance(expected[i].begin(),
+                         std::mismatch(expected[i].begin(), expected[i].end(),
+                                       in_b.frames[i].second.begin(), in_b.frames[i].second.end())
+                             .first);
   }
   EXPECT_EQ(b->stats().frames_received, expected.size());
   EXPECT_EQ(b->stats().frames_rejected, 0u);
@@ -185,8 +190,10 @@ TEST_P(fabric_pair, a_node_without_the_job_secret_gets_no_link_either_way) {
   EXPECT_EQ(*from_stranger, make_error_code(transport_errc::unauthenticated));
   EXPECT_EQ(*to_stranger, make_error_code(transport_errc::unauthenticated));
   ASSERT_TRUE(run_for(loop, [&] { return !in_b.lost.empty() && !in_stranger.lost.empty(); }));
-  EXPECT_EQ(in_b.lost[0], (std::pair<node_id, std::error_code>{3, transport_errc::unauthenticated}));
-  EXPECT_EQ(in_stranger.lost[0], (std::pair<node_id, std::error_code>{2, transport_errc::unauthenticated}));
+  EXPECT_EQ(in_b.lost[0],
+            (std::pair<node_id, std::error_code>{3, transport_errc::unauthenticated}));
+  EXPECT_EQ(in_stranger.lost[0],
+            (std::pair<node_id, std::error_code>{2, transport_errc::unauthenticated}));
   EXPECT_TRUE(in_b.frames.empty());
   EXPECT_TRUE(in_stranger.frames.empty());
   EXPECT_GE(b->stats().handshakes_refused, 1u);
@@ -209,9 +216,10 @@ TEST_P(fabric_pair, a_forged_sender_is_refused_and_counted) {
   ASSERT_FALSE(forger->add_peer(2, b->local_address()));
   int forged_sent = 0;
   for (int i = 0; i < 5; ++i)
-    forger->async_send(2, text_frame(i % 2 ? "forged" : std::string(64 << 10, 'f')), [&](std::error_code ec) {
-      if (!ec) ++forged_sent;
-    });
+    forger->async_send(2, text_frame(i % 2 ? "forged" : std::string(64 << 10, 'f')),
+                       [&](std::error_code ec) {
+                         if (!ec) ++forged_sent;
+                       });
   ASSERT_TRUE(run_for(loop, [&] { return forged_sent == 5 && b->stats().unauthenticated >= 5; }));
   a->async_send(2, text_frame("again from node 1"), [](std::error_code) {});
   ASSERT_TRUE(run_for(loop, [&] { return in_b.frames.size() == 2; }));
@@ -572,8 +580,8 @@ class fabric_processes : public ::testing::TestWithParam<std::string> {
     const std::string size = std::to_string(bytes), sd = std::to_string(seed);
     const pid_t child = fork();
     if (child == 0) {
-      execl(FERRY_FABRIC_PEER, FERRY_FABRIC_PEER, GetParam().c_str(), writer_address.c_str(), size.c_str(),
-            sd.c_str(), static_cast<char*>(nullptr));
+      execl(FERRY_FABRIC_PEER, FERRY_FABRIC_PEER, GetParam().c_str(), writer_address.c_str(),
+            size.c_str(), sd.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     return child;
@@ -675,7 +683,9 @@ TEST_P(fabric_processes, a_killed_peer_holds_up_only_its_own_traffic) {
   // The receiver waits for 4 chunks; it gets one and is killed.
   const pid_t child = start_receiver(writer->local_address(), 4 * chunk, seed);
   ASSERT_GE(child, 0);
-  ASSERT_TRUE(run_for(loop, [&] { return !in.frames.empty(); }, 30s)) << "no hello from the receiver";
+  ASSERT_TRUE(run_for(
+      loop, [&] { return !in.frames.empty(); }, 30s))
+      << "no hello from the receiver";
   const auto hello = parse_hello(in.frames[0].second);
   ASSERT_TRUE(hello);
   ASSERT_FALSE(writer->add_peer(2, hello->first));
@@ -686,7 +696,8 @@ TEST_P(fabric_processes, a_killed_peer_holds_up_only_its_own_traffic) {
   std::optional<std::error_code> first;
   writer->async_write(std::span(src).first(chunk), doomed_region, 0, make_imm(4, 0),
                       [&](std::error_code ec) { first = ec; });
-  ASSERT_TRUE(run_for(loop, [&] { return first.has_value(); }, 30s));
+  ASSERT_TRUE(run_for(
+      loop, [&] { return first.has_value(); }, 30s));
   ASSERT_FALSE(*first) << first->message();
   kill(child, SIGKILL);
   // Dead and not reaped: over shm its endpoint's region is still in /dev/shm, and goes now.
@@ -707,8 +718,10 @@ TEST_P(fabric_processes, a_killed_peer_holds_up_only_its_own_traffic) {
     };
   };
   int issued = 0;
-  for (; issued < 200; ++issued) writer->async_send(2, text_frame(numbered_text(64 << 10, issued)), to_dead(issued));
-  writer->async_write(std::span(src).subspan(chunk, chunk), doomed_region, chunk, make_imm(4, 1), to_dead(issued++));
+  for (; issued < 200; ++issued)
+    writer->async_send(2, text_frame(numbered_text(64 << 10, issued)), to_dead(issued));
+  writer->async_write(std::span(src).subspan(chunk, chunk), doomed_region, chunk, make_imm(4, 1),
+                      to_dead(issued++));
 
   std::vector<std::byte> landing(chunk);
   auto bystander_region = bystander->register_region(landing);
@@ -716,21 +729,30 @@ TEST_P(fabric_processes, a_killed_peer_holds_up_only_its_own_traffic) {
   std::optional<std::error_code> bystander_write;
   writer->async_write(std::span(src).first(chunk), *bystander_region, 0, make_imm(5, 9),
                       [&](std::error_code ec) { bystander_write = ec; });
-  for (int i = 0; i < 20; ++i) writer->async_send(3, text_frame(numbered_text(64 << 10, 1000 + i)), [](std::error_code) {});
-  ASSERT_TRUE(run_for(loop, [&] {
-    return bystander_write && in_bystander.writes.size() == 1 && in_bystander.frames.size() == 20;
-  }, 30s)) << "the bystander's traffic waited for the dead peer";
+  for (int i = 0; i < 20; ++i)
+    writer->async_send(3, text_frame(numbered_text(64 << 10, 1000 + i)), [](std::error_code) {});
+  ASSERT_TRUE(run_for(
+      loop,
+      [&] {
+        return bystander_write && in_bystander.writes.size() == 1 &&
+               in_bystander.frames.size() == 20;
+      },
+      30s))
+      << "the bystander's traffic waited for the dead peer";
   for (const auto& [peer, why] : in.lost)
     EXPECT_NE(why, make_error_code(transport_errc::peer_stalled))
         << "the bystander's traffic was held up until the dead peer was given up on";
   EXPECT_FALSE(*bystander_write) << bystander_write->message();
   EXPECT_EQ(in_bystander.writes[0].imm, make_imm(5, 9));
   EXPECT_EQ(first_mismatch(landing, seed), landing.size());
-  for (int i = 0; i < 20; ++i) EXPECT_TRUE(in_bystander.frames[i].second == numbered_text(64 << 10, 1000 + i));
+  for (int i = 0; i < 20; ++i)
+    EXPECT_TRUE(in_bystander.frames[i].second == numbered_text(64 << 10, 1000 + i));
 
   // The dead peer: every operation ends once, some with a link error, and it is reported lost.
-  ASSERT_TRUE(run_for(loop, [&] { return static_cast<int>(dead_calls.size()) == issued && !in.lost.empty(); }, 30s))
-      << dead_calls.size() << " of " << issued << " operations for the dead peer ended; lost reported: " << !in.lost.empty();
+  ASSERT_TRUE(run_for(
+      loop, [&] { return static_cast<int>(dead_calls.size()) == issued && !in.lost.empty(); }, 30s))
+      << dead_calls.size() << " of " << issued
+      << " operations for the dead peer ended; lost reported: " << !in.lost.empty();
   for (const auto& [i, calls] : dead_calls) EXPECT_EQ(calls, 1) << "operation " << i;
   EXPECT_FALSE(dead_errors.empty());
   EXPECT_EQ(in.lost[0].first, 2u);

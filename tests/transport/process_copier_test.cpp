@@ -122,7 +122,8 @@ TEST_F(process_copier_test, a_forgotten_region_takes_no_byte_and_the_others_stil
   process_copier copier(loop, 1);  // one piece at a time: the later ones are still queued
   std::vector<std::byte> source(std::size_t{256} << 20, std::byte{7}), target(source.size());
   int forgotten_result = -1;
-  copier.async_copy(::getpid(), address_of(source.data()), target, 5, [&](int e) { forgotten_result = e; });
+  copier.async_copy(::getpid(), address_of(source.data()), target, 5,
+                    [&](int e) { forgotten_result = e; });
   copier.forget_region(5);
   const std::vector<std::byte> after = target;
   EXPECT_EQ(copy(copier, ::getpid(), address_of(source.data()), target, 5), ECANCELED);
@@ -133,7 +134,8 @@ TEST_F(process_copier_test, a_forgotten_region_takes_no_byte_and_the_others_stil
   // Another region copies as before.
   std::vector<std::byte> other(std::size_t{8} << 20);
   EXPECT_EQ(copy(copier, ::getpid(), address_of(source.data()), other, 6), 0);
-  EXPECT_TRUE(std::all_of(other.begin(), other.end(), [](std::byte b) { return b == std::byte{7}; }));
+  EXPECT_TRUE(
+      std::all_of(other.begin(), other.end(), [](std::byte b) { return b == std::byte{7}; }));
 }
 
 }  // namespace

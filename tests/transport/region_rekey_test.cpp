@@ -99,15 +99,18 @@ struct cut_writer : ::testing::Test {
   std::shared_ptr<inproc_transport> old_writer = inproc_transport::make(env, network, 1);
   std::shared_ptr<inproc_transport> receiver = inproc_transport::make(env, network, 2);
   std::shared_ptr<inproc_transport> new_writer = inproc_transport::make(env, network, 3);
-  std::vector<std::byte> slot = std::vector<std::byte>(4096), old_bytes = std::vector<std::byte>(4096, std::byte{0xaa}),
+  std::vector<std::byte> slot = std::vector<std::byte>(4096),
+                         old_bytes = std::vector<std::byte>(4096, std::byte{0xaa}),
                          new_bytes = std::vector<std::byte>(4096, std::byte{0xbb});
   std::vector<write_notice> landed;
 
   void SetUp() override {
     ASSERT_FALSE(old_writer->start({}));
     ASSERT_FALSE(new_writer->start({}));
-    ASSERT_FALSE(receiver->start({.on_write = [this](const write_notice& n) { landed.push_back(n); }}));
-    const std::pair<inproc_transport*, node_id> nodes[] = {{old_writer.get(), 1}, {receiver.get(), 2}, {new_writer.get(), 3}};
+    ASSERT_FALSE(
+        receiver->start({.on_write = [this](const write_notice& n) { landed.push_back(n); }}));
+    const std::pair<inproc_transport*, node_id> nodes[] = {
+        {old_writer.get(), 1}, {receiver.get(), 2}, {new_writer.get(), 3}};
     for (const auto& [t, self] : nodes) {
       for (const node_id peer : {1u, 2u, 3u}) {
         if (peer == self) continue;
@@ -118,7 +121,8 @@ struct cut_writer : ::testing::Test {
     ASSERT_TRUE(new_writer->register_region(new_bytes));
   }
 
-  std::error_code write(inproc_transport& from, std::span<const std::byte> bytes, const region_desc& to) {
+  std::error_code write(inproc_transport& from, std::span<const std::byte> bytes,
+                        const region_desc& to) {
     std::optional<std::error_code> result;
     from.async_write(bytes, to, 0, 0, [&](std::error_code ec) { result = ec; });
     loop.run_until([&] { return result.has_value(); });
@@ -222,7 +226,12 @@ TEST(inproc_transport, deregistering_a_region_stops_the_copies_into_it) {
   // Every pool thread busy: the copies wait in its queue until the region is gone.
   std::atomic<bool> release = false;
   for (unsigned i = 0; i < env.cpu().parallelism(); ++i) {
-    env.cpu().async_run(0, [&] { while (!release) std::this_thread::yield(); }, [] {});
+    env.cpu().async_run(
+        0,
+        [&] {
+          while (!release) std::this_thread::yield();
+        },
+        [] {});
   }
   constexpr std::size_t block = std::size_t{1} << 20, blocks = 8;
   std::vector<std::byte> source(block * blocks, std::byte{0x5a}), target(source.size());
@@ -230,15 +239,16 @@ TEST(inproc_transport, deregistering_a_region_stops_the_copies_into_it) {
   const auto remote = *receiver->register_region(target);
   std::vector<std::error_code> results;
   for (std::size_t i = 0; i < blocks; ++i) {
-    writer->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote, i * block, 0,
-                        [&](std::error_code ec) { results.push_back(ec); });
+    writer->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote,
+                        i * block, 0, [&](std::error_code ec) { results.push_back(ec); });
   }
   ASSERT_TRUE(receiver->when_writes_end(remote.id, [] {}));  // they passed the check
-  receiver->deregister_region(remote.id);  // its owner may free the memory now
+  receiver->deregister_region(remote.id);                    // its owner may free the memory now
   release = true;
   env.wait_idle();
-  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte b) { return b == std::byte{0}; }))
-      << "bytes landed after deregister_region returned";
+  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte b) {
+    return b == std::byte{0};
+  })) << "bytes landed after deregister_region returned";
   loop.run_until([&] { return results.size() == blocks; });
   ASSERT_EQ(results.size(), blocks);
   EXPECT_EQ(std::count(results.begin(), results.end(), transport_errc::unknown_region), blocks);

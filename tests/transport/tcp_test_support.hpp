@@ -18,9 +18,9 @@
 #include "runtime/event_loop.hpp"
 #include "runtime/message_registry.hpp"
 #include "runtime/messages.hpp"
+#include "runtime/transport.hpp"
 #include "transport/link_auth.hpp"
 #include "transport/tcp/link_protocol.hpp"
-#include "runtime/transport.hpp"
 
 namespace ferry::test {
 

@@ -203,9 +203,11 @@ TEST_P(tcp_pair, a_rekeyed_region_refuses_the_old_key_and_keeps_the_link) {
     return result.value_or(std::error_code{});
   };
   EXPECT_EQ(write(*old_key, 0), transport_errc::key_mismatch);
-  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_TRUE(
+      std::all_of(target.begin(), target.end(), [](std::byte x) { return x == std::byte{0}; }));
   EXPECT_FALSE(write(*new_key, 4096));
-  EXPECT_TRUE(std::all_of(target.begin() + 4096, target.end(), [](std::byte x) { return x == std::byte{0x5a}; }));
+  EXPECT_TRUE(std::all_of(target.begin() + 4096, target.end(),
+                          [](std::byte x) { return x == std::byte{0x5a}; }));
   EXPECT_EQ(tb->stats().writes_refused, 1u);
   EXPECT_EQ(tb->stats().links_accepted, 1u);
 }
@@ -360,7 +362,8 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
     test::raw_peer p(test::port_of(receiver->local_address()));
     if (!p.handshake(1, 2, test::test_secret())) return finished.store(true);
     const std::vector<std::byte> payload(length, std::byte{0x11});
-    p.send(tcp_link::encode(tcp_link::write_header{.region = old_key.id, .key = old_key.key, .length = length, .id = 1}));
+    p.send(tcp_link::encode(tcp_link::write_header{
+        .region = old_key.id, .key = old_key.key, .length = length, .id = 1}));
     p.send(std::span(payload).first(piece));
     // The main thread rekeys once the first piece landed; a test that waits longer has failed.
     for (int waited = 0; !rekeyed; ++waited) {
@@ -368,16 +371,20 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     p.send(std::span(payload).subspan(piece));
-    if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::write_ack) refused = tcp_link::parse_write_ack(f->body);
+    if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::write_ack)
+      refused = tcp_link::parse_write_ack(f->body);
     // The link is still up: a write under the new key lands.
-    p.send(tcp_link::encode(tcp_link::write_header{.region = new_key.id, .key = new_key.key, .offset = length, .length = 4096, .id = 2}));
+    p.send(tcp_link::encode(tcp_link::write_header{
+        .region = new_key.id, .key = new_key.key, .offset = length, .length = 4096, .id = 2}));
     p.send(std::span(payload).first(4096));
-    if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::write_ack) accepted = tcp_link::parse_write_ack(f->body);
+    if (auto f = p.read_frame(); f && f->type == tcp_link::frame_type::write_ack)
+      accepted = tcp_link::parse_write_ack(f->body);
     finished = true;
   });
   const auto first_piece = std::span(target).first(piece);
   loop.run_until([&] {
-    return finished || std::all_of(first_piece.begin(), first_piece.end(), [](std::byte x) { return x == std::byte{0x11}; });
+    return finished || std::all_of(first_piece.begin(), first_piece.end(),
+                                   [](std::byte x) { return x == std::byte{0x11}; });
   });
   // Past the turn that landed the first piece: the second is asked for under the old key.
   test::one_turn(loop);
@@ -400,7 +407,8 @@ TEST(tcp_transport, a_write_under_way_stops_landing_once_its_region_is_rekeyed) 
   EXPECT_EQ(accepted->status, 0u);
   // At most the piece already asked for lands after the rekey; the last one does not.
   const auto last_piece = std::span(target).subspan(2 * piece, piece);
-  EXPECT_TRUE(std::all_of(last_piece.begin(), last_piece.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_TRUE(std::all_of(last_piece.begin(), last_piece.end(),
+                          [](std::byte x) { return x == std::byte{0}; }));
   ASSERT_EQ(notices.size(), 1u);
   EXPECT_EQ(notices[0].offset, length);
   EXPECT_EQ(receiver->stats().writes_refused, 1u);
@@ -414,8 +422,8 @@ struct cut_short {
   std::function<void(std::uint16_t)> by_writer;
 };
 
-/// A hand-driven node 1 writes 12 MiB into a region of node 2 and stops after its first 4 MiB piece;
-/// then its link is cut short. The rest must never land, and the write must end for
+/// A hand-driven node 1 writes 12 MiB into a region of node 2 and stops after its first 4 MiB
+/// piece; then its link is cut short. The rest must never land, and the write must end for
 /// `when_writes_end`.
 void expect_rest_of_payload_dropped(const cut_short& cut) {
   event_loop loop;
@@ -435,7 +443,8 @@ void expect_rest_of_payload_dropped(const cut_short& cut) {
     test::raw_peer p(port);
     if (!p.handshake(1, 2, test::test_secret())) return finish();
     const std::vector<std::byte> payload(length, std::byte{0x11});
-    p.send(tcp_link::encode(tcp_link::write_header{.region = region.id, .key = region.key, .length = length, .id = 1}));
+    p.send(tcp_link::encode(
+        tcp_link::write_header{.region = region.id, .key = region.key, .length = length, .id = 1}));
     p.send(std::span(payload).first(piece));
     // The main thread says go once the first piece landed; a test that waits longer has failed.
     for (int waited = 0; !go; ++waited) {
@@ -449,7 +458,8 @@ void expect_rest_of_payload_dropped(const cut_short& cut) {
   });
   const auto first_piece = std::span(target).first(piece);
   loop.run_until([&] {
-    return finished || std::all_of(first_piece.begin(), first_piece.end(), [](std::byte x) { return x == std::byte{0x11}; });
+    return finished || std::all_of(first_piece.begin(), first_piece.end(),
+                                   [](std::byte x) { return x == std::byte{0x11}; });
   });
   bool ended = false;
   EXPECT_TRUE(receiver->when_writes_end(region.id, [&] { ended = true; }));
@@ -463,13 +473,15 @@ void expect_rest_of_payload_dropped(const cut_short& cut) {
   EXPECT_TRUE(ended);
   const auto rest = std::span(target).subspan(piece);
   EXPECT_TRUE(std::all_of(rest.begin(), rest.end(), [](std::byte x) { return x == std::byte{0}; }));
-  EXPECT_TRUE(std::none_of(notices.begin(), notices.end(), [](const write_notice& n) { return n.length == length; }));
+  EXPECT_TRUE(std::none_of(notices.begin(), notices.end(),
+                           [](const write_notice& n) { return n.length == length; }));
   receiver->close();
 }
 
 // A member removes the links of members a new plan dropped (`job_member::link_to`).
 TEST(tcp_transport, a_write_under_way_stops_landing_once_its_sender_is_removed) {
-  expect_rest_of_payload_dropped({.on_loop = [](tcp_transport& t, std::uint64_t) { t.remove_peer(1); }});
+  expect_rest_of_payload_dropped(
+      {.on_loop = [](tcp_transport& t, std::uint64_t) { t.remove_peer(1); }});
 }
 
 // Its owner may free a region's memory once it deregistered it (a worker's destructor does).
@@ -485,7 +497,8 @@ TEST(tcp_transport, a_newer_link_from_the_node_ends_a_payload_its_older_one_was_
     test::raw_peer again(port);
     ASSERT_TRUE(again.handshake(1, 2, test::test_secret()));
     // A write over the new link: read only once the link is ready, after the old one was dropped.
-    ASSERT_TRUE(again.send(tcp_link::encode(tcp_link::write_header{.region = 1, .key = 0, .length = 0, .id = 7})));
+    ASSERT_TRUE(again.send(
+        tcp_link::encode(tcp_link::write_header{.region = 1, .key = 0, .length = 0, .id = 7})));
     const auto ack = again.read_frame();
     ASSERT_TRUE(ack && ack->type == tcp_link::frame_type::write_ack);
   }});
@@ -734,8 +747,8 @@ TEST(cma_links, deregistering_a_region_stops_its_copies_and_the_link_stays) {
   std::vector<int> completions(blocks, 0);
   std::size_t succeeded = 0;
   for (std::size_t i = 0; i < blocks; ++i) {
-    ta->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote, i * block, 0,
-                    [&, i](std::error_code ec) {
+    ta->async_write(std::span<const std::byte>(source).subspan(i * block, block), remote, i * block,
+                    0, [&, i](std::error_code ec) {
                       ++completions[i];
                       if (!ec) ++succeeded;
                     });
@@ -760,7 +773,8 @@ TEST(cma_links, deregistering_a_region_stops_its_copies_and_the_link_stays) {
                   [&](std::error_code ec) { last = ec, landed = true; });
   ASSERT_TRUE(run_until(loop, [&] { return landed; }));
   EXPECT_FALSE(last) << last.message();
-  EXPECT_TRUE(std::all_of(other.begin(), other.end(), [](std::byte x) { return x == std::byte{0x33}; }));
+  EXPECT_TRUE(
+      std::all_of(other.begin(), other.end(), [](std::byte x) { return x == std::byte{0x33}; }));
 }
 
 }  // namespace

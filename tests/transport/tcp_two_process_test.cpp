@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <thread>
 
-#include "runtime/actor.hpp"
 #include "platform/real_environment.hpp"
+#include "runtime/actor.hpp"
 #include "runtime/node.hpp"
 #include "tcp_test_support.hpp"
 #include "transport/tcp/tcp_transport.hpp"

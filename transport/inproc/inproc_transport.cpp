@@ -84,7 +84,8 @@ void inproc_network::mend(node_id id) {
     });
   }
   for (auto& h : arriving) {
-    if (auto to = find(h.to); to && find(h.from)) to->loop_.post([to, arrive = std::move(h.arrive)] { arrive(*to); });
+    if (auto to = find(h.to); to && find(h.from))
+      to->loop_.post([to, arrive = std::move(h.arrive)] { arrive(*to); });
   }
   for (auto [a, b] : broken) {
     if (auto t = find(a)) t->loop_.post([t, b] { t->peer_died(b); });
@@ -98,17 +99,27 @@ void inproc_network::detach(node_id id) {
   ++changes_;
 }
 
-std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inproc_network& network, node_id self) {
+std::shared_ptr<inproc_transport> inproc_transport::make(environment& env, inproc_network& network,
+                                                         node_id self) {
   return std::make_shared<inproc_transport>(made_by_make{}, env, network, self);
 }
 
 inproc_transport::inproc_transport(made_by_make, environment& env, inproc_network& network,
                                    node_id self)
-    : loop_(env.loop()), cpu_(env.cpu()), network_(network), self_(self), virtual_time_(env.is_virtual()), regions_(self) {}
+    : loop_(env.loop()),
+      cpu_(env.cpu()),
+      network_(network),
+      self_(self),
+      virtual_time_(env.is_virtual()),
+      regions_(self) {}
 
-inproc_transport::~inproc_transport() { close(); }
+inproc_transport::~inproc_transport() {
+  close();
+}
 
-std::string inproc_transport::local_address() const { return std::to_string(self_); }
+std::string inproc_transport::local_address() const {
+  return std::to_string(self_);
+}
 
 std::error_code inproc_transport::start(transport_events events) {
   events_ = std::move(events);
@@ -199,7 +210,8 @@ void inproc_transport::hand_over(node_id to, parcel p, completion done) {
     return;
   }
   if (cut) {
-    network_.hold(self_, to, [from = self_, p = std::move(p)](inproc_transport& at) { at.deliver(from, p); });
+    network_.hold(self_, to,
+                  [from = self_, p = std::move(p)](inproc_transport& at) { at.deliver(from, p); });
   } else {
     auto& loop = peer->loop_;
     loop.post([peer = std::move(peer), from = self_, p = std::move(p)] { peer->deliver(from, p); });
@@ -225,7 +237,8 @@ void inproc_transport::send_queued(node_id to) {
   outbox_.erase(it);
 }
 
-void inproc_network::model_frame(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed) {
+void inproc_network::model_frame(node_id from, node_id to, std::uint64_t bytes,
+                                 std::function<void()> landed) {
   std::function<void()> start;
   {
     std::lock_guard lock(mutex_);
@@ -272,23 +285,36 @@ void inproc_transport::deliver(node_id from, const parcel& p) {
   events_.on_frame(from, std::span(p.f).subspan(frame_prefix_bytes));
 }
 
-result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) { return regions_.add(memory); }
-bool inproc_transport::reaches_device_memory() const { return virtual_time_ && network_.device_memory_; }
-result<region_desc> inproc_transport::register_device_region(std::span<std::byte> memory, int device, std::string& why) {
+result<region_desc> inproc_transport::register_region(std::span<std::byte> memory) {
+  return regions_.add(memory);
+}
+bool inproc_transport::reaches_device_memory() const {
+  return virtual_time_ && network_.device_memory_;
+}
+result<region_desc> inproc_transport::register_device_region(std::span<std::byte> memory,
+                                                             int device, std::string& why) {
   if (reaches_device_memory()) return regions_.add(memory);
   return transport::register_device_region(memory, device, why);
 }
-void inproc_transport::deregister_region(std::uint64_t region_id) { regions_.remove(region_id); }
-// A write held up by a cut is checked again when it arrives (`async_write`): the new key keeps it out.
-result<region_desc> inproc_transport::rekey_region(std::uint64_t region_id) { return regions_.rekey(region_id); }
+void inproc_transport::deregister_region(std::uint64_t region_id) {
+  regions_.remove(region_id);
+}
+// A write held up by a cut is checked again when it arrives (`async_write`): the new key keeps it
+// out.
+result<region_desc> inproc_transport::rekey_region(std::uint64_t region_id) {
+  return regions_.rekey(region_id);
+}
 bool inproc_transport::when_writes_end(std::uint64_t region_id, std::function<void()> done) {
   // Its last write may end on a sender's loop (another thread, in a process of several loops).
-  return regions_.when_writes_end(region_id, [&loop = loop_, done = std::move(done)] { loop.post(done); });
+  return regions_.when_writes_end(region_id,
+                                  [&loop = loop_, done = std::move(done)] { loop.post(done); });
 }
 
-void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
-                                   write_imm imm, completion done) {
-  auto complete_with = [&](std::error_code ec) { loop_.post([done = std::move(done), ec] { done(ec); }); };
+void inproc_transport::async_write(std::span<const std::byte> local, const region_desc& remote,
+                                   std::uint64_t offset, write_imm imm, completion done) {
+  auto complete_with = [&](std::error_code ec) {
+    loop_.post([done = std::move(done), ec] { done(ec); });
+  };
   if (!regions_.contains(local)) return complete_with(transport_errc::not_registered);
   auto [peer, cut, _] = reach(remote.owner);
   if (!peer) {
@@ -301,25 +327,28 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
                     : peer->regions_.begin_write(remote.id, remote.key, offset, local.size());
   if (!target) return complete_with(target.error());
 
-  const write_notice notice{.from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
+  const write_notice notice{
+      .from = self_, .region = remote.id, .offset = offset, .length = local.size(), .imm = imm};
   if (cut) {
     // The bytes wait in "the kernel" (copied now), and are checked again on arrival.
-    network_.hold(self_, remote.owner, [notice, key = remote.key, bytes = std::vector<std::byte>(local.begin(), local.end())](
-                                            inproc_transport& at) {
-      if (auto landing = at.regions_.resolve(notice.region, key, notice.offset, bytes.size())) {
-        std::memcpy(landing->data(), bytes.data(), bytes.size());
-        at.deliver_write(notice);
-      }
-    });
+    network_.hold(
+        self_, remote.owner,
+        [notice, key = remote.key,
+         bytes = std::vector<std::byte>(local.begin(), local.end())](inproc_transport& at) {
+          if (auto landing = at.regions_.resolve(notice.region, key, notice.offset, bytes.size())) {
+            std::memcpy(landing->data(), bytes.data(), bytes.size());
+            at.deliver_write(notice);
+          }
+        });
     return complete_with({});
   }
   if (network_.model_) {
     network_.model_(self_, remote.owner, local.size(), local.data(), target->data(),
                     [peer = std::move(peer), notice, done = std::move(done)] {
-      peer->regions_.end_write(notice.region);
-      peer->deliver_write(notice);
-      done({});
-    });
+                      peer->regions_.end_write(notice.region);
+                      peer->deliver_write(notice);
+                      done({});
+                    });
     return;
   }
   // The copy runs on a pool thread: it lands only while the region is registered, and its
@@ -328,7 +357,8 @@ void inproc_transport::async_write(std::span<const std::byte> local, const regio
   cpu_.async_run(
       local.size(),
       [peer, landed, notice, dst = *target, local] {
-        *landed = peer->regions_.land(notice.region, [&] { std::memcpy(dst.data(), local.data(), local.size()); });
+        *landed = peer->regions_.land(notice.region,
+                                      [&] { std::memcpy(dst.data(), local.data(), local.size()); });
       },
       [peer, landed, notice, done = std::move(done)] {
         peer->regions_.end_write(notice.region);

@@ -43,8 +43,9 @@ class inproc_network {
   /// calls its completion (on the loop). `source` and `target` say where its bytes are read and
   /// land (host or GPU memory, by address); both null for a frame. Set before any write; unset,
   /// writes are memcpy.
-  using bulk_model = std::function<void(node_id from, node_id to, std::uint64_t bytes, const std::byte* source,
-                                        const std::byte* target, std::function<void()> landed)>;
+  using bulk_model =
+      std::function<void(node_id from, node_id to, std::uint64_t bytes, const std::byte* source,
+                         const std::byte* target, std::function<void()> landed)>;
   void model_bulk(bulk_model model) { model_ = std::move(model); }
   /// Frames of at least `bytes` cross the model too: a Kimi-K2 plan is tens of MB, so sending it
   /// to hundreds of members takes time, and each copy is decoded as it lands rather than all at
@@ -87,7 +88,8 @@ class inproc_network {
     std::function<void(inproc_transport&)> arrive;
   };
   std::vector<held> held_;  ///< in the order sent
-  std::set<std::pair<node_id, node_id>> broken_;  ///< links closed by one side while cut, (low, high)
+  std::set<std::pair<node_id, node_id>>
+      broken_;  ///< links closed by one side while cut, (low, high)
   /// Sends a modelled frame to `to` across the model once the frames before it to `to` landed.
   void model_frame(node_id from, node_id to, std::uint64_t bytes, std::function<void()> landed);
   void start_next_frame(node_id to);
@@ -95,11 +97,13 @@ class inproc_network {
   std::uint64_t frame_threshold_ = UINT64_MAX;
   bool hand_over_ = false;
   bool device_memory_ = false;
-  std::unordered_map<node_id, std::deque<std::function<void()>>> frames_to_;  ///< modelled frames, the first in flight
+  std::unordered_map<node_id, std::deque<std::function<void()>>>
+      frames_to_;  ///< modelled frames, the first in flight
 };
 
 /// Create with `make`; owning loop only, except where the network calls in (thread-safe parts).
-class inproc_transport final : public transport, public std::enable_shared_from_this<inproc_transport> {
+class inproc_transport final : public transport,
+                               public std::enable_shared_from_this<inproc_transport> {
   /// Only `make` can name it: the constructor is public for `make_shared`.
   class made_by_make {
     made_by_make() = default;
@@ -109,7 +113,8 @@ class inproc_transport final : public transport, public std::enable_shared_from_
  public:
   /// One allocation with its reference count, which every message to it touches (`weak_ptr::lock`):
   /// the count shares a cache line with the fields its delivery reads.
-  static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network, node_id self);
+  static std::shared_ptr<inproc_transport> make(environment& env, inproc_network& network,
+                                                node_id self);
   inproc_transport(made_by_make, environment& env, inproc_network& network, node_id self);
   ~inproc_transport() override;
 
@@ -126,13 +131,14 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   /// Where the network says so (`reach_device_memory`), on virtual time only: in a process of real
   /// GPUs, writes are memcpy, which cannot reach device memory.
   bool reaches_device_memory() const override;
-  result<region_desc> register_device_region(std::span<std::byte> memory, int device, std::string& why) override;
+  result<region_desc> register_device_region(std::span<std::byte> memory, int device,
+                                             std::string& why) override;
   void deregister_region(std::uint64_t region_id) override;
   result<region_desc> rekey_region(std::uint64_t region_id) override;
   bool tracks_writes() const override { return true; }
   bool when_writes_end(std::uint64_t region_id, std::function<void()> done) override;
-  void async_write(std::span<const std::byte> local, const region_desc& remote, std::uint64_t offset,
-                   write_imm imm, completion done) override;
+  void async_write(std::span<const std::byte> local, const region_desc& remote,
+                   std::uint64_t offset, write_imm imm, completion done) override;
 
  private:
   friend class inproc_network;
@@ -156,13 +162,15 @@ class inproc_transport final : public transport, public std::enable_shared_from_
   /// Sends the frames queued for `to` in order, up to the first modelled one, which `landed` sends.
   void send_queued(node_id to);
   void landed(node_id to);
-  bool modelled(const parcel& p) const { return network_.model_ && p.bytes >= network_.frame_threshold_; }
+  bool modelled(const parcel& p) const {
+    return network_.model_ && p.bytes >= network_.frame_threshold_;
+  }
 
   event_loop& loop_;
   executor& cpu_;
   inproc_network& network_;
   node_id self_;
-  bool virtual_time_;  ///< its environment's: "device memory" there is host memory or sizes
+  bool virtual_time_;        ///< its environment's: "device memory" there is host memory or sizes
   std::set<node_id> peers_;  ///< added and not removed: who learns of this node's death
   /// Peers a frame or write of ours reached, sorted, and beside each what the network found when
   /// it last looked: searched per message instead of taking the network's lock (a 384-GPU

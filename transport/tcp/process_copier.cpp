@@ -139,7 +139,8 @@ std::string copy_error_text(int error, pid_t pid) {
     case EIO:
       return fmt::format("short read from process {}: fewer bytes than announced", pid);
     case ECANCELED:
-      return "skipped: the copier stopped, or its target region was deregistered, before the copy ran";
+      return "skipped: the copier stopped, or its target region was deregistered, before the copy "
+             "ran";
     default:
       return fmt::format("process_vm_readv from process {}: {}", pid, std::strerror(error));
   }

@@ -11,8 +11,8 @@
 #include <string>
 #include <system_error>
 
-#include "runtime/event_loop.hpp"
 #include "platform/worker_pool.hpp"
+#include "runtime/event_loop.hpp"
 
 namespace ferry {
 
@@ -40,8 +40,8 @@ class process_copier {
   /// which lies in the caller's region `region` (any number naming what `forget_region` ends).
   /// `target` must stay valid until the completion ran, `forget_region(region)` or `stop`
   /// returned. Completion: once, on the loop, never inside this call.
-  void async_copy(pid_t pid, std::uint64_t source, std::span<std::byte> target, std::uint64_t region,
-                  completion done);
+  void async_copy(pid_t pid, std::uint64_t source, std::span<std::byte> target,
+                  std::uint64_t region, completion done);
 
   /// Waits for the pieces copying into `region` now; its pieces not started yet are skipped, and
   /// so are later copies into it (`ECANCELED`): region numbers must not be reused. After it

@@ -41,7 +41,8 @@ const std::string mid_frame = "mid-frame: ";
 std::error_code refusal_error(std::uint16_t reason) {
   if (reason >= 1 && reason <= static_cast<std::uint16_t>(transport_errc::not_same_host) &&
       reason != static_cast<std::uint16_t>(transport_errc::peer_stalled)) {
-    if (reason == static_cast<std::uint16_t>(transport_errc::not_same_host)) return errc::not_same_host;
+    if (reason == static_cast<std::uint16_t>(transport_errc::not_same_host))
+      return errc::not_same_host;
     return static_cast<transport_errc>(reason);
   }
   return transport_errc::protocol_violation;
@@ -335,11 +336,12 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     phase_ = phase::handshaking;
     client_.emplace(owner().self_, peer_);
     auto self = shared_from_this();
-    send_handshake(wire::encode(wire::hello{auth(), owner().self_, peer_, client_->nonce()}), [self] {
-      self->read_handshake([self](wire::frame_type type, std::span<const std::byte> body) {
-        self->on_challenge(type, body);
-      });
-    });
+    send_handshake(
+        wire::encode(wire::hello{auth(), owner().self_, peer_, client_->nonce()}), [self] {
+          self->read_handshake([self](wire::frame_type type, std::span<const std::byte> body) {
+            self->on_challenge(type, body);
+          });
+        });
   }
 
   void on_challenge(wire::frame_type type, std::span<const std::byte> body) {
@@ -356,7 +358,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     link_proof mine{};
     if (auth() == wire::auth_mode::hmac_sha256) {
       const auto answer = client_->answer(owner().options_.secret, c->nonce, c->proof);
-      if (!answer) return refuse(transport_errc::unauthenticated, "the listener does not hold the job secret");
+      if (!answer)
+        return refuse(transport_errc::unauthenticated, "the listener does not hold the job secret");
       mine = *answer;
     }
     auto self = shared_from_this();
@@ -406,7 +409,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     const auto p = wire::parse_proof(body);
     if (!p) return violation("malformed PROOF");
     if (auth() == wire::auth_mode::hmac_sha256 && !server_->holds(owner().options_.secret, *p))
-      return refuse(transport_errc::unauthenticated, "wrong proof: the peer does not hold the job secret");
+      return refuse(transport_errc::unauthenticated,
+                    "wrong proof: the peer does not hold the job secret");
     const auto links =
         std::count_if(owner().incoming_.begin(), owner().incoming_.end(),
                       [this](const auto& l) { return l->ready() && l->peer() == peer_; });
@@ -435,7 +439,9 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(head_), [self](const error_code& ec, std::size_t got) {
       if (self->closed()) return;
-      if (ec) return self->drop(transport_errc::connection_lost, (got > 0 ? mid_frame : "") + ec.message());
+      if (ec)
+        return self->drop(transport_errc::connection_lost,
+                          (got > 0 ? mid_frame : "") + ec.message());
       self->on_head();
     });
   }
@@ -478,7 +484,9 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     asio::async_read(socket_, asio::buffer(body_), large_transfers{},
                      [self, next](const error_code& ec, std::size_t) {
                        if (self->closed()) return;
-                       if (ec) return self->drop(transport_errc::connection_lost, mid_frame + ec.message());
+                       if (ec)
+                         return self->drop(transport_errc::connection_lost,
+                                           mid_frame + ec.message());
                        next(*self);
                      });
   }
@@ -491,7 +499,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   void on_write_header() {
     const auto h = wire::parse_write(body_);
     if (!h) return violation("malformed WRITE");
-    if (auto target = owner().regions_.begin_write(h->region, h->key, h->offset, h->length); !target) {
+    if (auto target = owner().regions_.begin_write(h->region, h->key, h->offset, h->length);
+        !target) {
       return refuse_payload(*h, h->length, target.error());
     }
     payload_region_ = h->region;
@@ -571,7 +580,8 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
     // The copy ends in the region's table even when this link is gone by then.
     owner().copier_->async_copy(static_cast<pid_t>(h->pid), h->source, *target, w.region,
                                 [self, h = *h, transport = owner().weak_from_this()](int error) {
-                                  if (auto t = transport.lock()) t->regions_.end_write(h.write.region);
+                                  if (auto t = transport.lock())
+                                    t->regions_.end_write(h.write.region);
                                   self->on_copied(h, error);
                                 });
     if (++copies_ < owner().options_.max_copies_per_link) return read_next();
@@ -690,7 +700,7 @@ class tcp_transport::link : public std::enable_shared_from_this<link> {
   std::vector<out_item> inflight_;
   bool writing_ = false;
   std::map<std::uint64_t, completion> pending_writes_;
-  std::size_t copies_ = 0;       ///< same-host copies running for this incoming link
+  std::size_t copies_ = 0;  ///< same-host copies running for this incoming link
   /// The region of the WRITE whose payload this link is reading, under way in its table.
   std::optional<std::uint64_t> payload_region_;
   bool reading_paused_ = false;  ///< at `max_copies_per_link`: the next read waits for a copy
@@ -820,9 +830,9 @@ void tcp_transport::on_accepted(ip::tcp::socket socket) {
   const auto from = remote.address();
   // Links that proved the job secret are the job's own (one host may run dozens of its nodes),
   // bounded per node by max_links_per_node; the cap is for the rest.
-  const auto same_address = static_cast<std::size_t>(std::count_if(incoming_.begin(), incoming_.end(), [&](const auto& l) {
-    return l->remote_ip() == from && !(l->ready() && authenticated());
-  }));
+  const auto same_address = static_cast<std::size_t>(std::count_if(
+      incoming_.begin(), incoming_.end(),
+      [&](const auto& l) { return l->remote_ip() == from && !(l->ready() && authenticated()); }));
   if (same_address >= options_.max_connections_per_address) {
     return refuse_connection(std::move(socket), from, "max_connections_per_address");
   }
@@ -958,7 +968,8 @@ void tcp_transport::deregister_region(std::uint64_t region_id) {
   if (copier_) copier_->forget_region(region_id);
 }
 
-void tcp_transport::drop_mid_payload(const std::function<bool(const link&)>& which, std::string_view why) {
+void tcp_transport::drop_mid_payload(const std::function<bool(const link&)>& which,
+                                     std::string_view why) {
   std::vector<std::shared_ptr<link>> dropped;  // apart: a drop leaves `incoming_`
   for (const auto& l : incoming_)
     if (l->payload_region_ && which(*l)) dropped.push_back(l);
@@ -972,7 +983,8 @@ result<region_desc> tcp_transport::rekey_region(std::uint64_t region_id) {
 
 bool tcp_transport::when_writes_end(std::uint64_t region_id, std::function<void()> done) {
   // Later on the loop, not inside the handling of the write that ended last.
-  return regions_.when_writes_end(region_id, [&loop = loop_, done = std::move(done)] { loop.post(done); });
+  return regions_.when_writes_end(region_id,
+                                  [&loop = loop_, done = std::move(done)] { loop.post(done); });
 }
 
 void tcp_transport::async_write(std::span<const std::byte> local, const region_desc& remote,
@@ -1044,10 +1056,11 @@ void tcp_transport::on_link_lost(const std::shared_ptr<link>& l, std::error_code
         was_ready && why == transport_errc::connection_lost && !detail.starts_with(mid_frame);
     const auto level = closed_cleanly ? log::level::debug : log::level::warn;
     if (log::threshold() <= level)
-      log::write(level, fmt::format("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
-                                    l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from", l->peer(),
-                                    l->remote().empty() ? "?" : l->remote(), why.message(), detail.empty() ? "" : ": ",
-                                    detail));
+      log::write(level,
+                 fmt::format("tcp {}: dropped {} link {} node {} ({}): {}{}{}", self_,
+                             l->outgoing() ? "outgoing" : "incoming", l->outgoing() ? "to" : "from",
+                             l->peer(), l->remote().empty() ? "?" : l->remote(), why.message(),
+                             detail.empty() ? "" : ": ", detail));
   }
   // An incoming link's clean loss is reported by our own link to that peer, which breaks too.
   const bool report = was_ready && (l->outgoing() || why == transport_errc::protocol_violation);

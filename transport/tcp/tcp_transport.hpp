@@ -17,11 +17,11 @@
 
 #include "runtime/codec.hpp"
 #include "runtime/event_loop.hpp"
+#include "runtime/transport.hpp"
+#include "transport/link_auth.hpp"
 #include "transport/region_table.hpp"
 #include "transport/tcp/handshake_budget.hpp"
-#include "transport/link_auth.hpp"
 #include "transport/tcp/process_copier.hpp"
-#include "runtime/transport.hpp"
 #include "transport/tcp/refusal_report.hpp"
 
 namespace ferry {

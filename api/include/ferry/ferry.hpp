@@ -235,8 +235,8 @@ class FERRY_API rollout {
   /// and only their bytes are sent here. One range per tensor.
   status register_rows(const tensor& t, std::int64_t first_row, std::int64_t rows);
   /// A tensor of a version is complete here: its version, its name, dtype and shape, and its bytes
-  /// (`t.data`, on `t.device` when the rollout's tensors are; valid during the call only). For a row
-  /// range, `t.shape[0]` is its row count.
+  /// (`t.data`, on `t.device` when the rollout's tensors are; valid during the call only). For a
+  /// row range, `t.shape[0]` is its row count.
   void on_tensor(
       std::function<void(std::uint64_t version, const tensor& t, std::span<const std::byte>)> fn);
   /// Every tensor of a version is applied here. No later version lands here while `fn` runs (the
