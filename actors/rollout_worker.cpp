@@ -134,17 +134,16 @@ std::shared_ptr<const rollout_worker::registered_table> rollout_worker::register
     const std::shared_ptr<const std::vector<tensor_ref>>& local) {
   return shared_per_sources<registered_table>(
       [&] {
-        std::vector<tensor_spec> tensors;
-        std::vector<byte_range> parts;
-        tensors.reserve(local->size());
-        parts.reserve(local->size());
+        std::vector<tensor_spec> specs;
+        std::vector<byte_range> held;
+        specs.reserve(local->size());
+        held.reserve(local->size());
         for (const auto& t : *local) {
-          tensors.push_back(t.spec);
-          parts.push_back(t.held());
+          specs.push_back(t.spec);
+          held.push_back(t.held());
         }
-        return std::make_shared<const registered_table>(
-            registered_table{.tensors = shared_vector(std::move(tensors)),
-                             .parts = shared_vector(std::move(parts))});
+        return std::make_shared<const registered_table>(registered_table{
+            .tensors = shared_vector(std::move(specs)), .parts = shared_vector(std::move(held))});
       },
       local);
 }

@@ -7,16 +7,11 @@
 
 #include <fstream>
 
-#include "actors/plan.hpp"
 #include "api/member_thread.hpp"
 #include "runtime/log.hpp"
 #include "transport/fabric/fabric_transport.hpp"
 
 namespace ferry {
-
-// The public API's defaults are the job's.
-static_assert(coordinator::options{}.chunk_bytes == default_chunk_bytes);
-static_assert(coordinator::options{}.depth == default_depth);
 
 using api::failed;
 

@@ -37,11 +37,6 @@ struct ferry_rollout {
   int events = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 };
 
-// The C API's defaults are the C++ API's.
-constexpr ferry_coordinator_options c_defaults = FERRY_COORDINATOR_OPTIONS_INIT;
-static_assert(c_defaults.chunk_bytes == ferry::coordinator::options{}.chunk_bytes);
-static_assert(c_defaults.depth == ferry::coordinator::options{}.depth);
-
 namespace {
 
 static_assert(FERRY_UPDATE_FAILED == static_cast<int>(ferry::api_errc::update_failed) &&

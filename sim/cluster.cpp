@@ -8,7 +8,7 @@
 
 namespace ferry::sim {
 
-cluster::cluster(flow_network& net, const hardware& hw) : net_(net), hw_(hw) {
+cluster::cluster(flow_network& net, const hardware& hw) : hw_(hw) {
   for (unsigned g = 0; g < gpus(); ++g) {
     const auto node = g / hw.gpus_per_node, local = g % hw.gpus_per_node;
     places_.push_back(

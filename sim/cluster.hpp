@@ -79,7 +79,6 @@ class cluster {
   route rdma(unsigned from, unsigned to, bool from_device, bool to_device) const;
 
  private:
-  flow_network& net_;
   hardware hw_;
   /// Per GPU, its node, socket and NIC (numbered over the cluster): looked up for every bulk
   /// write, where the divisions that find them cost 1-2% at 384 GPUs.

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "actors/plan.hpp"
 #include "ferry/ferry.h"
 #include "ferry/ferry.hpp"
 
@@ -179,6 +180,17 @@ TEST(api, a_written_publish_sends_what_was_written_each_chunk_once_whole) {
     EXPECT_TRUE(got == sent) << "version " << v;
   }
   EXPECT_EQ(t.write("layer.bias", bytes(sent.bias), 1s).code, refused);  // every version is out
+}
+
+// Checked here rather than by static_assert: std::string members keep the options from being
+// constant expressions under clang with libstdc++ 12.
+TEST(api, the_c_and_cpp_defaults_are_the_jobs) {
+  const coordinator::options cpp;
+  EXPECT_EQ(cpp.chunk_bytes, default_chunk_bytes);
+  EXPECT_EQ(cpp.depth, default_depth);
+  const ferry_coordinator_options c = FERRY_COORDINATOR_OPTIONS_INIT;
+  EXPECT_EQ(c.chunk_bytes, default_chunk_bytes);
+  EXPECT_EQ(c.depth, default_depth);
 }
 
 TEST(api, bad_input_is_refused_with_a_message_naming_it) {

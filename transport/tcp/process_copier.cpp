@@ -110,7 +110,7 @@ void process_copier::async_copy(pid_t pid, std::uint64_t source, std::span<std::
       c->errors[i] = read_piece(pid, from, part);
       g->leave(region);
     };
-    auto report = [c, i] {
+    auto report = [c] {
       if (--c->left > 0) return;
       const auto failed =
           std::find_if(c->errors.begin(), c->errors.end(), [](int e) { return e != 0; });
