@@ -18,6 +18,35 @@ double ms_between(clock::time_point from, clock::time_point to) {
 }
 }  // namespace
 
+std::string_view name(regroup_cause::kind k) {
+  using enum regroup_cause::kind;
+  switch (k) {
+    case job_start:
+      return "job_start";
+    case trainer_joined:
+      return "trainer_joined";
+    case worker_joined:
+      return "worker_joined";
+    case link_lost:
+      return "link_lost";
+    case left:
+      return "left";
+    case silent:
+      return "silent";
+    case reported:
+      return "reported";
+    case version_failed:
+      return "version_failed";
+  }
+  return "unknown";
+}
+
+std::string regroup_report::reason() const {
+  std::string out;
+  for (const auto& c : causes) out += (out.empty() ? "" : "; ") + c.text;
+  return out;
+}
+
 template <message M>
 void job_coordinator::handle(void (job_coordinator::*handler)(const envelope_header&, const M&)) {
   on<M>([this, handler](const envelope_header& h, const M& m) {
@@ -41,8 +70,9 @@ job_coordinator::job_coordinator(node& host, actor_id id, job_shape shape)
   handle(&job_coordinator::on_shard_done);
   handle(&job_coordinator::on_version_complete);
   handle(&job_coordinator::on_participant_error);
-  host.on_peer_lost(
-      [this](node_id peer, std::error_code why) { lost(peer, "link lost: " + why.message()); });
+  host.on_peer_lost([this](node_id peer, std::error_code why) {
+    lost(peer, regroup_cause::kind::link_lost, "link lost: " + why.message());
+  });
   watch_heartbeats();
 }
 
@@ -75,10 +105,13 @@ void job_coordinator::on_register_trainer(const envelope_header& h, const regist
                                 .place = m.place,
                                 .first_version = started_ ? updates_.next_version() : 1};
   if (started_) {
-    regroup("trainer shard " + std::to_string(m.shard) + (replacing ? " replaced" : " rejoined") +
-            " (node " + std::to_string(h.from.node) + ")");
+    regroup({.what = regroup_cause::kind::trainer_joined,
+             .node = h.from.node,
+             .text = "trainer shard " + std::to_string(m.shard) +
+                     (replacing ? " replaced" : " rejoined") + " (node " +
+                     std::to_string(h.from.node) + ")"});
   } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
-    regroup("job start");
+    regroup({.what = regroup_cause::kind::job_start, .text = "job start"});
   }
 }
 
@@ -106,10 +139,12 @@ void job_coordinator::on_register_worker(const envelope_header& h, const registe
                                             .place = m.place};
   if (started_) {
     const bool new_instance = !instances_seen_.contains(m.instance);
-    regroup("worker " + worker_name(m.instance, m.rank) + " joined (node " +
-            std::to_string(h.from.node) + ")" + (new_instance ? ", a new instance" : ""));
+    regroup({.what = regroup_cause::kind::worker_joined,
+             .node = h.from.node,
+             .text = "worker " + worker_name(m.instance, m.rank) + " joined (node " +
+                     std::to_string(h.from.node) + ")" + (new_instance ? ", a new instance" : "")});
   } else if (members_.all_declared(shape_.trainers, shape_.instance_sizes)) {
-    regroup("job start");
+    regroup({.what = regroup_cause::kind::job_start, .text = "job start"});
   }
 }
 
@@ -149,7 +184,7 @@ void job_coordinator::on_shard_update_failed(const envelope_header& h, const upd
 }
 
 void job_coordinator::on_leave_job(const envelope_header& h, const leave_job& m) {
-  lost(h.from.node, "left: " + m.reason);
+  lost(h.from.node, regroup_cause::kind::left, "left: " + m.reason);
   members_.given_up.erase(h.from.node);
 }
 
@@ -210,7 +245,8 @@ void job_coordinator::watch_heartbeats() {
         if (ec || stopping_) return;
         const auto silent = members_.silent(host().clock().now(), shape_.heartbeat_timeout);
         for (auto n : silent)
-          lost(n, "no heartbeat for " + std::to_string(shape_.heartbeat_timeout.count()) + " ms");
+          lost(n, regroup_cause::kind::silent,
+               "no heartbeat for " + std::to_string(shape_.heartbeat_timeout.count()) + " ms");
         watch_heartbeats();
       });
 }
@@ -223,7 +259,7 @@ void job_coordinator::suspect(node_id node, const std::string& why, bool checked
   const auto silent = host().clock().now() - members_.last_seen[node];
   if (silent >= enough) {
     return lost(
-        node,
+        node, regroup_cause::kind::reported,
         "reported " + why + ", and silent for " +
             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
             " ms");
@@ -259,7 +295,7 @@ void job_coordinator::readmit(const address& who) {
   members_.given_up.erase(it);
 }
 
-void job_coordinator::lost(node_id node, const std::string& why) {
+void job_coordinator::lost(node_id node, regroup_cause::kind what, const std::string& why) {
   if (stopping_ || failed_) return;
   // A replacement comes with a node id of its own: what was kept per node would only grow.
   regions_.forget(node);
@@ -287,7 +323,7 @@ void job_coordinator::lost(node_id node, const std::string& why) {
     // Versions published but not yet sent can no longer complete either (a shard that comes back
     // has no copy of them): say so to everyone waiting for them.
     for (const auto v : updates_.pending()) fail_version(v, reason);
-    return regroup(reason);
+    return regroup({.what = what, .node = node, .text = reason});
   }
   for (auto it = members_.workers.begin(); it != members_.workers.end(); ++it) {
     if (it->second.who.node != node) continue;
@@ -315,8 +351,10 @@ void job_coordinator::lost(node_id node, const std::string& why) {
       left_holding_ = held_by_departed{.version = active->version, .under = std::move(*plan_)};
       plan_.reset();
     }
-    return regroup("worker " + worker_name(instance, rank) + " (node " + std::to_string(node) +
-                   ") " + why);
+    return regroup({.what = what,
+                    .node = node,
+                    .text = "worker " + worker_name(instance, rank) + " (node " +
+                            std::to_string(node) + ") " + why});
   }
 }
 
@@ -344,7 +382,8 @@ void job_coordinator::fail_version(std::uint64_t version, const std::string& rea
     // Abandoned mid-update: a new epoch keeps its writes still in flight out of the next one's
     // slots.
     abandon_active();
-    regroup("version " + std::to_string(version) + " failed");
+    regroup({.what = regroup_cause::kind::version_failed,
+             .text = "version " + std::to_string(version) + " failed"});
   }
 }
 
@@ -371,19 +410,15 @@ bool job_coordinator::leads(const address& worker) const {
       });
 }
 
-void job_coordinator::regroup(const std::string& reason) {
+void job_coordinator::regroup(regroup_cause cause) {
   if (failed_) return;
-  if (!regroup_since_) {
-    regroup_since_ = host().clock().now();
-    regroup_reason_ = reason;
-  } else {
-    regroup_reason_ += "; " + reason;
-  }
+  if (!regroup_since_) regroup_since_ = host().clock().now();
   in_force_ = false;
   set_epoch(epoch() + 1);
   if (distribution_)
     distribution_->cancelled = true;  // the old plan must not go out stamped with the new epoch
-  log::info("coordinator: epoch {}: {}", epoch(), reason);
+  log::info("coordinator: epoch {}: {}", epoch(), cause.text);
+  regroup_causes_.push_back(std::move(cause));
   if (members_.trainers.size() < shape_.trainers) {
     log::warn("coordinator: waiting for {} trainer shard(s) to rejoin before publishing again",
               shape_.trainers - members_.trainers.size());
@@ -582,14 +617,14 @@ void job_coordinator::plan_in_force() {
   if (regroup_since_) {
     const regroup_report r{.epoch = epoch(),
                            .milliseconds = ms_between(*regroup_since_, host().clock().now()),
-                           .reason = regroup_reason_,
+                           .causes = std::exchange(regroup_causes_, {}),
                            .leaders_lost_mid_update = std::exchange(leaders_lost_mid_update_, 0),
                            .leaders = leader_nodes()};
     regroup_since_.reset();
     if (epoch() > 1) {
       ++regroups_;
       log::info("coordinator: regrouped into epoch {} in {:.1f} ms ({})", r.epoch, r.milliseconds,
-                r.reason);
+                r.reason());
       if (on_regroup) on_regroup(r);
     } else if (on_ready) {
       on_ready(*plan_);

@@ -7,6 +7,9 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "actors/membership.hpp"
 #include "actors/messages.hpp"
@@ -48,11 +51,33 @@ struct job_shape {
   job_limits limits;
 };
 
+/// What set off a regroup: a kind that tools act on, the node it concerns, and the log's words.
+struct regroup_cause {
+  enum class kind : std::uint8_t {
+    job_start,       ///< every member the job declared has registered
+    trainer_joined,  ///< a trainer shard rejoined, or a new process replaced it
+    worker_joined,   ///< a worker joined (perhaps of a new instance)
+    link_lost,       ///< the transport saw the member's link end
+    left,            ///< the member left, saying why
+    silent,          ///< no heartbeat within the timeout
+    reported,        ///< another member could not reach it, and it was silent since
+    version_failed,  ///< an update was abandoned mid-way
+  };
+  kind what = kind::job_start;
+  std::optional<node_id> node;  ///< the member joined or lost
+  std::string text;
+};
+/// The kind's name in events ("worker_joined").
+std::string_view name(regroup_cause::kind k);
+
 /// One change of membership, from detection to the new plan in force.
 struct regroup_report {
   std::uint32_t epoch = 0;
   double milliseconds = 0;
-  std::string reason;
+  /// Every cause since the regroup began (several may meet before a plan is in force).
+  std::vector<regroup_cause> causes;
+  /// The causes' words, joined by "; ".
+  std::string reason() const;
   std::uint32_t leaders_lost_mid_update = 0;  ///< leaders lost while an update was in flight
   std::vector<node_id> leaders;               ///< the nodes leading an instance in the new plan
 };
@@ -113,7 +138,7 @@ class job_coordinator final : public actor {
   /// heartbeat timeout too (10 heartbeats; a loaded host can delay a live one's for a second),
   /// checked once more if it is not yet (a live one goes on heartbeating and is left alone).
   void suspect(node_id node, const std::string& why, bool checked_again = false);
-  void lost(node_id node, const std::string& why);
+  void lost(node_id node, regroup_cause::kind what, const std::string& why);
   /// Whether a report on trainer shard `shard` comes from that shard, a member now or given up:
   /// another member's would start a version the shard never published, or count it done, with
   /// digests of its choosing.
@@ -121,7 +146,7 @@ class job_coordinator final : public actor {
   /// Whether `worker` is a leader of its instance in the current plan.
   bool leads(const address& worker) const;
   std::vector<node_id> leader_nodes() const;
-  void regroup(const std::string& reason);
+  void regroup(regroup_cause cause);
   /// What the next plan is made of: the trainers' tables, each worker's checked selection and
   /// the instances; nothing when a worker's registration fails the job.
   std::optional<plan_inputs> plan_inputs_now();
@@ -190,7 +215,7 @@ class job_coordinator final : public actor {
   bool failed_ = false;
   bool stopping_ = false;
   std::optional<clock::time_point> regroup_since_;
-  std::string regroup_reason_;
+  std::vector<regroup_cause> regroup_causes_;  ///< since the regroup began
   std::uint32_t leaders_lost_mid_update_ = 0;  ///< since the regroup began
   std::uint32_t regroups_ = 0;
   std::uint64_t heartbeat_timer_ = 0;

@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "actors/coordinator.hpp"
 #include "cli/commands.hpp"
 #include "cli/footprint.hpp"
 #include "cli/interrupt.hpp"
@@ -343,10 +344,10 @@ void process_chaos::follow() {
     }
     if (kind == "regroup") {
       tally_.leader_kills_mid_update += e.value("leaders_lost_mid_update", 0u);
-      const auto reason = e.value("reason", std::string{});
-      std::erase_if(joining_, [&](node_id n) {
-        return reason.find(fmt::format("joined (node {})", n)) != std::string::npos;
-      });
+      for (const auto& cause : e.value("causes", nlohmann::json::array())) {
+        if (cause.value("kind", "") == name(regroup_cause::kind::worker_joined))
+          joining_.erase(cause.value("node", node_id{}));
+      }
     }
     if (kind == "regroup" || kind == "update")
       leaders_ = e.value("leaders", std::vector<node_id>{});

@@ -73,6 +73,17 @@ std::optional<std::string> prepare_environment(const process_flags& f, transport
 
 namespace {
 
+/// A regroup's causes in the coordinator's events: [{"kind": "worker_joined", "node": 7}, ...].
+nlohmann::json causes_json(const std::vector<regroup_cause>& causes) {
+  auto out = nlohmann::json::array();
+  for (const auto& c : causes) {
+    nlohmann::json one{{"kind", name(c.what)}};
+    if (c.node) one["node"] = *c.node;
+    out.push_back(std::move(one));
+  }
+  return out;
+}
+
 /// Runs the loop until `done` or the timeout; false on timeout.
 bool run_with_timeout(event_loop& loop, const process_flags& f, const std::function<bool()>& done) {
   bool expired = false;
@@ -177,7 +188,8 @@ int run_coordinator(const process_flags& f) {
     event({{"event", "regroup"},
            {"epoch", r.epoch},
            {"ms", r.milliseconds},
-           {"reason", r.reason},
+           {"reason", r.reason()},
+           {"causes", causes_json(r.causes)},
            {"leaders_lost_mid_update", r.leaders_lost_mid_update},
            {"leaders", r.leaders}});
   };

@@ -518,7 +518,9 @@ virtual_chaos_result chaos_job::run() {
   coordinator_->on_failed = [this](const std::string& why) { failure_ = "the job failed: " + why; };
   coordinator_->on_regroup = [this](const regroup_report& r) {
     regroup_ms_.push_back(r.milliseconds);
-    if (r.reason.find("reported unreachable") != std::string::npos) ++result_.faults[silent_fault];
+    if (std::any_of(r.causes.begin(), r.causes.end(),
+                    [](const regroup_cause& c) { return c.what == regroup_cause::kind::reported; }))
+      ++result_.faults[silent_fault];
   };
   coordinator_->on_update = [this](std::uint64_t v, bool catch_up,
                                    const std::vector<node_id>& leaders) {

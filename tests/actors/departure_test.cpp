@@ -41,6 +41,7 @@ class departure : public ::testing::Test {
     coordinator->on_update = [this](std::uint64_t v, bool, const std::vector<node_id>&) {
       started = v;
     };
+    coordinator->on_regroup = [this](const regroup_report& r) { regroups.push_back(r); };
     coordinator->start();
     for (std::size_t i = 0; i < weights.size(); ++i)
       weights[i] = static_cast<std::byte>(i * 13 + 5);
@@ -101,7 +102,13 @@ class departure : public ::testing::Test {
   bool verified = false;
   std::uint64_t trainer_heard = 0;  ///< the version the trainer heard was delivered
   std::uint64_t started = 0;        ///< the last version whose update started
+  std::vector<regroup_report> regroups;
 };
+
+/// A cause as the test names it: its kind's name and node.
+std::pair<std::string, node_id> named(const regroup_cause& c) {
+  return {std::string(name(c.what)), c.node.value_or(0)};
+}
 
 TEST_F(departure, the_last_workers_leaving_with_a_version_before_the_shard_reports_it_deliver_it) {
   both_take_it_and_leave();
@@ -124,6 +131,15 @@ TEST_F(departure, a_worker_joining_after_them_is_sent_the_version_before_it_is_d
   EXPECT_EQ(joiner->version(), 1u);
   EXPECT_EQ(joiner_bytes, weights);
   EXPECT_TRUE(verified);
+  // One regroup, from the first leave to the joiner's plan in force, with every cause typed.
+  ASSERT_EQ(regroups.size(), 1u);
+  std::vector<std::pair<std::string, node_id>> causes;
+  for (const auto& c : regroups[0].causes) causes.push_back(named(c));
+  EXPECT_EQ(causes, (std::vector<std::pair<std::string, node_id>>{
+                        {"left", 2}, {"left", 3}, {"worker_joined", 4}}));
+  EXPECT_EQ(regroups[0].reason(),
+            "worker 0.0 (node 2) left: done; worker 0.1 (node 3) left: done; worker 0.0 joined "
+            "(node 4)");
   coordinator->stop_job();
 }
 
