@@ -51,6 +51,11 @@ struct job_shape {
   job_limits limits;
 };
 
+/// Where the jobs ferry wires put the coordinator's node, and the actor id of every member's
+/// actor (one per node).
+constexpr node_id coordinator_node = 0;
+constexpr actor_id job_actor = 1;
+
 /// What set off a regroup: a kind that tools act on, the node it concerns, and the log's words.
 struct regroup_cause {
   enum class kind : std::uint8_t {

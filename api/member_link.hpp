@@ -5,15 +5,13 @@
 #include <chrono>
 #include <string>
 
+#include "actors/coordinator.hpp"
 #include "actors/job_member.hpp"
 #include "api/member_thread.hpp"
 #include "ferry/ferry.hpp"
 #include "runtime/node.hpp"
 
 namespace ferry::api {
-
-constexpr node_id coordinator_node = 0;
-constexpr actor_id job_actor = 1;
 
 /// How a member reaches its coordinator: the transport's scheme, its settings (the job secret,
 /// the fabric provider) and the coordinator's transport address.

@@ -24,8 +24,6 @@
 namespace {
 
 using namespace ferry;
-constexpr actor_id job_actor = 1;
-constexpr node_id coordinator_node = 0;
 
 /// What the main thread waits on: the loop threads' callbacks move it.
 struct progress {

@@ -35,12 +35,6 @@
 #include "transport/link_auth.hpp"
 
 namespace ferry::cli {
-namespace {
-
-constexpr node_id coordinator_node = 0;
-constexpr actor_id job_actor = 1;
-
-}  // namespace
 
 std::optional<std::string> prepare_environment(const process_flags& f, transport_settings& env) {
   // Bad values fail here, at once, rather than as a refused plan after every node registered.

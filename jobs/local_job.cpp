@@ -109,17 +109,18 @@ class local_job {
       return nullptr;
     }
     if (id != 0)
-      nodes_.back()->transport().add_peer(0, nodes_.front()->transport().local_address());
+      nodes_.back()->transport().add_peer(coordinator_node,
+                                          nodes_.front()->transport().local_address());
     return nodes_.back().get();
   }
 
   /// The coordinator, then every member, joined; false once the result says why not.
   bool start() {
     began_ = env_.clock().now();
-    node* coordinator_node = add_node();
-    if (!coordinator_node) return false;
+    node* coordinator_host = add_node();
+    if (!coordinator_host) return false;
     coord_ = std::make_unique<job_coordinator>(
-        *coordinator_node, 1,
+        *coordinator_host, job_actor,
         job_shape{.trainers = config_.trainers,
                   .instance_sizes =
                       std::vector<std::uint32_t>(config_.instances, config_.workers_per_instance),
@@ -145,7 +146,7 @@ class local_job {
       node* n = add_node();
       if (!n) return false;
       memory_.push_back(allocate(shards[s]));
-      trainers_.push_back(std::make_unique<trainer_shard>(*n, 1, coord_->self(), s,
+      trainers_.push_back(std::make_unique<trainer_shard>(*n, job_actor, coord_->self(), s,
                                                           memory_.back().refs, trainer_opts));
       built(fmt::format("trainer shard {}", s), memory_.back().refs);
     }
@@ -155,7 +156,7 @@ class local_job {
         if (!n) return false;
         worker_nodes_.push_back(n);
         workers_.push_back(std::make_unique<rollout_worker>(
-            *n, 1, coord_->self(), i, r,
+            *n, job_actor, coord_->self(), i, r,
             rollout_share(model_, config_.shard_rollout, r, config_.workers_per_instance),
             worker_opts));
         built(fmt::format("worker {}.{}", i, r), workers_.back()->tensors());

@@ -299,7 +299,8 @@ node& sim_job::add_node(unsigned gpu, bool trainer) {
   limits.max_array = 1u << 22;
   m->host = std::make_unique<node>(*m->env, id, *t, protocol(), limits);
   (void)m->host->start();
-  if (id != 0) (void)m->host->transport().add_peer(0, std::to_string(0));
+  if (id != coordinator_node)
+    (void)m->host->transport().add_peer(coordinator_node, std::to_string(coordinator_node));
   auto& host = *m->host;
   if (id == 0)
     coordinator_member_ = std::move(m);
@@ -323,7 +324,7 @@ void sim_job::add_trainer(std::uint32_t shard) {
   }
   // On a GPU, the shard's device copies are its GPU's shared memory (device-direct P2P).
   m.trainer = std::make_unique<trainer_shard>(
-      host, 1, coordinator_->self(), shard, refs,
+      host, job_actor, coordinator_->self(), shard, refs,
       trainer_options{.checksums = config_.checksums,
                       .digests = false,
                       .memory = config_.trainers_on_host ? nullptr : m.memory.get()});
@@ -347,7 +348,7 @@ void sim_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
   m.instance = instance;
   m.rank = rank;
   m.worker = std::make_unique<rollout_worker>(
-      host, 1, coordinator_->self(), instance, rank, share_of(rank, m.memory->device()),
+      host, job_actor, coordinator_->self(), instance, rank, share_of(rank, m.memory->device()),
       worker_options{
           .checksums = config_.checksums,
           .digests = false,
@@ -483,9 +484,9 @@ bool sim_job::settled() const {
 sim_result sim_job::run() {
   const auto wall_start = std::chrono::steady_clock::now();
   // The coordinator sits on trainer GPU 0's host; it moves no bulk bytes.
-  auto& coordinator_node = add_node(0, true);
+  auto& coordinator_host = add_node(0, true);
   coordinator_ = std::make_unique<job_coordinator>(
-      coordinator_node, 1,
+      coordinator_host, job_actor,
       job_shape{
           .trainers = config_.trainers,
           .instance_sizes = std::vector<std::uint32_t>(config_.instances, config_.instance_size),

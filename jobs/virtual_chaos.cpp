@@ -183,7 +183,8 @@ node& chaos_job::add_node() {
   nodes_.push_back(std::make_unique<node>(env_, id, *t, protocol()));
   (void)nodes_.back()->start();
   if (id != 0)
-    (void)nodes_.back()->transport().add_peer(0, nodes_.front()->transport().local_address());
+    (void)nodes_.back()->transport().add_peer(coordinator_node,
+                                              nodes_.front()->transport().local_address());
   return *nodes_.back();
 }
 
@@ -209,7 +210,7 @@ void chaos_job::add_trainer(std::uint32_t shard) {
     t->storage.emplace_back(s.nbytes);
     refs.push_back({.spec = s, .data = t->storage.back().data()});
   }
-  t->actor = std::make_unique<trainer_shard>(*t->host, 1, coordinator_->self(), shard, refs,
+  t->actor = std::make_unique<trainer_shard>(*t->host, job_actor, coordinator_->self(), shard, refs,
                                              trainer_options{.checksums = true, .digests = true});
   auto& member = *t;
   member.actor->on_ready = [this, &member] { publish_next(member); };
@@ -235,7 +236,7 @@ void chaos_job::add_worker(std::uint32_t instance, std::uint32_t rank) {
   w->rank = rank;
   const auto size = config_.workers_per_instance;
   w->actor = std::make_unique<rollout_worker>(
-      *w->host, 1, coordinator_->self(), instance, rank,
+      *w->host, job_actor, coordinator_->self(), instance, rank,
       rollout_share(model_, config_.sharding, rank % size, size),
       worker_options{.checksums = true, .digests = true, .make_broadcast = host_chain(chain_tag)});
   auto& member = *w;
@@ -506,10 +507,10 @@ void chaos_job::verify() {
 
 virtual_chaos_result chaos_job::run() {
   const auto wall_start = std::chrono::steady_clock::now();
-  auto& coordinator_node = add_node();
+  auto& coordinator_host = add_node();
   std::vector<std::uint32_t> sizes(config_.instances, config_.workers_per_instance);
   next_rank_ = sizes;
-  coordinator_ = std::make_unique<job_coordinator>(coordinator_node, 1,
+  coordinator_ = std::make_unique<job_coordinator>(coordinator_host, job_actor,
                                                    job_shape{.trainers = config_.trainers,
                                                              .instance_sizes = sizes,
                                                              .chunk_bytes = config_.chunk_bytes,
