@@ -300,62 +300,71 @@ void job_coordinator::lost(node_id node, regroup_cause::kind what, const std::st
   // A replacement comes with a node id of its own: what was kept per node would only grow.
   regions_.forget(node);
   members_.last_seen.erase(node);
-  for (auto it = members_.trainers.begin(); it != members_.trainers.end(); ++it) {
-    if (it->second.who.node != node) continue;
-    const auto shard = it->first;
-    members_.give_up(node, {.who = it->second.who,
-                            .transport_address = it->second.transport_address,
-                            .shard = shard,
-                            .worker = {},
-                            .delivered = updates_.delivered()});
-    members_.trainers.erase(it);
-    host().transport().remove_peer(node);
-    const auto reason =
-        "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
-    if (const auto active = updates_.active()) {
-      const auto v = active->version;
-      log::error("coordinator: update of version {} failed: {}", v, reason);
-      if (!active->catch_up) updates_.fail(v);
-      broadcast_all([&] { return update_failed{.version = v, .reason = reason}; });
-      abandon_active();
-      if (on_update_failed) on_update_failed(v, reason);
-    }
-    // Versions published but not yet sent can no longer complete either (a shard that comes back
-    // has no copy of them): say so to everyone waiting for them.
-    for (const auto v : updates_.pending()) fail_version(v, reason);
-    return regroup({.what = what, .node = node, .text = reason});
+  for (auto it = members_.trainers.begin(); it != members_.trainers.end(); ++it)
+    if (it->second.who.node == node) return lose_trainer(it->first, what, why);
+  for (auto it = members_.workers.begin(); it != members_.workers.end(); ++it)
+    if (it->second.who.node == node) return lose_worker(it->first, what, why);
+}
+
+void job_coordinator::lose_trainer(std::uint32_t shard, regroup_cause::kind what,
+                                   const std::string& why) {
+  const auto it = members_.trainers.find(shard);
+  const auto node = it->second.who.node;
+  members_.give_up(node, {.who = it->second.who,
+                          .transport_address = it->second.transport_address,
+                          .shard = shard,
+                          .worker = {},
+                          .delivered = updates_.delivered()});
+  members_.trainers.erase(it);
+  host().transport().remove_peer(node);
+  const auto reason =
+      "trainer shard " + std::to_string(shard) + " (node " + std::to_string(node) + ") " + why;
+  if (const auto active = updates_.active()) {
+    const auto v = active->version;
+    log::error("coordinator: update of version {} failed: {}", v, reason);
+    if (!active->catch_up) updates_.fail(v);
+    broadcast_all([&] { return update_failed{.version = v, .reason = reason}; });
+    abandon_active();
+    if (on_update_failed) on_update_failed(v, reason);
   }
-  for (auto it = members_.workers.begin(); it != members_.workers.end(); ++it) {
-    if (it->second.who.node != node) continue;
-    const auto [instance, rank] = it->first;
-    members_.give_up(node, {.who = it->second.who,
-                            .transport_address = it->second.transport_address,
-                            .shard = {},
-                            .worker = it->first,
-                            .delivered = updates_.delivered()});
-    const auto& active = updates_.active();
-    if (active && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
-    const bool held_active = active && it->second.complete_version >= active->version;
-    members_.workers.erase(it);
-    host().transport().remove_peer(node);
-    // A worker that leaves holding the update takes nothing from it: if every other worker holds it
-    // too (or none is left), it is delivered, even mid-regroup (a job's last workers may all leave
-    // right after the last version, before a new plan could be in force). Nothing new starts on the
-    // old plan: the regroup below makes the next.
-    if (held_active && plan_ && holds_everywhere(active->version)) {
-      in_force_ = false;
-      complete_active(*plan_);
-    } else if (held_active && plan_ && members_.workers.empty()) {
-      // The last to leave, before every shard reported: the shards' reports complete it. No
-      // worker is left to plan for.
-      left_holding_ = held_by_departed{.version = active->version, .under = std::move(*plan_)};
-      plan_.reset();
-    }
-    return regroup({.what = what,
-                    .node = node,
-                    .text = "worker " + worker_name(instance, rank) + " (node " +
-                            std::to_string(node) + ") " + why});
+  // Versions published but not yet sent can no longer complete either (a shard that comes back
+  // has no copy of them): say so to everyone waiting for them.
+  for (const auto v : updates_.pending()) fail_version(v, reason);
+  regroup({.what = what, .node = node, .text = reason});
+}
+
+void job_coordinator::lose_worker(worker_key worker, regroup_cause::kind what,
+                                  const std::string& why) {
+  const auto it = members_.workers.find(worker);
+  const auto node = it->second.who.node;
+  const auto [instance, rank] = worker;
+  members_.give_up(node, {.who = it->second.who,
+                          .transport_address = it->second.transport_address,
+                          .shard = {},
+                          .worker = it->first,
+                          .delivered = updates_.delivered()});
+  const auto& active = updates_.active();
+  if (active && plan_ && leads(it->second.who)) ++leaders_lost_mid_update_;
+  const bool held_active = active && it->second.complete_version >= active->version;
+  members_.workers.erase(it);
+  host().transport().remove_peer(node);
+  // A worker that leaves holding the update takes nothing from it: if every other worker holds it
+  // too (or none is left), it is delivered, even mid-regroup (a job's last workers may all leave
+  // right after the last version, before a new plan could be in force). Nothing new starts on the
+  // old plan: the regroup below makes the next.
+  if (held_active && plan_ && holds_everywhere(active->version)) {
+    in_force_ = false;
+    complete_active(*plan_);
+  } else if (held_active && plan_ && members_.workers.empty()) {
+    // The last to leave, before every shard reported: the shards' reports complete it. No
+    // worker is left to plan for.
+    left_holding_ = held_by_departed{.version = active->version, .under = std::move(*plan_)};
+    plan_.reset();
   }
+  regroup({.what = what,
+           .node = node,
+           .text = "worker " + worker_name(instance, rank) + " (node " + std::to_string(node) +
+                   ") " + why});
 }
 
 bool job_coordinator::from_shard(const envelope_header& h, std::uint32_t shard) {

@@ -143,7 +143,12 @@ class job_coordinator final : public actor {
   /// heartbeat timeout too (10 heartbeats; a loaded host can delay a live one's for a second),
   /// checked once more if it is not yet (a live one goes on heartbeating and is left alone).
   void suspect(node_id node, const std::string& why, bool checked_again = false);
+  /// Gives up the member on `node`, if any, and regroups for it.
   void lost(node_id node, regroup_cause::kind what, const std::string& why);
+  /// A shard lost fails the update in flight and every version published but not yet sent.
+  void lose_trainer(std::uint32_t shard, regroup_cause::kind what, const std::string& why);
+  /// A worker lost takes nothing from a version it held.
+  void lose_worker(worker_key worker, regroup_cause::kind what, const std::string& why);
   /// Whether a report on trainer shard `shard` comes from that shard, a member now or given up:
   /// another member's would start a version the shard never published, or count it done, with
   /// digests of its choosing.

@@ -580,38 +580,48 @@ void trainer_shard::advance_chunks(route& r) {
     }
     const auto slot = *r.slot;
     next_chunk(r);
-    ++r.in_flight;
-    ++works_in_flight_;
-    // The stripe lands at its offset in the slot, so that the leader's slot keeps the chunk's
-    // layout, or at its start in a slot that holds the stripe alone.
-    const auto at =
-        r.slot_offset(slot, job.chunk_bytes) + (r.stripe_only(job.chunk_bytes) ? 0 : part.offset);
-    send_.write(std::span<const std::byte>(bytes, part.bytes), r.slots, at,
-                make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)), r.version, id,
-                [this, r = r.shared_from_this(), sent](std::error_code ec) {
-                  --works_in_flight_;
-                  --r->in_flight;
-                  if (r->retired) older_write_ended(r->leader);
-                  if (!current(*r)) return;
-                  if (ec == errc::not_same_host) {
-                    // No regroup mends that: the job is set up wrong.
-                    const auto why = fmt::format(
-                        "cannot write to node {} with same-host copies: {}; use tcp or fabric",
-                        r->leader.node, ec.message());
-                    send(coordinator_, participant_error{.reason = why});
-                    return fail(why);
-                  }
-                  if (ec) {
-                    // A dead leader is the coordinator's to detect; the regroup resends what is
-                    // missing.
-                    log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_,
-                              sent.chunk, r->leader.node, ec.message());
-                    return;
-                  }
-                  send(r->leader, sent);
-                  finish_if_done(*r);
-                });
+    write_stripe(r, id, slot, {bytes, part.bytes}, part.offset, std::move(sent));
   }
+  finish_if_done(r);
+}
+
+void trainer_shard::write_stripe(route& r, std::uint32_t id, std::uint32_t slot,
+                                 std::span<const std::byte> stripe, std::uint64_t stripe_offset,
+                                 chunk_sent sent) {
+  const auto& job = *r.plan->job;
+  ++r.in_flight;
+  ++works_in_flight_;
+  // The stripe lands at its offset in the slot, so that the leader's slot keeps the chunk's
+  // layout, or at its start in a slot that holds the stripe alone.
+  const auto at =
+      r.slot_offset(slot, job.chunk_bytes) + (r.stripe_only(job.chunk_bytes) ? 0 : stripe_offset);
+  send_.write(stripe, r.slots, at, make_imm(leader_slot_tag, epoch_imm_value(epoch(), slot)),
+              r.version, id,
+              [this, r = r.shared_from_this(), sent = std::move(sent)](std::error_code ec) {
+                on_stripe_written(*r, sent, ec);
+              });
+}
+
+void trainer_shard::on_stripe_written(route& r, const chunk_sent& sent, std::error_code ec) {
+  --works_in_flight_;
+  --r.in_flight;
+  if (r.retired) older_write_ended(r.leader);
+  if (!current(r)) return;
+  if (ec == errc::not_same_host) {
+    // No regroup mends that: the job is set up wrong.
+    const auto why =
+        fmt::format("cannot write to node {} with same-host copies: {}; use tcp or fabric",
+                    r.leader.node, ec.message());
+    send(coordinator_, participant_error{.reason = why});
+    return fail(why);
+  }
+  if (ec) {
+    // A dead leader is the coordinator's to detect; the regroup resends what is missing.
+    log::warn("trainer shard {}: write of chunk {} to node {} failed: {}", shard_, sent.chunk,
+              r.leader.node, ec.message());
+    return;
+  }
+  send(r.leader, sent);
   finish_if_done(r);
 }
 

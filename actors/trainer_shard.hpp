@@ -179,6 +179,11 @@ class trainer_shard final : public job_member {
   /// Called again from within (a chain's turn), it goes on once the outer call is done.
   void advance(route& r);
   void advance_chunks(route& r);
+  /// Writes chunk `id`'s stripe into the leader's `slot`; `sent` goes to the leader once it landed.
+  void write_stripe(route& r, std::uint32_t id, std::uint32_t slot,
+                    std::span<const std::byte> stripe, std::uint64_t stripe_offset,
+                    chunk_sent sent);
+  void on_stripe_written(route& r, const chunk_sent& sent, std::error_code ec);
   /// Takes a slot for the chunk at `r.next`: a free one, or (direct) one the worker granted,
   /// asked for in the chain's order; false while there is none yet.
   bool take_slot(route& r, std::uint32_t chunk);

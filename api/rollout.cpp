@@ -33,6 +33,57 @@ struct rollout::impl : member_table {
     if (!failure && !closed) failure = why;  // once closed, the links' loss is no failure
     changed.notify_all();
   }
+
+  /// Loop thread: what the worker tells, passed to the caller's callbacks (taken under the lock,
+  /// called outside it) and to the waits.
+  void watch(rollout_worker& w) {
+    auto* self = this;
+    w.on_tensor = [self](std::uint64_t v, const tensor_spec& spec,
+                         std::span<const std::byte> bytes) {
+      decltype(self->on_tensor) fn;
+      {
+        std::lock_guard lock(self->mutex);
+        fn = self->on_tensor;
+      }
+      if (!fn) return;
+      tensor t{.name = spec.name,
+               .dtype = std::string(dtype_name(spec.type)),
+               .shape = {spec.shape.begin(), spec.shape.end()},
+               .data = const_cast<std::byte*>(bytes.data()),
+               .device = self->thread.gpu() ? self->thread.gpu()->device : -1};
+      if (bytes.size() != spec.nbytes) {  // a row range: the shape of the rows held here
+        t.shape[0] = static_cast<std::int64_t>(bytes.size() / (spec.nbytes / spec.shape[0]));
+      }
+      fn(v, t, bytes);
+    };
+    w.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
+      const auto outcome =
+          failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
+      decltype(self->on_update_failed) fn;
+      {
+        std::lock_guard lock(self->mutex);
+        if (v > self->newest_failed) {
+          self->newest_failed = v;
+          self->newest_failure = outcome.message;
+        }
+        self->changed.notify_all();
+        fn = self->on_update_failed;
+      }
+      if (fn) fn(v, outcome);
+    };
+    w.on_version = [self](std::uint64_t v) {
+      decltype(self->on_version) fn;
+      {
+        std::lock_guard lock(self->mutex);
+        self->version = std::max(self->version, v);
+        self->changed.notify_all();
+        fn = self->on_version;
+      }
+      if (fn) fn(v);
+    };
+    w.on_failed = [self](const std::string& reason) { self->fail(reason); };
+    w.on_job_end = [self] { self->end(); };
+  }
 };
 
 rollout::rollout(options o) : impl_(std::make_unique<impl>()) {
@@ -67,6 +118,25 @@ void rollout::on_version(std::function<void(std::uint64_t)> fn) {
   impl_->on_version = std::move(fn);
 }
 
+namespace {
+
+/// The GPU a rollout's copies and collective run on: where its tensors are, or, for a rollout
+/// that registers nothing, `asked` (-1: none).
+status rollout_device(const std::vector<tensor_ref>& tensors, int asked, int& device) {
+  if (auto st = member_device(tensors, "rollout", device); !st) return st;
+  if (asked < 0) return {};
+  if (!tensors.empty()) {
+    return failed(api_errc::invalid_argument,
+                  fmt::format("rollout: options.device {} is for a rollout that registers "
+                              "nothing; its registered tensors say where they are",
+                              asked));
+  }
+  device = asked;
+  return {};
+}
+
+}  // namespace
+
 status rollout::join() {
   auto* self = impl_.get();
   const auto& o = self->opts;
@@ -77,17 +147,7 @@ status rollout::join() {
                   "rollout: instance and rank below 1024, or give options.node_id");
   }
   int device = -1;
-  if (auto st = member_device(tensors, "rollout", device); !st) return st;
-  if (o.device >= 0) {
-    if (!tensors.empty()) {
-      return failed(
-          api_errc::invalid_argument,
-          fmt::format("rollout: options.device {} is for a rollout that registers nothing; its "
-                      "registered tensors say where they are",
-                      o.device));
-    }
-    device = o.device;
-  }
+  if (auto st = rollout_device(tensors, o.device, device); !st) return st;
   member_link link;
   if (auto st = link_to_coordinator(o, "rollout", link); !st) return st;
   const node_id id = o.node_id ? o.node_id : (1u << 20) + (o.instance << 10) + o.rank;
@@ -107,53 +167,8 @@ status rollout::join() {
         self->worker =
             std::make_unique<rollout_worker>(host, job_actor, address{coordinator_node, job_actor},
                                              instance, rank, tensors, on_host);
-        auto& w = *self->worker;
-        w.on_tensor = [self](std::uint64_t v, const tensor_spec& spec,
-                             std::span<const std::byte> bytes) {
-          decltype(self->on_tensor) fn;
-          {
-            std::lock_guard lock(self->mutex);
-            fn = self->on_tensor;
-          }
-          if (!fn) return;
-          tensor t{.name = spec.name,
-                   .dtype = std::string(dtype_name(spec.type)),
-                   .shape = {spec.shape.begin(), spec.shape.end()},
-                   .data = const_cast<std::byte*>(bytes.data()),
-                   .device = self->thread.gpu() ? self->thread.gpu()->device : -1};
-          if (bytes.size() != spec.nbytes) {  // a row range: the shape of the rows held here
-            t.shape[0] = static_cast<std::int64_t>(bytes.size() / (spec.nbytes / spec.shape[0]));
-          }
-          fn(v, t, bytes);
-        };
-        w.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
-          const auto outcome =
-              failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
-          decltype(self->on_update_failed) fn;
-          {
-            std::lock_guard lock(self->mutex);
-            if (v > self->newest_failed) {
-              self->newest_failed = v;
-              self->newest_failure = outcome.message;
-            }
-            self->changed.notify_all();
-            fn = self->on_update_failed;
-          }
-          if (fn) fn(v, outcome);
-        };
-        w.on_version = [self](std::uint64_t v) {
-          decltype(self->on_version) fn;
-          {
-            std::lock_guard lock(self->mutex);
-            self->version = std::max(self->version, v);
-            self->changed.notify_all();
-            fn = self->on_version;
-          }
-          if (fn) fn(v);
-        };
-        w.on_failed = [self](const std::string& reason) { self->fail(reason); };
-        w.on_job_end = [self] { self->end(); };
-        w.join();
+        self->watch(*self->worker);
+        self->worker->join();
         return {};
       },
       [self, trace = o.trace_file](node& host) {

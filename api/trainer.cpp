@@ -131,6 +131,45 @@ struct trainer::impl : member_table {
       delivered(v, failed(api_errc::invalid_argument, why));
     }
   }
+
+  /// Loop thread: what the shard tells, to the publish in progress, the waits and the caller.
+  void watch(trainer_shard& t) {
+    auto* self = this;
+    t.on_ready = [self] {
+      {
+        std::lock_guard lock(self->mutex);
+        self->ready = true;
+        self->next_version = self->shard->next_version();
+        self->changed.notify_all();
+      }
+      if (auto v = std::exchange(self->waiting, std::nullopt)) self->start_publish(*v);
+    };
+    t.on_offloaded = [self](std::uint64_t v, double) { self->offloaded(v, {}); };
+    t.on_write_target = [self](std::uint64_t v, std::shared_ptr<copy_writes> target) {
+      std::lock_guard lock(self->mutex);
+      if (self->writing == v) self->writes = std::move(target);
+      self->changed.notify_all();
+    };
+    t.on_delivered = [self](std::uint64_t v, bool) { self->delivered(v, {}); };
+    t.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
+      const auto outcome =
+          failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
+      self->offloaded(v, outcome);
+      self->delivered(v, outcome);
+    };
+    t.on_failed = [self](const std::string& reason) {
+      {
+        std::lock_guard lock(self->mutex);
+        self->failure = reason;
+        self->changed.notify_all();
+      }
+      self->settle_all(failed(api_errc::job_failed, reason));
+    };
+    t.on_job_end = [self] {
+      self->end();
+      self->settle_all(failed(api_errc::closed, "the job ended"));
+    };
+  }
 };
 
 trainer::trainer(options o) : impl_(std::make_unique<impl>()) {
@@ -166,42 +205,8 @@ status trainer::join() {
         if (auto* gpu = self->thread.gpu()) on_host.memory = gpu->memory.get();
         self->shard = std::make_unique<trainer_shard>(
             host, job_actor, address{coordinator_node, job_actor}, shard, tensors, on_host);
-        auto& t = *self->shard;
-        t.on_ready = [self] {
-          {
-            std::lock_guard lock(self->mutex);
-            self->ready = true;
-            self->next_version = self->shard->next_version();
-            self->changed.notify_all();
-          }
-          if (auto v = std::exchange(self->waiting, std::nullopt)) self->start_publish(*v);
-        };
-        t.on_offloaded = [self](std::uint64_t v, double) { self->offloaded(v, {}); };
-        t.on_write_target = [self](std::uint64_t v, std::shared_ptr<copy_writes> target) {
-          std::lock_guard lock(self->mutex);
-          if (self->writing == v) self->writes = std::move(target);
-          self->changed.notify_all();
-        };
-        t.on_delivered = [self](std::uint64_t v, bool) { self->delivered(v, {}); };
-        t.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
-          const auto outcome =
-              failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
-          self->offloaded(v, outcome);
-          self->delivered(v, outcome);
-        };
-        t.on_failed = [self](const std::string& reason) {
-          {
-            std::lock_guard lock(self->mutex);
-            self->failure = reason;
-            self->changed.notify_all();
-          }
-          self->settle_all(failed(api_errc::job_failed, reason));
-        };
-        t.on_job_end = [self] {
-          self->end();
-          self->settle_all(failed(api_errc::closed, "the job ended"));
-        };
-        t.join();
+        self->watch(*self->shard);
+        self->shard->join();
         return {};
       },
       [self, trace = o.trace_file](node& host) {

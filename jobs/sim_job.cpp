@@ -245,6 +245,13 @@ class sim_job {
   std::unique_ptr<broadcast_group> make_group(actor& owner, const std::vector<address>& members,
                                               std::uint32_t epoch);
   void schedule(const sim_event& e);
+  /// The coordinator, on trainer GPU 0's host, with what the result takes from it.
+  void start_coordinator();
+  /// Runs the loop until the job settles, fails, is stopped or passes the virtual limit, with
+  /// progress every `config_.progress_every` of wall time; the failure says which.
+  void drive(std::chrono::steady_clock::time_point wall_start);
+  /// Each resource's use, the busiest first: the bound and the bottleneck.
+  void tally_resources();
   bool settled() const;
   /// Records what the members of `p` hold, and where a node's members need more host memory, or a
   /// GPU's more device memory, than the hardware has.
@@ -481,8 +488,7 @@ bool sim_job::settled() const {
   return true;
 }
 
-sim_result sim_job::run() {
-  const auto wall_start = std::chrono::steady_clock::now();
+void sim_job::start_coordinator() {
   // The coordinator sits on trainer GPU 0's host; it moves no bulk bytes.
   auto& coordinator_host = add_node(0, true);
   coordinator_ = std::make_unique<job_coordinator>(
@@ -515,12 +521,9 @@ sim_result sim_job::run() {
     if (config_.on_version) config_.on_version(r.version, r.seconds);
   };
   coordinator_->start();
-  for (std::uint32_t s = 0; s < config_.trainers; ++s) add_trainer(s);
-  for (std::uint32_t i = 0; i < config_.instances; ++i)
-    for (std::uint32_t r = 0; r < config_.instance_size; ++r) add_worker(i, r);
-  result_.actors = static_cast<std::uint32_t>(members_.size() + 1);
-  for (const auto& e : config_.events) schedule(e);
+}
 
+void sim_job::drive(std::chrono::steady_clock::time_point wall_start) {
   const auto limit = clock::time_point(to_duration(config_.virtual_limit_seconds));
   auto next_progress = wall_start + config_.progress_every;
   std::uint32_t turns = 0;
@@ -542,7 +545,9 @@ sim_result sim_job::run() {
   if (!failure_ && env_.clock().now() > limit)
     failure_ = fmt::format("version {} of {} delivered after {} s of virtual time", delivered_,
                            config_.versions, config_.virtual_limit_seconds);
+}
 
+void sim_job::tally_resources() {
   net_.settle();
   result_.virtual_seconds =
       std::chrono::duration<double>(env_.clock().now().time_since_epoch()).count();
@@ -565,6 +570,18 @@ sim_result sim_job::run() {
     result_.bound_seconds = result_.resources.front().bound_seconds;
     result_.bottleneck = result_.resources.front().name;
   }
+}
+
+sim_result sim_job::run() {
+  const auto wall_start = std::chrono::steady_clock::now();
+  start_coordinator();
+  for (std::uint32_t s = 0; s < config_.trainers; ++s) add_trainer(s);
+  for (std::uint32_t i = 0; i < config_.instances; ++i)
+    for (std::uint32_t r = 0; r < config_.instance_size; ++r) add_worker(i, r);
+  result_.actors = static_cast<std::uint32_t>(members_.size() + 1);
+  for (const auto& e : config_.events) schedule(e);
+  drive(wall_start);
+  tally_resources();
   if (!result_.update_seconds.empty()) {
     result_.predicted_seconds = result_.update_seconds.back();
     result_.stall = result_.stall_seconds.back();

@@ -154,7 +154,8 @@ void apply_set(toml::table& root, const std::string& assignment) {
 
 constexpr double giga = 1e9;
 
-void fill(const toml::table& root, sim_config& c) {
+/// [hardware]: the cluster's shape and rates.
+void fill_hardware(const toml::table& root, sim_config& c) {
   const reader hw(root["hardware"].as_table(), "hardware");
   auto& h = c.hardware;
   h.nodes = hw.count("nodes");
@@ -184,7 +185,10 @@ void fill(const toml::table& root, sim_config& c) {
   h.copy_latency = us("copy_latency_us", h.copy_latency);
   h.gpu_memory = static_cast<std::uint64_t>(hw.positive("gpu_memory_gib", 80) * (1ull << 30));
   h.host_memory = static_cast<std::uint64_t>(hw.positive("host_memory_gib", 2048) * (1ull << 30));
+}
 
+/// [model]: a preset's tensor table, or a byte count cut into tensors.
+void fill_model(const toml::table& root, sim_config& c) {
   const reader model(root["model"].as_table(), "model");
   const auto type = model.text("dtype").value_or("bf16");
   if (type != "bf16" && type != "fp8") throw failure{"model.dtype: must be bf16 or fp8"};
@@ -208,7 +212,10 @@ void fill(const toml::table& root, sim_config& c) {
   } else {
     throw failure{"model: give preset or bytes"};
   }
+}
 
+/// [placement]: trainers and instances on the cluster's GPUs.
+void fill_placement(const toml::table& root, sim_config& c) {
   const reader place(root["placement"].as_table(), "placement");
   c.trainers = place.count("trainers");
   c.instances = place.count("instances");
@@ -223,7 +230,10 @@ void fill(const toml::table& root, sim_config& c) {
           *sharding + "\""};
     c.shard_rollout = *parsed;
   }
+}
 
+/// [ferry]: the job's options.
+void fill_options(const toml::table& root, sim_config& c) {
   const reader opts(root["ferry"].as_table(), "ferry");
   c.chunk_bytes = opts.bytes("chunk").value_or(default_chunk_bytes);
   c.depth = opts.count("depth", 2);
@@ -236,7 +246,10 @@ void fill(const toml::table& root, sim_config& c) {
   }
   c.versions = opts.count("versions", 2);
   c.checksums = opts.flag("checksums", true);
+}
 
+/// [[events]]: kills and joins at virtual moments.
+void fill_events(const toml::table& root, sim_config& c) {
   c.events.clear();
   if (const auto* list = root["events"].as_array()) {
     for (std::size_t i = 0; i < list->size(); ++i) {
@@ -267,7 +280,14 @@ void fill(const toml::table& root, sim_config& c) {
       c.events.push_back(ev);
     }
   }
+}
 
+void fill(const toml::table& root, sim_config& c) {
+  fill_hardware(root, c);
+  fill_model(root, c);
+  fill_placement(root, c);
+  fill_options(root, c);
+  fill_events(root, c);
   if (auto why = validate(c); !why.empty()) throw failure{why};
 }
 

@@ -94,7 +94,18 @@ class chaos_job {
   /// Runs `fn` after `delay` of virtual time; the run does not end while one is pending.
   void after(clock::duration delay, std::function<void()> fn);
   void on_update(std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders);
+  /// Draws `f`'s moment within an update, and its victim when it comes.
   void inject(fault f, const std::vector<node_id>& leaders);
+  /// One per fault kind. Each draws what it needs as it did when first written: a seed's run
+  /// depends on the order of the draws.
+  void kill_a_leader(clock::duration moment, const std::vector<node_id>& leaders);
+  void kill_two_within_a_chunk(clock::duration moment);
+  void kill_a_trainer(clock::duration moment);
+  void lose_an_instance(clock::duration moment);
+  void add_an_instance(clock::duration moment);
+  void kill_one_silently(clock::duration moment);
+  void cut_a_member_off(clock::duration moment);
+  void scale_an_instance_away(clock::duration moment);
   /// `announced`: every node that knows it learns its link broke (tcp), and a replacement joins;
   /// else only those that send or write to it learn (fabric), and none replaces it.
   void kill_worker(worker_member& w, bool announced = true);
@@ -330,121 +341,147 @@ void chaos_job::inject(fault f, const std::vector<node_id>& leaders) {
   const auto moment = draws_.up_to(update_time_);
   switch (f) {
     case fault::leader_kill:
-      after(moment, [this, leaders, pick = draws_.below(leaders.size())] {
-        for (std::size_t i = 0; i < leaders.size(); ++i) {
-          const auto id = leaders[(pick + i) % leaders.size()];
-          for (auto& w : workers_) {
-            if (w->alive && w->host->id() == id) return kill_worker(*w);
-          }
-        }
-      });
-      break;
-    case fault::double_regroup: {
-      // The second kill lands before the first regroup's chunk could have crossed one stage.
-      const auto chunk_time =
-          update_time_ * config_.chunk_bytes / std::max<std::uint64_t>(config_.model_bytes, 1);
-      const auto gap = draws_.up_to(chunk_time);
-      const auto first = draws_.below(1000), second = draws_.below(1000);
-      after(moment, [this, first, second, gap] {
-        auto live = live_workers();
-        if (live.size() < 2) return;
-        auto* a = live[first % live.size()];
-        auto* b = live[(first + 1 + second % (live.size() - 1)) % live.size()];
-        kill_worker(*a);
-        after(gap, [this, b] {
-          if (b->alive) ++result_.faults[double_fault];
-          kill_worker(*b);
-        });
-      });
-      break;
-    }
+      return kill_a_leader(moment, leaders);
+    case fault::double_regroup:
+      return kill_two_within_a_chunk(moment);
     case fault::trainer_kill:
-      after(moment, [this, pick = draws_.below(config_.trainers)] {
-        trainer_member* victim = nullptr;
-        for (auto& t : trainers_) {
-          if (t->alive && t->shard == pick) victim = t.get();
-        }
-        if (!victim) return;
-        const bool mid_update = !coordinator_->idle();
-        victim->alive = false;
-        ++result_.kills;
-        ++result_.trainer_kills;
-        note(fmt::format("kill trainer shard {} (node {})", victim->shard, victim->host->id()));
-        settings_.inproc.sever(victim->host->id());
-        after(microseconds(100) + draws_.up_to(update_time_ * 2),
-              [this, shard = victim->shard, mid_update] {
-                if (mid_update) ++result_.faults[trainer_fault];
-                ++result_.joins;
-                note(fmt::format("trainer shard {} rejoins", shard));
-                add_trainer(shard);
-              });
-      });
-      break;
+      return kill_a_trainer(moment);
     case fault::instance_lost:
-      // Every member at once, as when the instance's host goes down.
-      after(moment, [this, pick = draws_.below(config_.instances)] {
-        const bool mid_update = !coordinator_->idle();
-        bool killed = false;
-        for (auto* w : live_workers()) {
-          if (w->instance != pick) continue;
-          kill_worker(*w);
-          killed = true;
-        }
-        if (killed && mid_update) ++result_.faults[instance_fault];
-      });
-      break;
+      return lose_an_instance(moment);
     case fault::instance_joins:
-      // Elastic rollout: an instance the job did not start with, caught up from the host copies.
-      after(moment, [this] {
-        const bool mid_update = !coordinator_->idle();
-        const auto instance = static_cast<std::uint32_t>(next_rank_.size());
-        next_rank_.push_back(config_.workers_per_instance);
-        note(fmt::format("instance {} joins", instance));
-        for (std::uint32_t r = 0; r < config_.workers_per_instance; ++r) {
-          ++result_.joins;
-          add_worker(instance, r);
-        }
-        if (mid_update) ++result_.faults[instance_join_fault];
-      });
-      break;
+      return add_an_instance(moment);
     case fault::silent_kill:
-      // Nobody is told: the coordinator learns from a member whose frame or write found it gone
-      // (counted when the regroup says so), not from the heartbeat timeout.
-      after(moment, [this, pick = draws_.below(1000)] {
-        auto live = live_workers();
-        if (!live.empty()) kill_worker(*live[pick % live.size()], false);
-      });
-      break;
+      return kill_one_silently(moment);
     case fault::link_cut:
-      // A worker, or one time in three a trainer shard: the update in flight fails or regroups
-      // without it, and it rejoins when its links return.
-      after(moment, [this, pick = draws_.below(1000), length = cut_length()] {
-        if (pick % 3 == 0) {
-          for (auto& t : trainers_) {
-            if (t->alive && t->shard == pick % config_.trainers)
-              return cut_off(*t->actor, t->alive, length);
-          }
-        }
-        auto live = live_workers();
-        if (live.empty()) return;
-        auto* w = live[pick % live.size()];
-        cut_off(*w->actor, w->alive, length);
-      });
-      break;
+      return cut_a_member_off(moment);
     case fault::instance_leaves:
-      after(moment, [this, pick = draws_.below(1000)] {
-        std::vector<std::uint32_t> present;
-        for (auto* w : live_workers()) {
-          if (std::find(present.begin(), present.end(), w->instance) == present.end())
-            present.push_back(w->instance);
-        }
-        if (present.size() < 2) return;  // the job keeps one instance
-        const bool mid_update = !coordinator_->idle();
-        instance_leaves(present[pick % present.size()]);
-        if (mid_update) ++result_.faults[instance_leave_fault];
-      });
-      break;
+      return scale_an_instance_away(moment);
   }
+}
+
+/// A leader of any instance, the first live one from a drawn pick.
+void chaos_job::kill_a_leader(clock::duration moment, const std::vector<node_id>& leaders) {
+  after(moment, [this, leaders, pick = draws_.below(leaders.size())] {
+    for (std::size_t i = 0; i < leaders.size(); ++i) {
+      const auto id = leaders[(pick + i) % leaders.size()];
+      for (auto& w : workers_) {
+        if (w->alive && w->host->id() == id) return kill_worker(*w);
+      }
+    }
+  });
+}
+
+/// The second kill lands before the first regroup's chunk could have crossed one stage.
+void chaos_job::kill_two_within_a_chunk(clock::duration moment) {
+  const auto chunk_time =
+      update_time_ * config_.chunk_bytes / std::max<std::uint64_t>(config_.model_bytes, 1);
+  const auto gap = draws_.up_to(chunk_time);
+  const auto first = draws_.below(1000), second = draws_.below(1000);
+  after(moment, [this, first, second, gap] {
+    auto live = live_workers();
+    if (live.size() < 2) return;
+    auto* a = live[first % live.size()];
+    auto* b = live[(first + 1 + second % (live.size() - 1)) % live.size()];
+    kill_worker(*a);
+    after(gap, [this, b] {
+      if (b->alive) ++result_.faults[double_fault];
+      kill_worker(*b);
+    });
+  });
+}
+
+/// A trainer shard, killed for real; it rejoins (a new process) a little later.
+void chaos_job::kill_a_trainer(clock::duration moment) {
+  after(moment, [this, pick = draws_.below(config_.trainers)] {
+    trainer_member* victim = nullptr;
+    for (auto& t : trainers_) {
+      if (t->alive && t->shard == pick) victim = t.get();
+    }
+    if (!victim) return;
+    const bool mid_update = !coordinator_->idle();
+    victim->alive = false;
+    ++result_.kills;
+    ++result_.trainer_kills;
+    note(fmt::format("kill trainer shard {} (node {})", victim->shard, victim->host->id()));
+    settings_.inproc.sever(victim->host->id());
+    after(microseconds(100) + draws_.up_to(update_time_ * 2),
+          [this, shard = victim->shard, mid_update] {
+            if (mid_update) ++result_.faults[trainer_fault];
+            ++result_.joins;
+            note(fmt::format("trainer shard {} rejoins", shard));
+            add_trainer(shard);
+          });
+  });
+}
+
+/// Every member at once, as when the instance's host goes down.
+void chaos_job::lose_an_instance(clock::duration moment) {
+  after(moment, [this, pick = draws_.below(config_.instances)] {
+    const bool mid_update = !coordinator_->idle();
+    bool killed = false;
+    for (auto* w : live_workers()) {
+      if (w->instance != pick) continue;
+      kill_worker(*w);
+      killed = true;
+    }
+    if (killed && mid_update) ++result_.faults[instance_fault];
+  });
+}
+
+/// Elastic rollout: an instance the job did not start with, caught up from the host copies.
+void chaos_job::add_an_instance(clock::duration moment) {
+  after(moment, [this] {
+    const bool mid_update = !coordinator_->idle();
+    const auto instance = static_cast<std::uint32_t>(next_rank_.size());
+    next_rank_.push_back(config_.workers_per_instance);
+    note(fmt::format("instance {} joins", instance));
+    for (std::uint32_t r = 0; r < config_.workers_per_instance; ++r) {
+      ++result_.joins;
+      add_worker(instance, r);
+    }
+    if (mid_update) ++result_.faults[instance_join_fault];
+  });
+}
+
+/// Nobody is told: the coordinator learns from a member whose frame or write found it gone
+/// (counted when the regroup says so), not from the heartbeat timeout.
+void chaos_job::kill_one_silently(clock::duration moment) {
+  after(moment, [this, pick = draws_.below(1000)] {
+    auto live = live_workers();
+    if (!live.empty()) kill_worker(*live[pick % live.size()], false);
+  });
+}
+
+/// A worker, or one time in three a trainer shard: the update in flight fails or regroups
+/// without it, and it rejoins when its links return.
+void chaos_job::cut_a_member_off(clock::duration moment) {
+  after(moment, [this, pick = draws_.below(1000), length = cut_length()] {
+    if (pick % 3 == 0) {
+      for (auto& t : trainers_) {
+        if (t->alive && t->shard == pick % config_.trainers)
+          return cut_off(*t->actor, t->alive, length);
+      }
+    }
+    auto live = live_workers();
+    if (live.empty()) return;
+    auto* w = live[pick % live.size()];
+    cut_off(*w->actor, w->alive, length);
+  });
+}
+
+/// A live instance leaves for good, unless it is the last.
+void chaos_job::scale_an_instance_away(clock::duration moment) {
+  after(moment, [this, pick = draws_.below(1000)] {
+    std::vector<std::uint32_t> present;
+    for (auto* w : live_workers()) {
+      if (std::find(present.begin(), present.end(), w->instance) == present.end())
+        present.push_back(w->instance);
+    }
+    if (present.size() < 2) return;  // the job keeps one instance
+    const bool mid_update = !coordinator_->idle();
+    instance_leaves(present[pick % present.size()]);
+    if (mid_update) ++result_.faults[instance_leave_fault];
+  });
 }
 
 void chaos_job::on_update(std::uint64_t version, bool catch_up,
