@@ -30,10 +30,10 @@ coordinator::coordinator(options o, status& ok) : impl_(std::make_unique<impl>()
   ok = open(std::move(o));
 }
 
-status coordinator::open(options o) {
-  std::string why;
-  auto listen = api::parse_address(o.listen, why);
-  if (!listen) return failed(api_errc::invalid_argument, why);
+namespace {
+
+/// The job's shape from the coordinator's options, refused where they cannot make a job.
+status shape_of(const coordinator::options& o, job_shape& shape) {
   const auto p2p = parse_p2p_mode(o.p2p);
   if (!p2p)
     return failed(api_errc::invalid_argument,
@@ -48,30 +48,48 @@ status coordinator::open(options o) {
                   fmt::format("coordinator: chunk_bytes {}: {}", o.chunk_bytes, *no));
   if (auto no = depth_refusal(o.depth))
     return failed(api_errc::invalid_argument, "coordinator: " + *no);
-  api::link_settings settings;
-  if (auto s = api::load_secret(listen->scheme, o.secret, o.allow_unauthenticated, settings); !s)
+  shape = {.trainers = o.trainers,
+           .instance_sizes = o.instance_sizes,
+           .chunk_bytes = o.chunk_bytes,
+           .depth = o.depth,
+           .stripes = o.stripes,
+           .p2p = *p2p};
+  return {};
+}
+
+/// Where the coordinator listens (`o.listen`, parsed as `listen`) and with which secret.
+status listen_settings(const coordinator::options& o, const api::parsed_address& listen,
+                       api::link_settings& settings) {
+  if (auto s = api::load_secret(listen.scheme, o.secret, o.allow_unauthenticated, settings); !s)
     return s;
-  if (listen->scheme == "fabric") {
-    settings.fabric_provider = listen->rest;
-  } else if (listen->scheme == "inproc") {
-    settings.inproc_job = listen->rest;
+  if (listen.scheme == "fabric") {
+    settings.fabric_provider = listen.rest;
+  } else if (listen.scheme == "inproc") {
+    settings.inproc_job = listen.rest;
   } else {
-    const auto colon = listen->rest.rfind(':');
+    const auto colon = listen.rest.rfind(':');
     if (colon == std::string::npos)
       return failed(api_errc::invalid_argument, "listen address '" + o.listen + "': no port");
-    settings.bind_host = listen->rest.substr(0, colon);
+    settings.bind_host = listen.rest.substr(0, colon);
     try {
-      settings.port = static_cast<std::uint16_t>(std::stoul(listen->rest.substr(colon + 1)));
+      settings.port = static_cast<std::uint16_t>(std::stoul(listen.rest.substr(colon + 1)));
     } catch (const std::exception&) {
       return failed(api_errc::invalid_argument, "listen address '" + o.listen + "': bad port");
     }
   }
-  const job_shape shape{.trainers = o.trainers,
-                        .instance_sizes = o.instance_sizes,
-                        .chunk_bytes = o.chunk_bytes,
-                        .depth = o.depth,
-                        .stripes = o.stripes,
-                        .p2p = *p2p};
+  return {};
+}
+
+}  // namespace
+
+status coordinator::open(options o) {
+  std::string why;
+  auto listen = api::parse_address(o.listen, why);
+  if (!listen) return failed(api_errc::invalid_argument, why);
+  job_shape shape;
+  if (auto s = shape_of(o, shape); !s) return s;
+  api::link_settings settings;
+  if (auto s = listen_settings(o, *listen, settings); !s) return s;
   auto* self = impl_.get();
   const auto scheme = listen->scheme;
   const auto provider = settings.fabric_provider;
