@@ -108,6 +108,92 @@ class trace_on_exit {
   std::string path_;
 };
 
+/// What the coordinator of `ferry coordinator` reports, gathered for its summary.
+struct coordinator_run {
+  job_result result;
+  std::optional<std::string> failure;
+  std::vector<double> regroup_ms;
+};
+
+/// The coordinator's reports into `run`, logged, and with --events one JSON line each on stdout
+/// (for `ferry chaos`).
+void watch(job_coordinator& coord, const process_flags& f, coordinator_run& run) {
+  coord.on_ready = [&run](const plan& p) {
+    run.result.model_bytes = p.total_bytes();
+    run.result.tensors = p.tensors.size();
+    run.result.chunks = p.chunks.size();
+    const auto share = p.receive_shares();
+    run.result.worker_bytes = share.most_bytes;
+    run.result.receive_ratio = share.worst_ratio;
+    run.result.paths = p.paths();
+    log::info("coordinator: every leader is ready; updates may start");
+  };
+  coord.on_failed = [&run](const std::string& why) { run.failure = why; };
+  auto event = [&f](nlohmann::json e) {
+    if (!f.events) return;
+    std::printf("%s\n", e.dump().c_str());
+    std::fflush(stdout);
+  };
+  coord.on_delivered = [&f, &run, event](const version_report& r) {
+    run.result.versions.push_back(r);
+    log::info(
+        "version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer stalled {:.3f} "
+        "s{}",
+        r.version, f.job.versions, r.bytes / 1e9, r.workers, r.seconds, r.bytes / r.seconds / 1e9,
+        r.offloaded_seconds, r.verified ? ", digests match" : "");
+    event({{"event", "delivered"},
+           {"version", r.version},
+           {"seconds", r.seconds},
+           {"verified", r.verified}});
+  };
+  coord.on_update = [event](std::uint64_t version, bool catch_up,
+                            const std::vector<node_id>& leaders) {
+    event(
+        {{"event", "update"}, {"version", version}, {"catch_up", catch_up}, {"leaders", leaders}});
+  };
+  coord.on_regroup = [&run, event](const regroup_report& r) {
+    run.regroup_ms.push_back(r.milliseconds);
+    event({{"event", "regroup"},
+           {"epoch", r.epoch},
+           {"ms", r.milliseconds},
+           {"reason", r.reason()},
+           {"causes", causes_json(r.causes)},
+           {"leaders_lost_mid_update", r.leaders_lost_mid_update},
+           {"leaders", r.leaders}});
+  };
+  coord.on_update_failed = [event](std::uint64_t version, const std::string& why) {
+    event({{"event", "update_failed"}, {"version", version}, {"reason", why}});
+  };
+}
+
+/// The summary (JSON or a table) and the exit code, once the loop is done.
+int finish(const process_flags& f, const job_coordinator& coord, coordinator_run& run,
+           bool interrupted, bool finished) {
+  log::set_level(log::level::error);  // from here on, peers leaving is the plan, not news
+  if (interrupted && !run.failure) {
+    run.failure = fmt::format("stopped by {} with {} of {} versions delivered", interrupt_name(),
+                              run.result.versions.size(), f.job.versions);
+  }
+  if (!finished)
+    run.failure = fmt::format("timed out after {} s with {} of {} versions delivered",
+                              f.timeout_seconds, run.result.versions.size(), f.job.versions);
+  run.result.ok = !run.failure;
+  run.result.verified = run.result.ok && f.job.verify;
+  for (const auto& v : run.result.versions) run.result.verified = run.result.verified && v.verified;
+  run.result.verified = run.result.verified && coord.digest_mismatches() == 0;
+  if (run.failure) run.result.error = *run.failure;
+  auto summary = summary_json(run.result);
+  std::sort(run.regroup_ms.begin(), run.regroup_ms.end());
+  summary["regroups"] = coord.regroups();
+  summary["regroup_ms_median"] =
+      run.regroup_ms.empty() ? 0.0 : run.regroup_ms[run.regroup_ms.size() / 2];
+  summary["regroup_ms_max"] = run.regroup_ms.empty() ? 0.0 : run.regroup_ms.back();
+  std::printf("%s", f.json ? (summary.dump() + "\n").c_str() : summary_table(run.result).c_str());
+  std::fflush(stdout);
+  if (interrupted) return interrupted_exit_code();
+  return run.result.ok && (run.result.verified || !f.job.verify) ? 0 : 1;
+}
+
 int run_coordinator(const process_flags& f) {
   transport_settings env;
   if (auto error = prepare_environment(f, env))
@@ -140,56 +226,9 @@ int run_coordinator(const process_flags& f) {
   shape.heartbeat_timeout =
       std::chrono::milliseconds(static_cast<long>(f.heartbeat_timeout_s * 1000));
   job_coordinator coord(host, job_actor, shape);
-  job_result result;
-  result.workers = f.job.instances * f.job.workers_per_instance;
-  std::optional<std::string> failure;
-  coord.on_ready = [&](const plan& p) {
-    result.model_bytes = p.total_bytes();
-    result.tensors = p.tensors.size();
-    result.chunks = p.chunks.size();
-    const auto share = p.receive_shares();
-    result.worker_bytes = share.most_bytes;
-    result.receive_ratio = share.worst_ratio;
-    result.paths = p.paths();
-    log::info("coordinator: every leader is ready; updates may start");
-  };
-  coord.on_failed = [&](const std::string& why) { failure = why; };
-  // --events: one JSON line per update, delivery and regroup on stdout, for `ferry chaos`.
-  auto event = [&](nlohmann::json e) {
-    if (!f.events) return;
-    std::printf("%s\n", e.dump().c_str());
-    std::fflush(stdout);
-  };
-  std::vector<double> regroup_ms;
-  coord.on_delivered = [&](const version_report& r) {
-    result.versions.push_back(r);
-    log::info(
-        "version {}/{}: {:.2f} GB to {} workers in {:.3f} s ({:.2f} GB/s), trainer stalled {:.3f} "
-        "s{}",
-        r.version, f.job.versions, r.bytes / 1e9, r.workers, r.seconds, r.bytes / r.seconds / 1e9,
-        r.offloaded_seconds, r.verified ? ", digests match" : "");
-    event({{"event", "delivered"},
-           {"version", r.version},
-           {"seconds", r.seconds},
-           {"verified", r.verified}});
-  };
-  coord.on_update = [&](std::uint64_t version, bool catch_up, const std::vector<node_id>& leaders) {
-    event(
-        {{"event", "update"}, {"version", version}, {"catch_up", catch_up}, {"leaders", leaders}});
-  };
-  coord.on_regroup = [&](const regroup_report& r) {
-    regroup_ms.push_back(r.milliseconds);
-    event({{"event", "regroup"},
-           {"epoch", r.epoch},
-           {"ms", r.milliseconds},
-           {"reason", r.reason()},
-           {"causes", causes_json(r.causes)},
-           {"leaders_lost_mid_update", r.leaders_lost_mid_update},
-           {"leaders", r.leaders}});
-  };
-  coord.on_update_failed = [&](std::uint64_t version, const std::string& why) {
-    event({{"event", "update_failed"}, {"version", version}, {"reason", why}});
-  };
+  coordinator_run run;
+  run.result.workers = f.job.instances * f.job.workers_per_instance;
+  watch(coord, f, run);
   coord.start();
 
   const std::string address = host.transport().local_address();
@@ -202,32 +241,12 @@ int run_coordinator(const process_flags& f) {
 
   // Done when enough versions are delivered and no late joiner is still catching up.
   const bool finished = run_with_timeout(loop, f, [&] {
-    return interrupted || failure || (result.versions.size() >= f.job.versions && coord.idle());
+    return interrupted || run.failure ||
+           (run.result.versions.size() >= f.job.versions && coord.idle());
   });
   coord.stop_job();
   run_with_timeout(loop, {.timeout_seconds = 0.2}, [] { return false; });  // let job_stop leave
-  log::set_level(log::level::error);  // from here on, peers leaving is the plan, not news
-  if (interrupted && !failure) {
-    failure = fmt::format("stopped by {} with {} of {} versions delivered", interrupt_name(),
-                          result.versions.size(), f.job.versions);
-  }
-  if (!finished)
-    failure = fmt::format("timed out after {} s with {} of {} versions delivered",
-                          f.timeout_seconds, result.versions.size(), f.job.versions);
-  result.ok = !failure;
-  result.verified = result.ok && f.job.verify;
-  for (const auto& v : result.versions) result.verified = result.verified && v.verified;
-  result.verified = result.verified && coord.digest_mismatches() == 0;
-  if (failure) result.error = *failure;
-  auto summary = summary_json(result);
-  std::sort(regroup_ms.begin(), regroup_ms.end());
-  summary["regroups"] = coord.regroups();
-  summary["regroup_ms_median"] = regroup_ms.empty() ? 0.0 : regroup_ms[regroup_ms.size() / 2];
-  summary["regroup_ms_max"] = regroup_ms.empty() ? 0.0 : regroup_ms.back();
-  std::printf("%s", f.json ? (summary.dump() + "\n").c_str() : summary_table(result).c_str());
-  std::fflush(stdout);
-  if (interrupted) return interrupted_exit_code();
-  return result.ok && (result.verified || !f.job.verify) ? 0 : 1;
+  return finish(f, coord, run, interrupted, finished);
 }
 
 /// The GPU of each GPU node of a local job, in start order (`--gpu-list`, or one each from GPU 0
