@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "runtime/event_loop.hpp"
+#include "transport/fabric/endpoint.hpp"
 #include "transport/fabric/fabric_transport.hpp"
 
 namespace {
@@ -67,7 +68,7 @@ std::vector<unsigned char> unhex(const std::string& s) {
   return out;
 }
 
-/// A raw RDM endpoint opened the way ferry opens its own (same hints), without ferry.
+/// A raw RDM endpoint asked of libfabric with ferry's hints, driven without ferry.
 struct raw_endpoint {
   fi_info* info = nullptr;
   fid_fabric* fabric = nullptr;
@@ -77,15 +78,10 @@ struct raw_endpoint {
   fid_ep* ep = nullptr;
 
   explicit raw_endpoint(const std::string& provider) {
-    fi_info* hints = fi_allocinfo();
-    hints->caps = FI_MSG | FI_RMA;
-    hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->domain_attr->mr_mode =
-        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-    hints->domain_attr->threading = FI_THREAD_DOMAIN;
-    hints->fabric_attr->prov_name = strdup(provider.c_str());
-    const char* node = provider == "shm" ? nullptr : "127.0.0.1";
+    const ferry::fabric_options options{.provider = provider};
+    fi_info* hints = ferry::fabric_link::endpoint_hints(options);
+    if (!hints) die("fi_allocinfo");
+    const char* node = ferry::fabric_link::endpoint_node(options);
     check(fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints, &info),
           "fi_getinfo");
     fi_freeinfo(hints);

@@ -86,9 +86,9 @@ result<std::unique_ptr<endpoint>> endpoint::open(const fabric_options& options) 
   return e;
 }
 
-std::error_code endpoint::choose_provider(const fabric_options& options) {
+fi_info* endpoint_hints(const fabric_options& options) {
   fi_info* hints = fi_allocinfo();
-  if (!hints) return transport_errc::provider_error;
+  if (!hints) return nullptr;
   // Remote CQ data is no capability bit in libfabric 1.17: domain_attr->cq_data_size says it.
   hints->caps = FI_MSG | FI_RMA;
   hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
@@ -101,8 +101,18 @@ std::error_code endpoint::choose_provider(const fabric_options& options) {
   hints->tx_attr->msg_order = FI_ORDER_SAS;
   hints->rx_attr->msg_order = FI_ORDER_SAS;
   if (!options.provider.empty()) hints->fabric_attr->prov_name = strdup(options.provider.c_str());
+  return hints;
+}
+
+const char* endpoint_node(const fabric_options& options) {
   const bool is_shm = options.provider == "shm";
-  const char* node = (is_shm || options.node.empty()) ? nullptr : options.node.c_str();
+  return (is_shm || options.node.empty()) ? nullptr : options.node.c_str();
+}
+
+std::error_code endpoint::choose_provider(const fabric_options& options) {
+  fi_info* hints = endpoint_hints(options);
+  if (!hints) return transport_errc::provider_error;
+  const char* node = endpoint_node(options);
   fi_info* found = nullptr;
   const int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints, &found);
   fi_freeinfo(hints);

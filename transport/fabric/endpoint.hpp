@@ -46,6 +46,11 @@ std::error_code map_op_error(int err);
 bool is_link_error(std::error_code ec);
 std::string fi_error_text(int rc);
 
+/// The fi_getinfo hints ferry opens an endpoint with (the caller frees them), and the node to ask
+/// for: RDM, messages and RMA, provider-chosen keys, frames in order.
+fi_info* endpoint_hints(const fabric_options& options);
+const char* endpoint_node(const fabric_options& options);
+
 /// Owning loop only. Closing it fails nothing: its owner fails what it had in flight.
 struct endpoint {
   /// Opens the first provider that `options` names (or any) with RDM, RMA and 4 bytes of remote
