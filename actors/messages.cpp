@@ -1,8 +1,5 @@
 #include "actors/messages.hpp"
 
-#include "collectives/host/chain_messages.hpp"
-#include "collectives/nccl/nccl_messages.hpp"
-
 namespace ferry {
 
 void register_actor_messages(message_registry& r) {
@@ -31,18 +28,6 @@ void register_actor_messages(message_registry& r) {
   r.add<shard_sent>("shard_sent");
   r.add<peer_unreachable>("peer_unreachable");
   r.add<register_again>("register_again");
-}
-
-const message_registry& protocol() {
-  static const message_registry registry = [] {
-    message_registry r;
-    register_runtime_messages(r);
-    register_actor_messages(r);
-    register_collective_messages(r);
-    register_nccl_messages(r);
-    return r;
-  }();
-  return registry;
 }
 
 }  // namespace ferry

@@ -360,7 +360,4 @@ struct shard_done {
 /// Adds every message above to `registry`.
 void register_actor_messages(message_registry& registry);
 
-/// The registry a ferry node uses: runtime, actor and collective messages.
-const message_registry& protocol();
-
 }  // namespace ferry

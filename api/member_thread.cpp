@@ -5,6 +5,7 @@
 #include <map>
 
 #include "actors/messages.hpp"
+#include "protocol/protocol.hpp"
 #include "transport/link_auth.hpp"
 
 namespace ferry::api {

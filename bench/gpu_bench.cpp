@@ -38,6 +38,7 @@
 #include "platform/cuda/cuda_error.hpp"
 #include "platform/cuda/cuda_shared_memory.hpp"
 #include "platform/real_environment.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"

@@ -16,6 +16,7 @@
 #include "actors/synthetic_model.hpp"
 #include "collectives/host/chain_broadcast.hpp"
 #include "platform/real_environment.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/await.hpp"
 #include "runtime/copy_engine.hpp"

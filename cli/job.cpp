@@ -29,6 +29,7 @@
 #include "jobs/job_memory.hpp"
 #include "jobs/model_presets.hpp"
 #include "platform/real_environment.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/log.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"

@@ -14,6 +14,7 @@
 #include "actors/trainer_shard.hpp"
 #include "collectives/host/chain_broadcast.hpp"
 #include "platform/real_environment.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"

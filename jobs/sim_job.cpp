@@ -15,6 +15,7 @@
 #include "actors/synthetic_model.hpp"
 #include "actors/trainer_shard.hpp"
 #include "collectives/broadcast.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/actor.hpp"
 #include "runtime/codec.hpp"
 #include "runtime/copy_engine.hpp"

@@ -15,6 +15,7 @@
 #include "actors/synthetic_model.hpp"
 #include "actors/trainer_shard.hpp"
 #include "collectives/host/chain_broadcast.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "runtime/virtual_environment.hpp"

@@ -14,6 +14,7 @@
 #include "actors/coordinator.hpp"
 #include "actors/rollout_worker.hpp"
 #include "actors/trainer_shard.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/node.hpp"
 #include "runtime/virtual_environment.hpp"
 #include "tests/actors/memory_collective.hpp"

@@ -10,6 +10,7 @@
 #include <random>
 #include <variant>
 
+#include "protocol/protocol.hpp"
 #include "runtime/codec.hpp"
 #include "tests/fuzz/sample_messages.hpp"
 

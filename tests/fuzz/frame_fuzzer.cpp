@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "protocol/protocol.hpp"
 #include "runtime/codec.hpp"
 #include "sample_messages.hpp"
 

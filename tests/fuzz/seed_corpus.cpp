@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 
+#include "protocol/protocol.hpp"
 #include "runtime/codec.hpp"
 #include "sample_messages.hpp"
 

@@ -11,6 +11,7 @@
 #include "platform/cuda/cuda_device_memory.hpp"
 #include "platform/cuda/cuda_error.hpp"
 #include "platform/real_environment.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/host_buffer.hpp"
 #include "runtime/node.hpp"
 #include "transport/factory.hpp"

@@ -10,6 +10,7 @@
 #include "actors/coordinator.hpp"
 #include "actors/plan.hpp"
 #include "platform/real_environment.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/codec.hpp"
 #include "runtime/messages.hpp"
 #include "runtime/node.hpp"

@@ -9,6 +9,7 @@
 #include "actors/rollout_worker.hpp"
 #include "actors/trainer_shard.hpp"
 #include "collectives/host/chain_broadcast.hpp"
+#include "protocol/protocol.hpp"
 #include "runtime/node.hpp"
 #include "runtime/virtual_environment.hpp"
 #include "transport/inproc/inproc_transport.hpp"

@@ -12,7 +12,7 @@ root = pathlib.Path(sys.argv[1])
 script = root / "scripts" / "check_layers.py"
 with tempfile.TemporaryDirectory() as tmp:
     copy = pathlib.Path(tmp)
-    for folder in ("runtime", "platform", "transport", "collectives", "actors", "sim", "jobs", "api", "python", "bench", "cli", "examples"):
+    for folder in ("runtime", "platform", "transport", "collectives", "actors", "protocol", "sim", "jobs", "api", "python", "bench", "cli", "examples"):
         if (root / folder).is_dir():
             shutil.copytree(root / folder, copy / folder, ignore=shutil.ignore_patterns("*.txt", "*.py", "*.md"))
     clean = subprocess.run([sys.executable, script, copy], capture_output=True, text=True)
@@ -23,6 +23,7 @@ with tempfile.TemporaryDirectory() as tmp:
         "actors/coordinator.cpp": ("static auto t0 = std::chrono::steady_clock::now();\n", "steady_clock"),
         "collectives/host/chain_broadcast.cpp": ("static std::thread helper;\n", "a thread of its own"),
         "actors/rollout_worker.cpp": ('#include "collectives/host/chain_broadcast.hpp"\n', "actors/ sees collectives only"),
+        "actors/trainer_shard.cpp": ('#include "protocol/protocol.hpp"\n', "includes protocol/protocol.hpp"),
     }
     for file, (line, _) in plants.items():
         path = copy / file
