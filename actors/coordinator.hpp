@@ -190,7 +190,9 @@ class job_coordinator final : public actor {
   void abandon_active();
   void fail_job(const std::string& reason);
   template <class F>
-  void broadcast_all(F make);
+  void broadcast_all(F make) {
+    members_.for_each([&](const address& who) { send(who, make()); });
+  }
   /// Where the trainers write for each leader of `inst`; fails the job when one offered no slots.
   std::optional<std::vector<leader_route>> leader_routes(const instance_plan& inst);
   /// Where the trainers write the chunks `worker` alone (of its instance) hears; fails the job
