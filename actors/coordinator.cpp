@@ -1,7 +1,6 @@
 #include "actors/coordinator.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <utility>
 
 #include "runtime/log.hpp"
@@ -15,7 +14,7 @@ std::string worker_name(std::uint32_t instance, std::uint32_t rank) {
 }
 }  // namespace
 
-std::string_view name(regroup_cause::kind k) {
+std::string_view regroup_cause_name(regroup_cause::kind k) {
   using enum regroup_cause::kind;
   switch (k) {
     case job_start:

@@ -73,7 +73,7 @@ struct regroup_cause {
   std::string text;
 };
 /// The kind's name in events ("worker_joined").
-std::string_view name(regroup_cause::kind k);
+std::string_view regroup_cause_name(regroup_cause::kind k);
 
 /// One change of membership, from detection to the new plan in force.
 struct regroup_report {

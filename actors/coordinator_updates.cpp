@@ -2,7 +2,6 @@
 // trainers write along, an update started, completed or failed. Membership and regrouping are in
 // coordinator.cpp.
 #include <algorithm>
-#include <numeric>
 
 #include "actors/coordinator.hpp"
 #include "runtime/log.hpp"

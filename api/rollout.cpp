@@ -37,52 +37,51 @@ struct rollout::impl : member_table {
   /// Loop thread: what the worker tells, passed to the caller's callbacks (taken under the lock,
   /// called outside it) and to the waits.
   void watch(rollout_worker& w) {
-    auto* self = this;
-    w.on_tensor = [self](std::uint64_t v, const tensor_spec& spec,
+    w.on_tensor = [this](std::uint64_t v, const tensor_spec& spec,
                          std::span<const std::byte> bytes) {
-      decltype(self->on_tensor) fn;
+      decltype(on_tensor) fn;
       {
-        std::lock_guard lock(self->mutex);
-        fn = self->on_tensor;
+        std::lock_guard lock(mutex);
+        fn = on_tensor;
       }
       if (!fn) return;
       tensor t{.name = spec.name,
                .dtype = std::string(dtype_name(spec.type)),
                .shape = {spec.shape.begin(), spec.shape.end()},
                .data = const_cast<std::byte*>(bytes.data()),
-               .device = self->thread.gpu() ? self->thread.gpu()->device : -1};
+               .device = thread.gpu() ? thread.gpu()->device : -1};
       if (bytes.size() != spec.nbytes) {  // a row range: the shape of the rows held here
         t.shape[0] = static_cast<std::int64_t>(bytes.size() / (spec.nbytes / spec.shape[0]));
       }
       fn(v, t, bytes);
     };
-    w.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
+    w.on_update_failed = [this](std::uint64_t v, const std::string& reason) {
       const auto outcome =
           failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
-      decltype(self->on_update_failed) fn;
+      decltype(on_update_failed) fn;
       {
-        std::lock_guard lock(self->mutex);
-        if (v > self->newest_failed) {
-          self->newest_failed = v;
-          self->newest_failure = outcome.message;
+        std::lock_guard lock(mutex);
+        if (v > newest_failed) {
+          newest_failed = v;
+          newest_failure = outcome.message;
         }
-        self->changed.notify_all();
-        fn = self->on_update_failed;
+        changed.notify_all();
+        fn = on_update_failed;
       }
       if (fn) fn(v, outcome);
     };
-    w.on_version = [self](std::uint64_t v) {
-      decltype(self->on_version) fn;
+    w.on_version = [this](std::uint64_t v) {
+      decltype(on_version) fn;
       {
-        std::lock_guard lock(self->mutex);
-        self->version = std::max(self->version, v);
-        self->changed.notify_all();
-        fn = self->on_version;
+        std::lock_guard lock(mutex);
+        version = std::max(version, v);
+        changed.notify_all();
+        fn = on_version;
       }
       if (fn) fn(v);
     };
-    w.on_failed = [self](const std::string& reason) { self->fail(reason); };
-    w.on_job_end = [self] { self->end(); };
+    w.on_failed = [this](const std::string& reason) { fail(reason); };
+    w.on_job_end = [this] { end(); };
   }
 };
 

@@ -134,40 +134,39 @@ struct trainer::impl : member_table {
 
   /// Loop thread: what the shard tells, to the publish in progress, the waits and the caller.
   void watch(trainer_shard& t) {
-    auto* self = this;
-    t.on_ready = [self] {
+    t.on_ready = [this] {
       {
-        std::lock_guard lock(self->mutex);
-        self->ready = true;
-        self->next_version = self->shard->next_version();
-        self->changed.notify_all();
+        std::lock_guard lock(mutex);
+        ready = true;
+        next_version = shard->next_version();
+        changed.notify_all();
       }
-      if (auto v = std::exchange(self->waiting, std::nullopt)) self->start_publish(*v);
+      if (auto v = std::exchange(waiting, std::nullopt)) start_publish(*v);
     };
-    t.on_offloaded = [self](std::uint64_t v, double) { self->offloaded(v, {}); };
-    t.on_write_target = [self](std::uint64_t v, std::shared_ptr<copy_writes> target) {
-      std::lock_guard lock(self->mutex);
-      if (self->writing == v) self->writes = std::move(target);
-      self->changed.notify_all();
+    t.on_offloaded = [this](std::uint64_t v, double) { offloaded(v, {}); };
+    t.on_write_target = [this](std::uint64_t v, std::shared_ptr<copy_writes> target) {
+      std::lock_guard lock(mutex);
+      if (writing == v) writes = std::move(target);
+      changed.notify_all();
     };
-    t.on_delivered = [self](std::uint64_t v, bool) { self->delivered(v, {}); };
-    t.on_update_failed = [self](std::uint64_t v, const std::string& reason) {
+    t.on_delivered = [this](std::uint64_t v, bool) { delivered(v, {}); };
+    t.on_update_failed = [this](std::uint64_t v, const std::string& reason) {
       const auto outcome =
           failed(api_errc::update_failed, fmt::format("version {}: {}", v, reason));
-      self->offloaded(v, outcome);
-      self->delivered(v, outcome);
+      offloaded(v, outcome);
+      delivered(v, outcome);
     };
-    t.on_failed = [self](const std::string& reason) {
+    t.on_failed = [this](const std::string& reason) {
       {
-        std::lock_guard lock(self->mutex);
-        self->failure = reason;
-        self->changed.notify_all();
+        std::lock_guard lock(mutex);
+        failure = reason;
+        changed.notify_all();
       }
-      self->settle_all(failed(api_errc::job_failed, reason));
+      settle_all(failed(api_errc::job_failed, reason));
     };
-    t.on_job_end = [self] {
-      self->end();
-      self->settle_all(failed(api_errc::closed, "the job ended"));
+    t.on_job_end = [this] {
+      end();
+      settle_all(failed(api_errc::closed, "the job ended"));
     };
   }
 };

@@ -345,7 +345,7 @@ void process_chaos::follow() {
     if (kind == "regroup") {
       tally_.leader_kills_mid_update += e.value("leaders_lost_mid_update", 0u);
       for (const auto& cause : e.value("causes", nlohmann::json::array())) {
-        if (cause.value("kind", "") == name(regroup_cause::kind::worker_joined))
+        if (cause.value("kind", "") == regroup_cause_name(regroup_cause::kind::worker_joined))
           joining_.erase(cause.value("node", node_id{}));
       }
     }

@@ -72,7 +72,7 @@ namespace {
 nlohmann::json causes_json(const std::vector<regroup_cause>& causes) {
   auto out = nlohmann::json::array();
   for (const auto& c : causes) {
-    nlohmann::json one{{"kind", name(c.what)}};
+    nlohmann::json one{{"kind", regroup_cause_name(c.what)}};
     if (c.node) one["node"] = *c.node;
     out.push_back(std::move(one));
   }

@@ -108,7 +108,7 @@ class departure : public ::testing::Test {
 
 /// A cause as the test names it: its kind's name and node.
 std::pair<std::string, node_id> named(const regroup_cause& c) {
-  return {std::string(name(c.what)), c.node.value_or(0)};
+  return {std::string(regroup_cause_name(c.what)), c.node.value_or(0)};
 }
 
 TEST_F(departure, the_last_workers_leaving_with_a_version_before_the_shard_reports_it_deliver_it) {
