@@ -47,7 +47,8 @@ bool is_link_error(std::error_code ec);
 std::string fi_error_text(int rc);
 
 /// The fi_getinfo hints ferry opens an endpoint with (the caller frees them), and the node to ask
-/// for: RDM, messages and RMA, provider-chosen keys, frames in order.
+/// for (a pointer into `options`, or null for shm): RDM, messages and RMA, provider-chosen keys,
+/// frames in order.
 fi_info* endpoint_hints(const fabric_options& options);
 const char* endpoint_node(const fabric_options& options);
 
